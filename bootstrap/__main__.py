@@ -1,0 +1,5 @@
+import sys
+
+from bootstrap.cli import main
+
+sys.exit(main())

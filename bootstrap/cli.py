@@ -1,0 +1,64 @@
+"""The `bootstrap` command line. Parsing only: each command lives in bootstrap.commands.*
+and is imported when it runs, so `bootstrap --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bootstrap import __version__
+from bootstrap.errors import EXIT_USAGE, run_command
+
+# name -> (module in bootstrap.commands, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("check", "validate an inventory offline; touches no host"),
+    "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
+    "forget-host": ("forget_host", "forget the pinned SSH host key of a replaced machine"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bootstrap",
+        description="Turn rented GPU VMs into a validated GPU k3s cluster, over SSH.",
+        epilog="Exit codes: 0 success, 1 a host or check failed, 2 bad input or usage.",
+    )
+    parser.add_argument("--version", action="version", version=f"bootstrap {__version__}")
+    parser.add_argument("-v", "--debug", action="store_true", help="show tracebacks and debug detail")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, summary) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=summary, description=summary)
+        cmd.add_argument("inventory", metavar="INVENTORY", help="the cluster's YAML inventory")
+        _add_options(name, cmd)
+    return parser
+
+
+def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
+    if name == "facts":
+        cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
+        cmd.add_argument("--node", action="append", metavar="NAME", help="only these nodes (repeatable)")
+    if name == "check":
+        cmd.add_argument("--quiet", "-q", action="store_true", help="print nothing when the inventory is valid")
+    if name == "forget-host":
+        cmd.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    module = importlib.import_module(f"bootstrap.commands.{COMMANDS[args.command][0]}")
+    return run_command(module.run, args, debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""`bootstrap forget-host INVENTORY NODE...`: drop the pinned key of a replaced machine."""
+
+from bootstrap.errors import UsageError
+from bootstrap.hosts import hostkeys
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.statedir import StateDir
+
+
+def run(args) -> int:
+    inventory = load_inventory(args.inventory)
+    state = StateDir(inventory)
+    names = {n.name for n in inventory.nodes}
+    unknown = [n for n in args.node if n not in names]
+    if unknown:
+        raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}",
+                         f"nodes are: {', '.join(sorted(names))}")
+    for name in args.node:
+        node = inventory.node(name)
+        port = inventory.ssh_for(node).port
+        if hostkeys.forget(state.known_hosts, node.address, port):
+            print(f"{name}: forgot the pinned host key of {hostkeys.known_hosts_entry(node.address, port)}; "
+                  "the next contact pins the new machine's key")
+        else:
+            print(f"{name}: no pinned host key for {hostkeys.known_hosts_entry(node.address, port)}")
+    return 0

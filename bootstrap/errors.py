@@ -1,0 +1,104 @@
+"""Error types and the one place that maps them to exit codes and messages.
+
+Every command returns through `run_command`, so a user error prints one clear block
+(and never a traceback unless --debug), while an unexpected bug still says where the
+full traceback went.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a host or a check failed
+EXIT_USAGE = 2  # bad input or usage: nothing was touched
+
+
+class BootstrapError(Exception):
+    """An error we expected and can explain; `hint` says what to do about it."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        text = f"error: {self.message}"
+        if self.hint:
+            text += f"\nhint: {self.hint}"
+        return text
+
+
+class UsageError(BootstrapError):
+    """Bad command-line usage or input files; raised before any host is touched."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in an input file, located precisely enough to fix it blind."""
+
+    file: str
+    line: int
+    column: int
+    path: str
+    message: str
+    hint: str | None = None
+
+    def render(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        subject = f"{self.path}: " if self.path else ""
+        text = f"{where}: {subject}{self.message}"
+        if self.hint:
+            text += f"\n    {self.hint}"
+        return text
+
+
+@dataclass
+class InvalidInput(UsageError):
+    """All the problems found in an input file, reported together."""
+
+    problems: list[Problem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        count = len(self.problems)
+        UsageError.__init__(self, f"{count} problem{'s' if count != 1 else ''} in the inventory")
+
+    def render(self) -> str:
+        lines = [p.render() for p in self.problems]
+        lines.append(f"error: {self.message}; nothing was changed on any host")
+        return "\n".join(lines)
+
+
+class HostsFailed(BootstrapError):
+    """Some hosts failed; each has already been reported on its own line."""
+
+    exit_code = EXIT_FAILED
+
+
+def run_command(func, args, *, debug: bool = False) -> int:
+    """Run one CLI command and turn whatever it raises into an exit code."""
+    try:
+        result = func(args)
+        return EXIT_OK if result is None else int(result)
+    except BootstrapError as exc:
+        if debug:
+            traceback.print_exc()
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; a re-run converges from wherever this stopped", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_FAILED
+    except Exception as exc:  # a bug: say so, keep the details out of the user's way
+        if debug:
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("hint: re-run with --debug for the traceback, and report it", file=sys.stderr)
+        return EXIT_FAILED

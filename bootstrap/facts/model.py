@@ -1,0 +1,162 @@
+"""What the tool knows about a host after one probe: plain, frozen, JSON-able values.
+
+Every field has a default so that an unknown or unparsable source simply stays at its
+"unknown" value (None / empty) instead of failing the whole fact, and so that tests and
+other modules can build a HostFacts with only the fields they care about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    # asdict() keeps tuples and sets; JSON has only lists, and sets are not ordered.
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_jsonable(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class _ToDict:
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class Gpu(_ToDict):
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str = ""
+    memory_mib: int | None = None
+    driver_version: str | None = None
+    mig_current: bool | None = None  # None: "[N/A]", the GPU cannot do MIG
+    mig_pending: bool | None = None  # differs from current until the GPU is reset
+    compute_capability: str | None = None  # "9.0"
+    persistence_mode: bool | None = None
+    vbios_version: str | None = None
+
+    @property
+    def mig_capable(self) -> bool:
+        return self.mig_current is not None
+
+
+@dataclass(frozen=True)
+class MigProfile(_ToDict):
+    gpu_index: int
+    name: str  # "1g.18gb", "1g.18gb+me"
+    profile_id: int
+    instances_free: int
+    instances_total: int
+    memory_gib: float
+    placements: list[tuple[int, int]] = field(default_factory=list)  # (start, size)
+
+
+@dataclass(frozen=True)
+class RdmaDevice(_ToDict):
+    name: str  # "mlx5_0"
+    port: int
+    link_layer: str | None = None  # "InfiniBand" or "Ethernet" (RoCE)
+    state: str | None = None  # "ACTIVE", "DOWN", ... (sysfs "4: ACTIVE" without the number)
+    netdevs: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+
+@dataclass(frozen=True)
+class SystemdUnit(_ToDict):
+    name: str  # "k3s.service"
+    load_state: str | None = None  # "loaded", "not-found", ...
+    active_state: str | None = None  # "active", "inactive", "failed", ...
+    unit_file_state: str | None = None  # "enabled", "disabled", ...
+
+    @property
+    def present(self) -> bool:
+        return self.load_state == "loaded"
+
+    @property
+    def active(self) -> bool:
+        return self.active_state == "active"
+
+
+@dataclass(frozen=True)
+class K3sInstall(_ToDict):
+    binary: str | None = None  # path of `k3s` on PATH
+    version: str | None = None  # "v1.31.4+k3s1"
+    config_present: bool = False  # /etc/rancher/k3s/config.yaml
+    units: list[SystemdUnit] = field(default_factory=list)  # k3s.service, k3s-agent.service
+
+    def unit(self, name: str) -> SystemdUnit | None:
+        wanted = name if "." in name else f"{name}.service"
+        return next((u for u in self.units if u.name == wanted), None)
+
+
+@dataclass(frozen=True)
+class ListeningPort(_ToDict):
+    proto: str  # "tcp" or "udp"
+    port: int
+    address: str = ""  # "0.0.0.0", "::", "127.0.0.53%lo", "*"
+    process: str | None = None  # only visible for our own sockets unless probed as root
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class HostFacts(_ToDict):
+    hostname: str | None = None
+    os_id: str | None = None  # "ubuntu", "debian"
+    os_version_id: str | None = None  # "24.04", "12"
+    os_pretty: str | None = None
+    arch: str | None = None  # "amd64", "arm64", else `uname -m` as is
+    kernel: str | None = None
+    cpus: int | None = None
+    memory_mib: int | None = None
+    swap_mib: int | None = None
+    # Keyed by the path asked about ("/", "/var/lib/rancher"); measured on the nearest
+    # existing parent, since /var/lib/rancher does not exist before k3s is installed.
+    disk_free_gib: dict[str, float] = field(default_factory=dict)
+    has_systemd: bool = False
+    init_process: str | None = None  # comm of PID 1
+    probe_uid: int | None = None  # 0 when probed as root (process names fully visible)
+    package_manager: str | None = None  # "apt", "dnf", "yum", "zypper", "apk"
+    commands: dict[str, str] = field(default_factory=dict)  # found tools -> path
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_error: str | None = None  # nvidia-smi present but failing
+    driver_version: str | None = None
+    cuda_version: str | None = None  # highest CUDA the driver supports, "13.0"
+    mig_profiles: list[MigProfile] = field(default_factory=list)
+    rdma: list[RdmaDevice] = field(default_factory=list)
+    k3s: K3sInstall | None = None
+    listening_ports: list[ListeningPort] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.mig_profiles) or any(g.mig_capable for g in self.gpus)
+
+    @property
+    def tcp_ports(self) -> set[int]:
+        return {p.port for p in self.listening_ports if p.proto == "tcp"}
+
+    @property
+    def udp_ports(self) -> set[int]:
+        return {p.port for p in self.listening_ports if p.proto == "udp"}
+
+    def listener(self, port: int, proto: str = "tcp") -> ListeningPort | None:
+        """The socket bound to `port`, e.g. to name the process holding 6443."""
+        return next((p for p in self.listening_ports if p.port == port and p.proto == proto), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["has_gpu"] = self.has_gpu
+        return data

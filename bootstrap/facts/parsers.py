@@ -1,0 +1,419 @@
+"""Pure parsers, one per probe source. Input: the output lines of one command.
+
+They never raise on unexpected input: hosts are rented from many providers, and a fact that
+crashes on one odd line would fail the whole host. Lines that do not fit are skipped, and
+empty or garbage input gives the empty/None result.
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import NamedTuple
+
+from .model import Gpu, ListeningPort, MigProfile, RdmaDevice, SystemdUnit
+
+# What nvidia-smi prints for a value the GPU or driver does not have.
+_NA = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(str(text).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _clean(lines: Iterable[str] | None) -> list[str]:
+    return [str(line).rstrip("\r\n") for line in (lines or [])]
+
+
+def _natural_key(text: str) -> list:
+    # mlx5_2 before mlx5_10
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def first_meaningful_line(lines: Iterable[str] | None) -> str | None:
+    """First line with words in it (skips blank lines and table borders)."""
+    for line in _clean(lines):
+        text = line.strip().strip("|").strip()
+        if re.search(r"[A-Za-z0-9]", text):
+            return text
+    return None
+
+
+# --- system -------------------------------------------------------------------------
+
+
+def parse_os_release(lines: Iterable[str] | None) -> dict[str, str]:
+    """/etc/os-release: KEY=value, value optionally shell-quoted."""
+    result: dict[str, str] = {}
+    for line in _clean(lines):
+        key, sep, value = line.strip().partition("=")
+        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
+            continue
+        try:
+            parts = shlex.split(value)
+            result[key] = parts[0] if len(parts) == 1 else value.strip("\"'")
+        except ValueError:
+            result[key] = value.strip("\"'")
+    return result
+
+
+class Uname(NamedTuple):
+    hostname: str
+    kernel: str
+    machine: str
+
+
+def parse_uname(lines: Iterable[str] | None) -> Uname | None:
+    """`uname -n -r -m` ("vm 6.8.0 x86_64"), or `uname -a` as recorded in the fixtures."""
+    for line in _clean(lines):
+        fields = line.split()
+        if len(fields) == 3:
+            return Uname(*fields)
+        # uname -a: s n r v... m [p i] o. The version has spaces and GNU leaves out p and i
+        # when they are "unknown", but the field before the OS name is always m (or i == m).
+        if len(fields) >= 6 and fields[0] == "Linux":
+            return Uname(fields[1], fields[2], fields[-2])
+    return None
+
+
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def normalise_arch(machine: str | None) -> str | None:
+    """`uname -m` to the Go/Kubernetes name used in download URLs; unknown ones as is."""
+    if not machine:
+        return None
+    return _ARCH.get(machine, machine)
+
+
+def parse_first_int(lines: Iterable[str] | None) -> int | None:
+    """`nproc`, `id -u`: the first line that is a whole number."""
+    for line in _clean(lines):
+        value = _int(line)
+        if value is not None:
+            return value
+    return None
+
+
+def parse_first_word(lines: Iterable[str] | None) -> str | None:
+    """`cat /proc/1/comm`."""
+    for line in _clean(lines):
+        if line.strip():
+            return line.split()[0]
+    return None
+
+
+def parse_meminfo(lines: Iterable[str] | None) -> dict[str, int]:
+    """/proc/meminfo: {"MemTotal": kB, "SwapTotal": kB, ...}."""
+    result: dict[str, int] = {}
+    for line in _clean(lines):
+        match = re.match(r"^(\w+(?:\(\w+\))?):\s+(\d+)(?:\s+kB)?\s*$", line)
+        if match:
+            result[match[1]] = int(match[2])
+    return result
+
+
+class DfEntry(NamedTuple):
+    filesystem: str
+    size_kib: int
+    avail_kib: int
+    mount: str
+
+
+def parse_df(lines: Iterable[str] | None) -> list[DfEntry]:
+    """`df -P -k PATH...`: one line per PATH, in argument order."""
+    entries = []
+    for line in _clean(lines):
+        fields = line.split()
+        # Anchor on the "NN%" capacity column so spaces in the device or mount still parse.
+        cap = next((i for i, f in enumerate(fields) if re.fullmatch(r"\d+%|-", f)), None)
+        if cap is None or cap < 4 or cap + 1 >= len(fields):
+            continue
+        size, avail = _int(fields[cap - 3]), _int(fields[cap - 1])
+        if size is None or avail is None:
+            continue
+        fs = " ".join(fields[: cap - 3])
+        entries.append(DfEntry(fs, size, avail, " ".join(fields[cap + 1 :])))
+    return entries
+
+
+def parse_commands(lines: Iterable[str] | None) -> dict[str, str]:
+    """`printf '%s: ' c; command -v c || echo missing` lines -> {found name: path}."""
+    result = {}
+    for line in _clean(lines):
+        name, sep, path = line.partition(": ")
+        path = path.strip()
+        if sep and name and " " not in name and path.startswith("/"):
+            result[name] = path
+    return result
+
+
+_PACKAGE_MANAGERS = (("apt-get", "apt"), ("dnf", "dnf"), ("yum", "yum"), ("zypper", "zypper"), ("apk", "apk"))
+
+
+def package_manager(commands: dict[str, str]) -> str | None:
+    return next((pm for tool, pm in _PACKAGE_MANAGERS if tool in commands), None)
+
+
+# --- NVIDIA ---------------------------------------------------------------------------
+
+
+def parse_nvidia_smi_header(lines: Iterable[str] | None) -> tuple[str | None, str | None]:
+    """Plain `nvidia-smi`: (driver version, CUDA version) from its banner."""
+    text = "\n".join(_clean(lines))
+    driver = re.search(r"Driver Version:\s*(\d[\w.-]*)", text)
+    cuda = re.search(r"CUDA Version:\s*(\d[\d.]*)", text)
+    return (driver[1] if driver else None, cuda[1] if cuda else None)
+
+
+def _na(value: str | None) -> str | None:
+    if value is None or value.strip().lower() in _NA:
+        return None
+    return value.strip()
+
+
+def _mode(value: str | None) -> bool | None:
+    value = _na(value)
+    return None if value is None else value.lower() == "enabled"
+
+
+def _mib(value: str | None) -> int | None:
+    value = _na(value)
+    return _int(value.split()[0]) if value else None
+
+
+def parse_gpu_query(lines: Iterable[str] | None) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=... --format=csv`: header names pick the columns, so any
+    field order or subset works ("memory.total [MiB]" -> "memory.total")."""
+    header: list[str] | None = None
+    gpus = []
+    for line in _clean(lines):
+        try:
+            cells = [c.strip() for c in next(csv.reader([line], skipinitialspace=True), [])]
+        except csv.Error:
+            continue
+        if header is None:
+            names = [re.sub(r"\s*\[.*\]$", "", c) for c in cells]
+            if "index" in names or "uuid" in names:
+                header = names
+            continue
+        if len(cells) != len(header):
+            continue
+        col = dict(zip(header, cells))
+        index = _int(col.get("index"))
+        if index is None:
+            continue
+        gpus.append(
+            Gpu(
+                index=index,
+                uuid=_na(col.get("uuid")) or "",
+                name=_na(col.get("name")) or "",
+                pci_bus_id=_na(col.get("pci.bus_id")) or "",
+                memory_mib=_mib(col.get("memory.total")),
+                driver_version=_na(col.get("driver_version")),
+                mig_current=_mode(col.get("mig.mode.current")),
+                mig_pending=_mode(col.get("mig.mode.pending")),
+                compute_capability=_na(col.get("compute_cap")),
+                persistence_mode=_mode(col.get("persistence_mode")),
+                vbios_version=_na(col.get("vbios_version")),
+            )
+        )
+    return gpus
+
+
+# "|   0  MIG 1g.18gb+me      20     1/1        16.00      No     16     1     0   |"
+_LGIP_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+(?:\.\d+)?)\s")
+
+
+def parse_mig_profiles(lines: Iterable[str] | None) -> list[MigProfile]:
+    """`nvidia-smi mig -lgip`: the GPU instance profiles table (placements left empty)."""
+    profiles = []
+    for line in _clean(lines):
+        m = _LGIP_ROW.match(line.strip())
+        if m:
+            profiles.append(
+                MigProfile(
+                    gpu_index=int(m[1]),
+                    name=m[2],
+                    profile_id=int(m[3]),
+                    instances_free=int(m[4]),
+                    instances_total=int(m[5]),
+                    memory_gib=float(m[6]),
+                )
+            )
+    return profiles
+
+
+# "GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1" / "GPU  0 Profile ID  5 Placement : {0}:4"
+_LGIPP_ROW = re.compile(r"^GPU\s+(\d+)\s+Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,\s]*)\}:(\d+)")
+
+
+def parse_mig_placements(lines: Iterable[str] | None) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """`nvidia-smi mig -lgipp`: {(gpu index, profile id): [(start, size), ...]}."""
+    result: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for line in _clean(lines):
+        m = _LGIPP_ROW.match(line.strip())
+        if m:
+            size = int(m[4])
+            starts = [int(s) for s in m[3].replace(" ", "").split(",") if s]
+            result[(int(m[1]), int(m[2]))] = [(start, size) for start in starts]
+    return result
+
+
+def with_placements(
+    profiles: list[MigProfile], placements: dict[tuple[int, int], list[tuple[int, int]]]
+) -> list[MigProfile]:
+    return [replace(p, placements=placements.get((p.gpu_index, p.profile_id), [])) for p in profiles]
+
+
+# --- RDMA -----------------------------------------------------------------------------
+
+_IB_PORT_FILE = re.compile(r"^/sys/class/infiniband/([^/]+)/ports/(\d+)/(link_layer|state):(.*)$")
+_IB_NETDEV = re.compile(r"^/sys/class/infiniband/([^/]+)/device/net/([^/\s]+)$")
+
+
+def parse_rdma(lines: Iterable[str] | None) -> list[RdmaDevice]:
+    """Probe's sysfs listing: "<path>/ports/N/link_layer:InfiniBand",
+    "<path>/ports/N/state:4: ACTIVE" and "<path>/device/net/<netdev>" lines."""
+    ports: dict[tuple[str, int], dict[str, str]] = {}
+    netdevs: dict[str, list[str]] = {}
+    for line in _clean(lines):
+        line = line.strip()
+        if m := _IB_PORT_FILE.match(line):
+            value = m[4].strip()
+            if m[3] == "state":
+                value = value.split(":", 1)[-1].strip()  # "4: ACTIVE" -> "ACTIVE"
+            ports.setdefault((m[1], int(m[2])), {})[m[3]] = value
+        elif m := _IB_NETDEV.match(line):
+            netdevs.setdefault(m[1], []).append(m[2])
+    return [
+        RdmaDevice(
+            name=dev,
+            port=port,
+            link_layer=attrs.get("link_layer") or None,
+            state=attrs.get("state") or None,
+            netdevs=sorted(netdevs.get(dev, []), key=_natural_key),
+        )
+        for (dev, port), attrs in sorted(ports.items(), key=lambda kv: (_natural_key(kv[0][0]), kv[0][1]))
+    ]
+
+
+# --- k3s ------------------------------------------------------------------------------
+
+
+class K3sFiles(NamedTuple):
+    binary: str | None
+    version: str | None
+    config_present: bool
+
+
+def parse_k3s(lines: Iterable[str] | None) -> K3sFiles:
+    """Probe's k3s section: "binary: PATH", `k3s --version` output, "config: present"."""
+    binary = version = None
+    config = False
+    for line in _clean(lines):
+        line = line.strip()
+        if line.startswith("binary: /"):
+            binary = line.split(": ", 1)[1]
+        elif m := re.match(r"^k3s version (v\S+)", line):
+            version = m[1]
+        elif line == "config: present":
+            config = True
+    return K3sFiles(binary, version, config)
+
+
+def parse_systemd_units(lines: Iterable[str] | None) -> list[SystemdUnit]:
+    """`systemctl show -p Id -p LoadState -p ActiveState -p UnitFileState A B`: one
+    KEY=value block per unit, blocks separated by a blank line."""
+    units = []
+    block: dict[str, str] = {}
+    for line in [*_clean(lines), ""]:
+        key, sep, value = line.strip().partition("=")
+        if sep and re.fullmatch(r"[A-Za-z]+", key):
+            block[key] = value
+            continue
+        if not line.strip() and block.get("Id"):
+            units.append(
+                SystemdUnit(
+                    name=block["Id"],
+                    load_state=block.get("LoadState") or None,
+                    active_state=block.get("ActiveState") or None,
+                    unit_file_state=block.get("UnitFileState") or None,
+                )
+            )
+        if not line.strip():
+            block = {}
+    return units
+
+
+# --- listening sockets ----------------------------------------------------------------
+
+
+def parse_ss(lines: Iterable[str] | None) -> list[ListeningPort]:
+    """`ss -Hltunp`: "tcp LISTEN 0 4096 0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=1,fd=3))"."""
+    result = []
+    for line in _clean(lines):
+        fields = line.split()
+        if len(fields) < 6 or fields[0] not in ("tcp", "udp") or fields[1] not in ("LISTEN", "UNCONN"):
+            continue
+        address, _, port_text = fields[4].rpartition(":")
+        port = _int(port_text)
+        if port is None:
+            continue
+        owner = re.search(r'\(\("([^"]*)",pid=(\d+)', " ".join(fields[6:]))
+        result.append(
+            ListeningPort(
+                proto=fields[0],
+                port=port,
+                address=address.strip("[]"),
+                process=owner[1] if owner else None,
+                pid=int(owner[2]) if owner else None,
+            )
+        )
+    return result
+
+
+def _hex_address(text: str) -> str | None:
+    # /proc/net stores addresses as host-order 32-bit words (little-endian on our arches).
+    try:
+        raw = bytes.fromhex(text)
+        if len(raw) == 4:
+            return str(ipaddress.IPv4Address(raw[::-1]))
+        if len(raw) == 16:
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+            return str(ipaddress.IPv6Address(words))
+    except ValueError:
+        pass
+    return None
+
+
+def parse_proc_net(lines: Iterable[str] | None) -> list[ListeningPort]:
+    """Fallback without ss: /proc/net/{tcp,tcp6,udp,udp6} lines, each prefixed with the
+    file name by the probe ("tcp6 0: 00000000...:1A0B 00000000...:0000 0A ...")."""
+    result = []
+    for line in _clean(lines):
+        fields = line.split()
+        if len(fields) < 5 or fields[0] not in ("tcp", "tcp6", "udp", "udp6"):
+            continue
+        proto = fields[0][:3]
+        local, _, port_hex = fields[2].partition(":")
+        _, _, peer_port = fields[3].partition(":")
+        state = fields[4].upper()
+        # TCP: only LISTEN (0A). UDP: bound sockets with no peer (state 07, peer port 0).
+        if (proto == "tcp" and state != "0A") or (proto == "udp" and peer_port != "0000"):
+            continue
+        try:
+            port = int(port_hex, 16)
+        except ValueError:
+            continue
+        address = _hex_address(local)
+        if address is not None:
+            result.append(ListeningPort(proto=proto, port=port, address=address))
+    return result

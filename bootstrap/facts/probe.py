@@ -1,0 +1,259 @@
+"""The host probe: one POSIX sh script, one SSH round trip, every source in one output.
+
+Rented GPUs are often 50-300 ms away and pyinfra runs each fact as its own round trip, so
+everything the tool needs to know about a host is gathered by this single script. Each
+source's output follows a delimiter line that carries the source's exit code:
+
+    @@bootstrap-probe@@ <section> rc=<N>
+    ...output (stderr merged)...
+
+The nvidia-smi sections appear only when nvidia-smi is on the host, and the query/MIG ones
+only when plain `nvidia-smi` succeeded; "proc-net" appears only when `ss` failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from . import parsers as p
+from .model import HostFacts, K3sInstall
+
+DELIMITER = "@@bootstrap-probe@@"
+
+# The exact nvidia-smi invocations recorded in tests/fixtures/gpu-vm-h200, so the
+# nvidia-smi stand-in in tests/standins can answer every one of them.
+NVSMI_QUERY_ARGS = (
+    "--query-gpu=index,uuid,name,pci.bus_id,memory.total,driver_version,mig.mode.current,"
+    "mig.mode.pending,compute_cap,persistence_mode,vbios_version,serial --format=csv"
+)
+
+# Requested paths for disk space, in the order the df section reports them.
+DF_PATHS = ("/", "/var/lib/rancher")
+
+# `command -v` checks: package manager detection, and preflight's "what is missing".
+COMMANDS = (
+    "nvidia-smi", "nvidia-ctk", "k3s", "kubectl", "systemctl", "ss", "curl", "sudo",
+    "timeout", "apt-get", "dnf", "yum", "zypper", "apk",
+)  # fmt: skip
+
+SECTIONS = (
+    "commands", "id", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma",
+    "k3s", "k3s-units", "ss", "proc-net",
+    "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
+)  # fmt: skip
+
+PROBE_SCRIPT = r"""
+# bootstrap host probe. POSIX sh (dash); always exits 0 so pyinfra hands the output over.
+# sudo's secure_path and non-login SSH shells miss sbin dirs and vendor nvidia-smi dirs.
+PATH="$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin"
+LC_ALL=C
+export PATH LC_ALL
+has() { command -v "$1" >/dev/null 2>&1; }
+sec() {
+  _name=$1; shift
+  _out=$("$@" 2>&1); rc=$?
+  printf '%s %s rc=%s\n' '@@DELIM@@' "$_name" "$rc"
+  [ -z "$_out" ] || printf '%s\n' "$_out"
+}
+# A wedged GPU can hang nvidia-smi; bound it where coreutils' timeout exists.
+nvsmi() { if has timeout; then timeout 60 nvidia-smi "$@"; else nvidia-smi "$@"; fi; }
+p_commands() { for c in @@COMMANDS@@; do printf '%s: ' "$c"; command -v "$c" || echo missing; done; }
+p_os() { cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release; }
+p_meminfo() { grep -E '^(MemTotal|MemAvailable|SwapTotal|SwapFree):' /proc/meminfo; }
+p_df() {
+  # /var/lib/rancher only exists once k3s ran: measure its nearest existing parent.
+  d=@@RANCHER@@
+  while [ ! -e "$d" ]; do d=${d%/*}; [ -n "$d" ] || d=/; done
+  df -P -k @@ROOT@@ "$d"
+}
+p_rdma() {
+  for f in /sys/class/infiniband/*/ports/*/link_layer /sys/class/infiniband/*/ports/*/state; do
+    [ -r "$f" ] && printf '%s:%s\n' "$f" "$(cat "$f")"
+  done
+  for n in /sys/class/infiniband/*/device/net/*; do [ -e "$n" ] && echo "$n"; done
+  return 0
+}
+p_k3s() {
+  if has k3s; then echo "binary: $(command -v k3s)"; k3s --version; fi
+  if [ -e /etc/rancher/k3s/config.yaml ]; then echo "config: present"; else echo "config: absent"; fi
+}
+p_units() {
+  has systemctl || return 127
+  systemctl show -p Id -p LoadState -p ActiveState -p UnitFileState k3s.service k3s-agent.service
+}
+p_ss() { has ss || return 127; ss -Hltunp; }
+p_procnet() {
+  for t in tcp tcp6 udp udp6; do
+    [ -r /proc/net/$t ] || continue
+    while IFS= read -r l; do echo "$t $l"; done < /proc/net/$t
+  done
+}
+probe() {
+  sec commands p_commands
+  sec id id -u
+  sec os-release p_os
+  sec uname uname -n -r -m
+  sec pid1 cat /proc/1/comm
+  sec nproc nproc
+  sec meminfo p_meminfo
+  sec df p_df
+  sec rdma p_rdma
+  sec k3s p_k3s
+  sec k3s-units p_units
+  sec ss p_ss
+  [ "$rc" = 0 ] || sec proc-net p_procnet
+  if has nvidia-smi; then
+    sec nvidia-smi nvsmi
+    if [ "$rc" = 0 ]; then
+      sec nvidia-smi-query nvsmi @@NVSMI_QUERY@@
+      sec nvidia-smi-mig-lgip nvsmi mig -lgip
+      sec nvidia-smi-mig-lgipp nvsmi mig -lgipp
+    fi
+  fi
+}
+# pyinfra decodes output as strict UTF-8: make every byte printable ASCII first.
+if has tr; then probe 2>&1 | tr -c '\11\12\40-\176' '?'; else probe 2>&1; fi
+exit 0
+"""
+PROBE_SCRIPT = (
+    PROBE_SCRIPT.replace("@@DELIM@@", DELIMITER)
+    .replace("@@COMMANDS@@", " ".join(COMMANDS))
+    .replace("@@RANCHER@@", DF_PATHS[1])
+    .replace("@@ROOT@@", DF_PATHS[0])
+    .replace("@@NVSMI_QUERY@@", NVSMI_QUERY_ARGS)
+    .lstrip()
+)
+
+_DELIMITER_LINE = re.compile(r"^" + re.escape(DELIMITER) + r" (\S+) rc=(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Section:
+    rc: int
+    lines: tuple[str, ...]
+
+
+def split_sections(lines: Iterable[str] | str) -> dict[str, Section]:
+    """Probe output -> {section name: Section}. Lines before the first delimiter (a chatty
+    shell rc file) are dropped; a repeated section name keeps its first occurrence."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    sections: dict[str, Section] = {}
+    name: str | None = None
+    rc = 0
+    body: list[str] = []
+
+    def close() -> None:
+        if name is not None and name not in sections:
+            sections[name] = Section(rc, tuple(body))
+
+    for raw in lines:
+        line = str(raw).rstrip("\r\n")
+        match = _DELIMITER_LINE.match(line)
+        if match:
+            close()
+            name, rc, body = match[1], int(match[2]), []
+        elif name is not None:
+            body.append(line)
+    close()
+    return sections
+
+
+def _ok(sections: dict[str, Section], name: str) -> tuple[str, ...]:
+    """Lines of a section that ran and succeeded; () otherwise."""
+    section = sections.get(name)
+    return section.lines if section is not None and section.rc == 0 else ()
+
+
+def _nvsmi_error(section: Section) -> str:
+    if section.rc == 124:
+        return "nvidia-smi timed out"
+    return p.first_meaningful_line(section.lines) or f"nvidia-smi exited with rc={section.rc}"
+
+
+def _gpu_facts(sections: dict[str, Section]) -> dict:
+    """gpus, gpu_error, driver/CUDA versions and MIG profiles from the nvidia-smi sections."""
+    header = sections.get("nvidia-smi")
+    if header is None:  # no nvidia-smi on the host: a CPU node, not an error
+        return {}
+    if header.rc != 0:
+        return {"gpu_error": _nvsmi_error(header)}
+    driver, cuda = p.parse_nvidia_smi_header(header.lines)
+    query = sections.get("nvidia-smi-query")
+    gpus = p.parse_gpu_query(query.lines) if query is not None and query.rc == 0 else []
+    error = None
+    if query is None:
+        error = "nvidia-smi --query-gpu did not run"
+    elif query.rc != 0:
+        error = _nvsmi_error(query)
+    elif not gpus:
+        error = "nvidia-smi --query-gpu output lists no GPU: " + (
+            p.first_meaningful_line(query.lines) or "(empty)"
+        )
+    # On GPUs without MIG, `mig -lgip` fails or prints no table: no profiles, not an error.
+    profiles = p.with_placements(
+        p.parse_mig_profiles(_ok(sections, "nvidia-smi-mig-lgip")),
+        p.parse_mig_placements(_ok(sections, "nvidia-smi-mig-lgipp")),
+    )
+    return {
+        "gpus": gpus,
+        "gpu_error": error,
+        "driver_version": driver or next((g.driver_version for g in gpus if g.driver_version), None),
+        "cuda_version": cuda,
+        "mig_profiles": profiles,
+    }
+
+
+def _disk_free_gib(sections: dict[str, Section]) -> dict[str, float]:
+    # df -P prints one line per argument in argument order; a failed df prints fewer lines,
+    # so only trust the mapping when every path got its line.
+    entries = p.parse_df(sections["df"].lines) if "df" in sections else []
+    if len(entries) != len(DF_PATHS):
+        return {}
+    return {path: round(e.avail_kib / 1024**2, 2) for path, e in zip(DF_PATHS, entries)}
+
+
+def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
+    files = p.parse_k3s(sections["k3s"].lines) if "k3s" in sections else p.K3sFiles(None, None, False)
+    units = [u for u in p.parse_systemd_units(_ok(sections, "k3s-units")) if u.present]
+    if files.binary is None and not files.config_present and not units:
+        return None
+    return K3sInstall(files.binary, files.version, files.config_present, units)
+
+
+def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
+    """Probe output -> HostFacts. Missing or garbled sections leave their fields unknown."""
+    sections = split_sections(lines)
+    lines_of = lambda name: sections[name].lines if name in sections else ()  # noqa: E731
+    os_release = p.parse_os_release(lines_of("os-release"))
+    uname = p.parse_uname(_ok(sections, "uname"))
+    meminfo = p.parse_meminfo(lines_of("meminfo"))
+    commands = p.parse_commands(lines_of("commands"))
+    init = p.parse_first_word(_ok(sections, "pid1"))
+    if "ss" in sections and sections["ss"].rc == 0:
+        listening = p.parse_ss(sections["ss"].lines)
+    else:
+        listening = p.parse_proc_net(lines_of("proc-net"))
+    return HostFacts(
+        hostname=uname.hostname if uname else None,
+        os_id=os_release.get("ID"),
+        os_version_id=os_release.get("VERSION_ID"),
+        os_pretty=os_release.get("PRETTY_NAME"),
+        arch=p.normalise_arch(uname.machine if uname else None),
+        kernel=uname.kernel if uname else None,
+        cpus=p.parse_first_int(_ok(sections, "nproc")),
+        memory_mib=meminfo["MemTotal"] // 1024 if "MemTotal" in meminfo else None,
+        swap_mib=meminfo["SwapTotal"] // 1024 if "SwapTotal" in meminfo else None,
+        disk_free_gib=_disk_free_gib(sections),
+        has_systemd=init == "systemd",
+        init_process=init,
+        probe_uid=p.parse_first_int(_ok(sections, "id")),
+        package_manager=p.package_manager(commands),
+        commands=commands,
+        rdma=p.parse_rdma(lines_of("rdma")),
+        k3s=_k3s(sections),
+        listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
+        **_gpu_facts(sections),
+    )

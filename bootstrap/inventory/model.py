@@ -1,0 +1,224 @@
+"""The inventory as typed, validated data. Built only by `loader.load_inventory`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A secret named by reference: an environment variable or a file, never inline."""
+
+    env: str | None = None
+    file: str | None = None
+
+    def describe(self) -> str:
+        return f"${self.env}" if self.env else f"file {self.file}"
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    user: str = "root"
+    key: str | None = None
+    port: int = 22
+    sudo: bool | None = None  # None: sudo unless the user is root
+    jump: str | None = None  # user@host[:port] of a bastion
+    password: SecretRef | None = None
+    key_passphrase: SecretRef | None = None
+    connect_timeout: int = 10
+
+    @property
+    def use_sudo(self) -> bool:
+        return self.user != "root" if self.sudo is None else self.sudo
+
+
+@dataclass(frozen=True)
+class EtcdSnapshots:
+    schedule: str = "0 */6 * * *"
+    retention: int = 12
+
+
+@dataclass(frozen=True)
+class K3sSettings:
+    version: str | None = None
+    channel: str | None = None  # stable | latest | testing | v1.33; used when no version
+    airgap: str | None = None  # folder with the k3s binary (and images tarball)
+    tls_san: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+    flannel_iface: str | None = None
+    flannel_backend: str = "vxlan"
+    cluster_cidr: str | None = None
+    service_cidr: str | None = None
+    snapshots: EtcdSnapshots = field(default_factory=EtcdSnapshots)
+    extra_config: dict = field(default_factory=dict)  # more config.yaml keys, checked against k3s's flags
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    replicas: int
+    rename_by_default: bool = False
+
+
+@dataclass(frozen=True)
+class Mig:
+    layout: str | None = None  # a named mig-parted layout such as all-1g.18gb
+    profiles: dict = field(default_factory=dict)  # profile name -> instances per GPU
+    strategy: str = "single"
+
+
+@dataclass(frozen=True)
+class Mps:
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Sharing:
+    time_slicing: TimeSlicing | None = None
+    mig: Mig | None = None
+    mps: Mps | None = None
+
+    @property
+    def mode(self) -> str:
+        if self.mig:
+            return "mig"
+        if self.mps:
+            return "mps"
+        if self.time_slicing:
+            return "time-slicing"
+        return "none"
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    driver: str = "preinstalled"  # preinstalled | host | operator
+    cuda: str | None = None
+    driver_branch: str | None = None  # host mode: e.g. "570" (default: the distribution's recommended)
+    sharing: Sharing = field(default_factory=Sharing)
+
+
+@dataclass(frozen=True)
+class NodeGpu:
+    """Per-node GPU overrides; anything unset comes from the cluster-wide `gpu:`."""
+
+    enabled: bool | None = None  # force a node to be treated as GPU / non-GPU
+    sharing: Sharing | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+    role: str = "agent"
+    node_ip: str | None = None  # private address for cluster traffic when `address` is public
+    labels: dict = field(default_factory=dict)
+    taints: tuple[str, ...] = ()
+    ssh: dict = field(default_factory=dict)  # per-node overrides of SshSettings fields
+    gpu: NodeGpu = field(default_factory=NodeGpu)
+    rdma_interfaces: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Rdma:
+    mode: str = "shared"
+    interfaces: tuple[str, ...] = ()
+    subnet: str | None = None
+    resource_name: str = "rdma/rdma_shared_device_a"
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    rdma: Rdma | None = None
+
+
+@dataclass(frozen=True)
+class Nfs:
+    server: str
+    share: str
+    mount_options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    default: str = "local-path"  # local-path | nfs | longhorn
+    nfs: Nfs | None = None
+    longhorn_replicas: int = 2
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class VolcanoSettings:
+    enabled: bool = True
+    queues: tuple[Queue, ...] = ()
+
+
+@dataclass(frozen=True)
+class RegistryAuth:
+    username: str | None = None
+    password: SecretRef | None = None
+    token: SecretRef | None = None
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    mirrors: dict = field(default_factory=dict)  # registry -> tuple of endpoint URLs
+    auth: dict = field(default_factory=dict)  # host -> RegistryAuth
+
+
+@dataclass(frozen=True)
+class Nccl:
+    enabled: bool = True
+    min_busbw_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    gpu_pod: bool = True
+    image: str | None = None
+    nccl: Nccl | None = None
+    timeout_s: int = 600
+
+
+@dataclass(frozen=True)
+class Inventory:
+    cluster: str
+    nodes: tuple[Node, ...]
+    source: str = "<inventory>"
+    ssh: SshSettings = field(default_factory=SshSettings)
+    k3s: K3sSettings = field(default_factory=K3sSettings)
+    gpu: GpuSettings = field(default_factory=GpuSettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    volcano: VolcanoSettings = field(default_factory=VolcanoSettings)
+    registries: RegistrySettings = field(default_factory=RegistrySettings)
+    validate: ValidateSettings = field(default_factory=ValidateSettings)
+    charts: dict = field(default_factory=dict)  # component -> version override
+    state_dir: str | None = None
+
+    @property
+    def servers(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.role == "server")
+
+    @property
+    def agents(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.role == "agent")
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def sharing_for(self, node: Node) -> Sharing:
+        return node.gpu.sharing if node.gpu.sharing is not None else self.gpu.sharing
+
+    def ssh_for(self, node: Node) -> SshSettings:
+        if not node.ssh:
+            return self.ssh
+        from dataclasses import replace
+
+        return replace(self.ssh, **node.ssh)

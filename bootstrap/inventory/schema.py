@@ -1,0 +1,287 @@
+"""The inventory's shape: every key a user may write, its type, default and dataclass."""
+
+from __future__ import annotations
+
+from bootstrap.inventory import model as m
+from bootstrap.inventory.spec import (
+    DNS_LABEL,
+    AnyValue,
+    Bool,
+    Checker,
+    Enum,
+    Field,
+    Int,
+    ListOf,
+    MapOf,
+    Number,
+    Record,
+    Str,
+    address_error,
+    cidr_error,
+    ip_error,
+    san_error,
+)
+from bootstrap.inventory.source import Path
+
+DRIVER_MODES = ("preinstalled", "host", "operator")
+ROLES = ("server", "agent")
+STORAGE_CLASSES = ("local-path", "nfs", "longhorn")
+K3S_DISABLE = ("coredns", "servicelb", "traefik", "local-storage", "metrics-server", "runtimes")
+CHART_COMPONENTS = ("gpu_operator", "multus", "whereabouts", "rdma_shared_device_plugin",
+                    "nfs_csi", "longhorn", "volcano")
+
+K3S_VERSION = r"v\d+\.\d+\.\d+(-rc\d+)?\+k3s\d+"
+LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+LABEL_KEY = rf"({DNS_LABEL}(\.{DNS_LABEL})*/)?{LABEL_NAME}"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+MIG_PROFILE = r"\d+g\.\d+gb(\+me)?"
+
+
+def _secret_fields(name: str) -> dict[str, Field]:
+    return {
+        f"{name}_env": Field(Str(pattern=ENV_NAME, expected="an environment variable name",
+                                 example="REGISTRY_PASSWORD")),
+        f"{name}_file": Field(Str(expected="a file path", example="/run/secrets/registry")),
+    }
+
+
+def _secret_ref(values: dict, name: str) -> m.SecretRef | None:
+    env, file = values.pop(f"{name}_env", None), values.pop(f"{name}_file", None)
+    return m.SecretRef(env=env, file=file) if env or file else None
+
+
+def _one_secret_source(name: str):
+    def check(values: dict, path: Path, ck: Checker) -> None:
+        if values.get(f"{name}_env") and values.get(f"{name}_file"):
+            ck.problem(path + (f"{name}_file",), f"both {name}_env and {name}_file are set", "keep one of them",
+                       key=True)
+    return check
+
+
+def _build_with_secrets(cls, *names):
+    def build(**values):
+        for name in names:
+            values[name] = _secret_ref(values, name)
+        return cls(**values)
+    return build
+
+
+SSH_FIELDS = {
+    "user": Field(Str(pattern=r"[a-z_][a-z0-9_.-]*\$?", expected="a user name", example="ubuntu")),
+    "key": Field(Str(expected="a private key file", example="~/.ssh/id_ed25519")),
+    "port": Field(Int(min=1, max=65535, example="22")),
+    "sudo": Field(Bool()),
+    "jump": Field(Str(pattern=r"([a-z_][a-z0-9_.-]*@)?[A-Za-z0-9.:\[\]-]+(:\d{1,5})?",
+                      expected="a bastion as user@host[:port]", example="ubuntu@203.0.113.5")),
+    "connect_timeout": Field(Int(min=1, max=600)),
+}
+
+SSH = Record(
+    fields={**SSH_FIELDS, **_secret_fields("password"), **_secret_fields("key_passphrase")},
+    build=_build_with_secrets(m.SshSettings, "password", "key_passphrase"),
+    checks=[_one_secret_source("password"), _one_secret_source("key_passphrase")],
+)
+
+NODE_SSH = Record(fields=SSH_FIELDS, build=dict)
+
+SNAPSHOTS = Record(
+    fields={
+        "schedule": Field(Str(pattern=r"(\S+\s+){4}\S+", expected="a five-field cron schedule",
+                              example='"0 */6 * * *"')),
+        "retention": Field(Int(min=1, max=1000)),
+    },
+    build=m.EtcdSnapshots,
+)
+
+
+def _version_xor_channel(values: dict, path: Path, ck: Checker) -> None:
+    if values.get("version") and values.get("channel"):
+        ck.problem(path + ("channel",), "both version and channel are set",
+                   "keep version (a pinned release) or channel (the newest release on it), not both", key=True)
+
+
+K3S = Record(
+    fields={
+        "version": Field(Str(pattern=K3S_VERSION, expected="a k3s release", example="v1.33.5+k3s1")),
+        "channel": Field(Str(pattern=r"stable|latest|testing|v\d+\.\d+", expected="a k3s channel",
+                             example="stable, latest, testing or v1.33")),
+        "airgap": Field(Str(expected="a folder path", example="./artifacts")),
+        "tls_san": Field(ListOf(Str(validator=san_error, expected="an IP address or DNS name",
+                                    example="203.0.113.10"), scalar_ok=True)),
+        "disable": Field(ListOf(Enum(K3S_DISABLE, what="k3s component to disable"), scalar_ok=True)),
+        "flannel_iface": Field(Str(pattern=r"[A-Za-z0-9_.:-]{1,15}", expected="a network interface name",
+                                   example="eth1")),
+        "flannel_backend": Field(Enum(("vxlan", "host-gw", "wireguard-native", "none"), what="flannel backend")),
+        "cluster_cidr": Field(Str(validator=cidr_error, example="10.42.0.0/16")),
+        "service_cidr": Field(Str(validator=cidr_error, example="10.43.0.0/16")),
+        "snapshots": Field(SNAPSHOTS),
+        "extra_config": Field(MapOf(Str(pattern=r"[a-z0-9][a-z0-9-]*\+?", expected="a k3s flag name",
+                                        example="kube-apiserver-arg"),
+                                    AnyValue())),
+    },
+    build=m.K3sSettings,
+    checks=[_version_xor_channel],
+)
+
+
+def _sharing_exclusive(values: dict, path: Path, ck: Checker) -> None:
+    chosen = [k for k in ("time_slicing", "mig", "mps") if values.get(k)]
+    if len(chosen) > 1:
+        ck.problem(path, f"{' and '.join(chosen)} are set together on one node",
+                   "a node shares its GPUs one way: keep one of time_slicing, mig or mps "
+                   "(give other nodes their own gpu.sharing)")
+
+
+def _mig_layout_or_profiles(values: dict, path: Path, ck: Checker) -> None:
+    has_layout, has_profiles = bool(values.get("layout")), bool(values.get("profiles"))
+    if has_layout == has_profiles:
+        ck.problem(path, "MIG needs exactly one of layout or profiles",
+                   "write layout: all-1g.18gb, or profiles: {3g.71gb: 2}")
+
+
+MIG = Record(
+    fields={
+        "layout": Field(Str(pattern=r"[a-z0-9][a-z0-9.+-]*", expected="a MIG layout name",
+                            example="all-1g.18gb")),
+        "profiles": Field(MapOf(Str(pattern=MIG_PROFILE, expected="a MIG profile name", example="3g.71gb"),
+                                Int(min=1, max=7))),
+        "strategy": Field(Enum(("single", "mixed"), what="MIG strategy")),
+    },
+    build=m.Mig,
+    checks=[_mig_layout_or_profiles],
+)
+
+SHARING = Record(
+    fields={
+        "time_slicing": Field(Record(fields={"replicas": Field(Int(min=1, max=128, example="4"), required=True),
+                                             "rename_by_default": Field(Bool())},
+                                     build=m.TimeSlicing)),
+        "mig": Field(MIG),
+        "mps": Field(Record(fields={"replicas": Field(Int(min=1, max=48, example="4"), required=True)},
+                            build=m.Mps)),
+    },
+    build=m.Sharing,
+    shorthand=lambda v: {} if v in (None, "none") else None,
+    checks=[_sharing_exclusive],
+)
+
+GPU = Record(
+    fields={
+        "driver": Field(Enum(DRIVER_MODES, what="driver mode")),
+        "cuda": Field(Str(pattern=r"\d{1,2}\.\d{1,2}", expected="a CUDA version", example='"12.4" (in quotes)')),
+        "driver_branch": Field(Str(pattern=r"\d{3}", expected="an NVIDIA driver branch", example='"570"')),
+        "sharing": Field(SHARING),
+    },
+    build=m.GpuSettings,
+)
+
+NODE_GPU = Record(
+    fields={"enabled": Field(Bool()), "sharing": Field(SHARING)},
+    build=m.NodeGpu,
+)
+
+TAINT = r"[^\s=:]+(=[^\s=:]*)?:(NoSchedule|PreferNoSchedule|NoExecute)"
+
+NODE = Record(
+    fields={
+        "name": Field(Str(pattern=DNS_LABEL, expected="a node name (lower-case letters, digits and '-')",
+                          example="gpu-1"), required=True),
+        "address": Field(Str(validator=address_error, expected="an IP address or host name",
+                             example="203.0.113.11"), required=True),
+        "role": Field(Enum(ROLES, what="role")),
+        "node_ip": Field(Str(validator=ip_error, example="10.0.0.11")),
+        "labels": Field(MapOf(Str(pattern=LABEL_KEY, expected="a Kubernetes label key", example="pool"),
+                              Str(pattern=rf"({LABEL_NAME})?", expected="a Kubernetes label value",
+                                  example="h100"))),
+        "taints": Field(ListOf(Str(pattern=TAINT, expected="a taint key[=value]:Effect",
+                                   example="nvidia.com/gpu=true:NoSchedule"), scalar_ok=True)),
+        "ssh": Field(NODE_SSH),
+        "gpu": Field(NODE_GPU),
+        "rdma_interfaces": Field(ListOf(Str(pattern=r"[A-Za-z0-9_.:-]{1,15}", expected="an interface name",
+                                            example="ibp26s0"), scalar_ok=True)),
+    },
+    build=m.Node,
+)
+
+RDMA = Record(
+    fields={
+        "mode": Field(Enum(("shared",), what="RDMA mode")),
+        "interfaces": Field(ListOf(Str(pattern=r"[A-Za-z0-9_.:-]{1,15}", expected="an interface name",
+                                       example="ibp26s0"), min_items=1, scalar_ok=True), required=True),
+        "subnet": Field(Str(validator=cidr_error, example="192.168.100.0/24")),
+        "resource_name": Field(Str(pattern=r"[a-z0-9.-]+/[a-z0-9_]+", expected="a resource name",
+                                   example="rdma/rdma_shared_device_a")),
+    },
+    build=m.Rdma,
+)
+
+STORAGE = Record(
+    fields={
+        "default": Field(Enum(STORAGE_CLASSES, what="storage class")),
+        "nfs": Field(Record(fields={
+            "server": Field(Str(validator=address_error, example="10.0.0.5"), required=True),
+            "share": Field(Str(pattern=r"/\S*", expected="an exported path", example="/srv/nfs"), required=True),
+            "mount_options": Field(ListOf(Str(), scalar_ok=True)),
+        }, build=m.Nfs)),
+        "longhorn_replicas": Field(Int(min=1, max=10)),
+    },
+    build=m.StorageSettings,
+)
+
+QUEUE = Record(
+    fields={
+        "name": Field(Str(pattern=DNS_LABEL, expected="a queue name", example="research"), required=True),
+        "weight": Field(Int(min=1, max=65535)),
+    },
+    build=m.Queue,
+)
+
+REGISTRY_AUTH = Record(
+    fields={"username": Field(Str()), **_secret_fields("password"), **_secret_fields("token")},
+    build=_build_with_secrets(m.RegistryAuth, "password", "token"),
+    checks=[_one_secret_source("password"), _one_secret_source("token")],
+)
+
+REGISTRIES = Record(
+    fields={
+        "mirrors": Field(MapOf(Str(pattern=r"[A-Za-z0-9.*:-]+", expected="a registry host", example="docker.io"),
+                               ListOf(Str(pattern=r"https?://\S+", expected="an endpoint URL",
+                                          example="https://mirror.example.com"), min_items=1, scalar_ok=True))),
+        "auth": Field(MapOf(Str(pattern=r"[A-Za-z0-9.:-]+", expected="a registry host"), REGISTRY_AUTH)),
+    },
+    build=m.RegistrySettings,
+)
+
+VALIDATE = Record(
+    fields={
+        "gpu_pod": Field(Bool()),
+        "image": Field(Str(pattern=r"\S+", expected="an image reference")),
+        "nccl": Field(Record(fields={"enabled": Field(Bool()), "min_busbw_gbps": Field(Number(min=0))},
+                             build=m.Nccl, shorthand=lambda v: {"enabled": v} if isinstance(v, bool) else None)),
+        "timeout_s": Field(Int(min=10, max=7200)),
+    },
+    build=m.ValidateSettings,
+)
+
+INVENTORY = Record(
+    fields={
+        "cluster": Field(Str(pattern=DNS_LABEL, expected="a DNS label (lower-case letters, digits and '-')",
+                             example="train-a"), required=True),
+        "ssh": Field(SSH),
+        "k3s": Field(K3S),
+        "nodes": Field(ListOf(NODE, min_items=1), required=True),
+        "gpu": Field(GPU),
+        "network": Field(Record(fields={"rdma": Field(RDMA)}, build=m.NetworkSettings)),
+        "storage": Field(STORAGE),
+        "volcano": Field(Record(fields={"enabled": Field(Bool()), "queues": Field(ListOf(QUEUE))},
+                                build=m.VolcanoSettings)),
+        "registries": Field(REGISTRIES),
+        "validate": Field(VALIDATE),
+        "charts": Field(MapOf(Str(pattern="|".join(CHART_COMPONENTS), expected="a component name",
+                                  example=", ".join(CHART_COMPONENTS)),
+                              Str(pattern=r"v?\d+\.\d+\.\d+\S*", expected="a chart version",
+                                  example="v25.10.1"))),
+        "state_dir": Field(Str(expected="a folder path", example="~/.local/state/bootstrap/train-a")),
+    },
+    build=m.Inventory,
+)

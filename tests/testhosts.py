@@ -1,0 +1,711 @@
+#!/usr/bin/env python3
+"""Local test hosts: Debian machines with systemd and SSH, booted with systemd-nspawn.
+
+Each test host is one network namespace (``bslab-<name>``), one veth (root side
+``bsl-<name>`` on the bridge ``bslab0``, host side ``eth0``), one overlay upper dir on
+a shared, cached Debian rootfs, and one ``systemd-nspawn -b``.  All addresses are in
+10.200.0.0/24; the machine itself is 10.200.0.1 on the bridge.  Nothing is routed
+anywhere else (the machine's ``ip_forward`` is left as it is).
+
+As a module (tests put ``tests/`` on ``sys.path``)::
+
+    lab = Lab()
+    cp, gpu = lab.start(["cp-1", "gpu-1"], gpu=["gpu-1"])
+    cp.ssh("hostname").stdout
+    lab.cleanup()
+
+As a command::
+
+    python tests/testhosts.py up [--count N | NAME...] [--gpu NAME...]
+    python tests/testhosts.py status
+    python tests/testhosts.py down
+
+The SSH access here (lab key, no host key checking) is the tests' back door into a
+host; it is not how the tool under test connects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Union
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+LAB_DIR = Path(os.environ.get("BOOTSTRAP_LAB_DIR", "/var/tmp/bootstrap-lab"))
+ROOTFS = Path(os.environ.get("BOOTSTRAP_ROOTFS_CACHE", "/var/cache/bootstrap-lab/rootfs-bookworm"))
+
+SUITE = "bookworm"
+PACKAGES = (
+    "systemd,systemd-sysv,dbus,openssh-server,sudo,python3,ca-certificates,"
+    "iproute2,iptables,kmod,procps,util-linux,curl,less,iputils-ping"
+).split(",")
+# Bump when the customisation below changes, so cached rootfs trees are rebuilt.
+ROOTFS_RECIPE = 1
+
+SSH_USER = "ubuntu"
+BRIDGE = "bslab0"
+NETWORK = ipaddress.ip_network("10.200.0.0/24")
+GATEWAY = "10.200.0.1"
+# The machines inventories/lab.yaml describes; other names get the next free address.
+KNOWN_HOSTS = {"cp-1": "10.200.0.11", "gpu-1": "10.200.0.12", "gpu-2": "10.200.0.13"}
+FIRST_FREE = 14
+# Beyond nspawn's default set: CAP_NET_ADMIN, scoped to the host's own network
+# namespace (iptables, ip link, net.* sysctls). Machine-wide sysctls stay read-only.
+CAPABILITIES = ("CAP_NET_ADMIN",)
+
+NVIDIA_SMI_STANDIN = TESTS_DIR / "standins" / "nvidia-smi"
+GPU_FIXTURES = TESTS_DIR / "fixtures" / "gpu-vm-h200"
+GPU_FIXTURES_REMOTE = "/usr/share/bootstrap-standin/gpu-vm-h200/"
+
+# What a running host writes into its upper dir by itself (journal, login records,
+# sudo's lecture stamps, systemd's state). Tests that check "the tool left nothing
+# behind" ignore these (see TestHost.created_files).
+BOOT_NOISE = re.compile(
+    r"^(var/log/journal|var/log/(wtmp|btmp|lastlog|faillog)$|var/lib/systemd|var/lib/sudo|"
+    r"var/cache/ldconfig|var/tmp|tmp)(/|$)"
+)
+
+FileContent = Union[bytes, str, Path, tuple]  # tuple = (bytes|str|Path, mode)
+
+
+class LabError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _run(*cmd: str, check: bool = True, input: bytes | None = None, timeout: float | None = 60):
+    proc = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise LabError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace').strip()}")
+    return proc
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _requirements_missing() -> str | None:
+    """Why test hosts cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "test hosts need root (network namespaces, systemd-nspawn)"
+    missing = [t for t in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen") if not shutil.which(t)]
+    if missing:
+        return "test hosts need " + ", ".join(missing)
+    return None
+
+
+def key_path() -> Path:
+    """The lab's SSH key (generated once, kept by ``down``)."""
+    key = LAB_DIR / "id_ed25519"
+    with _locked(LAB_DIR / ".key.lock"):
+        if not key.exists():
+            LAB_DIR.mkdir(parents=True, exist_ok=True)
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bootstrap-lab", "-f", str(key))
+        key.chmod(0o600)
+    return key
+
+
+def _debian_mirror() -> str:
+    if os.environ.get("BOOTSTRAP_DEBIAN_MIRROR"):
+        return os.environ["BOOTSTRAP_DEBIAN_MIRROR"]
+    sources = Path("/etc/apt/sources.list.d/debian.sources")
+    if sources.exists():
+        for stanza in sources.read_text().split("\n\n"):
+            fields = dict(
+                line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#")
+            )
+            suites = fields.get("Suites", "").split()
+            if any(s.strip() == SUITE for s in suites) and "URIs" in fields:
+                return fields["URIs"].split()[0]
+    legacy = Path("/etc/apt/sources.list")
+    if legacy.exists():
+        for line in legacy.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == SUITE:
+                return parts[1]
+    raise LabError("no Debian mirror found in /etc/apt/sources.list.d/debian.sources; set BOOTSTRAP_DEBIAN_MIRROR")
+
+
+def ensure_rootfs() -> Path:
+    """Build the cached Debian rootfs once (debootstrap), under a lock; return its path.
+
+    The stamp is written last, so an interrupted build is redone; a changed package
+    list or recipe also triggers a rebuild.
+    """
+    stamp = ROOTFS.with_name(ROOTFS.name + ".stamp")
+    want = json.dumps({"suite": SUITE, "packages": sorted(PACKAGES), "recipe": ROOTFS_RECIPE}, sort_keys=True)
+    if stamp.exists() and stamp.read_text() == want and ROOTFS.is_dir():
+        return ROOTFS
+    with _locked(ROOTFS.with_name(ROOTFS.name + ".lock")):
+        if stamp.exists() and stamp.read_text() == want and ROOTFS.is_dir():
+            return ROOTFS
+        stamp.unlink(missing_ok=True)
+        build = ROOTFS.with_name(ROOTFS.name + ".build")
+        shutil.rmtree(build, ignore_errors=True)
+        mirror = _debian_mirror()
+        print(f"testhosts: building {ROOTFS} with debootstrap from {mirror} (once, about 1-2 min)", file=sys.stderr)
+        proc = subprocess.run(
+            ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, str(build), mirror],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            log = build / "debootstrap/debootstrap.log"
+            tail = log.read_text()[-3000:] if log.exists() else proc.stdout[-3000:]
+            raise LabError(f"debootstrap failed ({proc.returncode}):\n{proc.stderr[-2000:]}\n{tail}")
+        _customise_rootfs(build)
+        if ROOTFS.exists():
+            old = ROOTFS.with_name(ROOTFS.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            ROOTFS.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        build.rename(ROOTFS)
+        stamp.write_text(want)
+    return ROOTFS
+
+
+def _customise_rootfs(root: Path) -> None:
+    def chroot(*cmd: str) -> None:
+        _run("chroot", str(root), *cmd)
+
+    chroot("useradd", "--create-home", "--shell", "/bin/bash", "--uid", "1000", "--user-group", SSH_USER)
+    chroot("usermod", "-p", "*", SSH_USER)  # no password, but not "locked"
+    sudoers = root / "etc/sudoers.d/90-bootstrap-lab"
+    sudoers.write_text(f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
+    for home, owner in ((root / "root", "0:0"), (root / "home" / SSH_USER, "1000:1000")):
+        (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+        (home / ".ssh").chmod(0o700)
+        _run("chown", owner, str(home / ".ssh"))
+    # Every host gets its own name, machine-id and SSH host keys in its upper dir.
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "etc/machine-id").write_text("uninitialized\n")
+    (root / "etc/hostname").write_text("localhost\n")
+    # No DNS in the lab; keep sshd from waiting on reverse lookups.
+    (root / "etc/ssh/sshd_config.d/bootstrap-lab.conf").write_text("UseDNS no\n")
+    shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
+    (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+
+
+def _content(value) -> tuple[object, int | None]:
+    if isinstance(value, tuple):
+        return value[0], value[1]
+    return value, None
+
+
+def _mkparents(upper: Path, rootfs: Path, rel: Path) -> None:
+    """Create the parents of upper/rel, copying mode and owner from the rootfs so the
+    merged directories look as they did (sshd's StrictModes checks ~/.ssh)."""
+    current = Path()
+    for part in rel.parent.parts:
+        current = current / part
+        target = upper / current
+        if target.is_dir():
+            continue
+        lower = rootfs / current
+        st = lower.stat() if lower.is_dir() else None
+        target.mkdir()
+        os.chmod(target, st.st_mode & 0o7777 if st else 0o755)
+        if st:
+            os.chown(target, st.st_uid, st.st_gid)
+
+
+def write_into_upper(upper: Path, rootfs: Path, remote: str, value, owner: tuple[int, int] = (0, 0)) -> None:
+    """Put a file (or a directory tree, for a Path to a directory) at ``remote`` in the
+    host's view, by writing it into the upper dir. Only while the host is not running."""
+    content, mode = _content(value)
+    rel = Path(remote.lstrip("/"))
+    if isinstance(content, Path) and content.is_dir():
+        for src in sorted(content.rglob("*")):
+            if src.is_file():
+                write_into_upper(upper, rootfs, str(Path(remote) / src.relative_to(content)),
+                                 (src, mode if mode is not None else src.stat().st_mode & 0o777), owner)
+        return
+    _mkparents(upper, rootfs, rel)
+    target = upper / rel
+    if isinstance(content, Path):
+        if mode is None:
+            mode = content.stat().st_mode & 0o777
+        data = content.read_bytes()
+    else:
+        data = content.encode() if isinstance(content, str) else bytes(content)
+    target.unlink(missing_ok=True)
+    target.write_bytes(data)
+    os.chmod(target, 0o644 if mode is None else mode)
+    os.chown(target, *owner)
+
+
+def _pid_is_nspawn(pid: int | None, marker: str) -> bool:
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(cmdline) and cmdline[0].endswith(b"systemd-nspawn") and marker.encode() in b" ".join(cmdline)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _kill_netns_pids(netns: str) -> None:
+    if not Path("/run/netns", netns).exists():
+        return
+    for _ in range(50):
+        pids = _run("ip", "netns", "pids", netns, check=False).stdout.split()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)
+    raise LabError(f"processes in netns {netns} would not die")
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _ensure_bridge() -> None:
+    if not _link_exists(BRIDGE):
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    have = _run("ip", "-o", "-4", "addr", "show", "dev", BRIDGE).stdout.decode()
+    if f"{GATEWAY}/{NETWORK.prefixlen}" not in have:
+        _run("ip", "addr", "add", f"{GATEWAY}/{NETWORK.prefixlen}", "dev", BRIDGE)
+    _run("ip", "link", "set", BRIDGE, "up")
+
+
+def _remove_bridge_if_unused() -> None:
+    hosts_dir = LAB_DIR / "hosts"
+    if hosts_dir.is_dir() and any(hosts_dir.iterdir()):
+        return
+    if _link_exists(BRIDGE) and not any(Path("/sys/class/net", BRIDGE, "brif").iterdir()):
+        _run("ip", "link", "del", BRIDGE, check=False)
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+@dataclass
+class HostSpec:
+    name: str
+    address: str | None = None
+    gpu: bool = False
+    extra_files: dict[str, FileContent] = field(default_factory=dict)
+
+
+class TestHost:
+    """One booted test host. Its state lives in ``LAB_DIR/hosts/<name>/``."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, name: str, address: str, pid: int | None = None):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", name):
+            raise LabError(f"bad test host name {name!r} (lowercase letters, digits, '-')")
+        self.name = name
+        self.address = address
+        self.pid = pid
+        self.baseline: set[str] = set()
+        self._popen: subprocess.Popen | None = None
+
+    # state --------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return LAB_DIR / "hosts" / self.name
+
+    @property
+    def upper(self) -> Path:
+        return self.dir / "upper"
+
+    @property
+    def netns(self) -> str:
+        return f"bslab-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        name = f"bsl-{self.name}"
+        return name if len(name) <= 15 else "bsl-" + uuid.uuid5(uuid.NAMESPACE_DNS, self.name).hex[:11]
+
+    @property
+    def console_log(self) -> Path:
+        return self.dir / "console.log"
+
+    def _save(self) -> None:
+        state = {"name": self.name, "address": self.address, "pid": self.pid, "baseline": sorted(self.baseline)}
+        (self.dir / "state.json").write_text(json.dumps(state))
+
+    @classmethod
+    def load(cls, name: str) -> "TestHost":
+        state = json.loads((LAB_DIR / "hosts" / name / "state.json").read_text())
+        host = cls(state["name"], state["address"], state.get("pid"))
+        host.baseline = set(state.get("baseline", []))
+        return host
+
+    def is_running(self) -> bool:
+        return _pid_is_nspawn(self.pid, str(self.upper))
+
+    # preparing ----------------------------------------------------------
+    def _prepare(self, rootfs: Path, files: Mapping[str, FileContent]) -> None:
+        """First boot only: name, machine-id, host keys, lab key, caller's files."""
+        self.upper.mkdir(parents=True)
+        put = lambda remote, value, owner=(0, 0): write_into_upper(self.upper, rootfs, remote, value, owner)  # noqa: E731
+        put("/etc/hostname", f"{self.name}\n")
+        put("/etc/machine-id", (uuid.uuid4().hex + "\n", 0o444))
+        hosts = (rootfs / "etc/hosts").read_text()
+        put("/etc/hosts", hosts.rstrip("\n") + f"\n{self.address}\t{self.name}\n")
+        _mkparents(self.upper, rootfs, Path("etc/ssh/x"))
+        _run("ssh-keygen", "-A", "-f", str(self.upper))
+        pub = (key_path().with_suffix(".pub")).read_bytes()
+        put("/root/.ssh/authorized_keys", (pub, 0o600))
+        put(f"/home/{SSH_USER}/.ssh/authorized_keys", (pub, 0o600), (1000, 1000))
+        for remote, value in files.items():
+            put(remote, value)
+
+    def _setup_network(self) -> None:
+        self._teardown_network()
+        _ensure_bridge()
+        _run("ip", "netns", "add", self.netns)
+        _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+        _run("ip", "link", "set", self.veth, "master", BRIDGE, "up")
+        ns = ("ip", "-n", self.netns)
+        _run(*ns, "addr", "add", f"{self.address}/{NETWORK.prefixlen}", "dev", "eth0")
+        _run(*ns, "link", "set", "eth0", "up")
+        _run(*ns, "link", "set", "lo", "up")
+        _run(*ns, "route", "add", "default", "via", GATEWAY)
+
+    def _teardown_network(self) -> None:
+        _kill_netns_pids(self.netns)
+        if Path("/run/netns", self.netns).exists():
+            _run("ip", "netns", "del", self.netns, check=False)
+        if _link_exists(self.veth):
+            _run("ip", "link", "del", self.veth, check=False)
+
+    # running ------------------------------------------------------------
+    def _boot(self, rootfs: Path) -> None:
+        _run("ip", "link", "set", self.veth, "up")
+        cmd = [
+            "systemd-nspawn", "-q", "-D", str(rootfs), f"--overlay={rootfs}:{self.upper}:/",
+            "--register=no", "--keep-unit", f"--network-namespace-path=/run/netns/{self.netns}",
+            "-M", self.name, "--console=read-only", f"--capability={','.join(CAPABILITIES)}", "-b",
+        ]
+        # Hosts share one lower dir (no image lock); /proc/sys/net is writable (per netns).
+        env = dict(os.environ, SYSTEMD_NSPAWN_LOCK="0", SYSTEMD_NSPAWN_API_VFS_WRITABLE="network")
+        with open(self.console_log, "ab") as log:
+            log.write(f"\n==== boot {time.strftime('%F %T')}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    env=env, start_new_session=True)
+        self.pid = proc.pid
+        self._popen = proc
+        self._save()
+
+    def _poll_ready(self) -> bool:
+        """One readiness check: True when systemd says running or degraded."""
+        if not self.is_running():
+            raise LabError(f"{self.name}: systemd-nspawn exited during boot\n{self.console_tail()}")
+        try:
+            with socket.create_connection((self.address, 22), timeout=1):
+                pass
+        except OSError:
+            return False
+        proc = self.ssh("systemctl is-system-running", check=False, timeout=10)
+        return proc.stdout.strip() in ("running", "degraded")
+
+    def console_tail(self, chars: int = 4000) -> str:
+        text = self.console_log.read_text(errors="replace") if self.console_log.exists() else ""
+        return f"--- console ({self.console_log}) ---\n{text[-chars:]}"
+
+    def kill(self) -> None:
+        """Spot loss: SIGKILL the machine and take its link down (no answer at all)."""
+        if self.is_running():
+            # The container's init is nspawn's child; killing it ends the whole PID
+            # namespace (killing nspawn alone would leave the machine running).
+            for child in _children(self.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            if self._popen is not None:
+                self._popen.wait(5)
+        _kill_netns_pids(self.netns)
+        if _link_exists(self.veth):
+            _run("ip", "link", "set", self.veth, "down", check=False)
+        self.pid = None
+        if self.dir.exists():
+            self._save()
+
+    def restart(self, timeout: float = 60) -> None:
+        """Boot again on the same overlay: same name, IP, host keys, lab key and files."""
+        self.kill()
+        self._boot(ensure_rootfs())
+        _wait_ready([self], timeout)
+
+    def destroy(self) -> None:
+        """Kill the host and remove its namespace, veth and directory."""
+        self.kill()
+        self._teardown_network()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.pid = None
+
+    # back door ----------------------------------------------------------
+    def ssh_command(self, user: str = SSH_USER) -> list[str]:
+        return [
+            "ssh", "-F", "/dev/null", "-i", str(key_path()), "-o", "IdentitiesOnly=yes",
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+            "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", f"{user}@{self.address}",
+        ]
+
+    def ssh(self, cmd: str, user: str = SSH_USER, check: bool = True, timeout: float = 60,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(self.ssh_command(user) + [cmd], capture_output=True, text=True,
+                              timeout=timeout, input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        if check and proc.returncode != 0:
+            raise LabError(f"{self.name}: {cmd!r} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        return proc
+
+    def host_key(self, kind: str = "ed25519") -> str:
+        """The host key sshd presents now ("ssh-ed25519 AAAA...")."""
+        out = _run("ssh-keyscan", "-T", "5", "-t", kind, self.address, check=False).stdout.decode()
+        for line in out.splitlines():
+            if not line.startswith("#") and line.strip():
+                return line.split(None, 1)[1].strip()
+        raise LabError(f"{self.name}: no {kind} host key from {self.address}")
+
+    def regenerate_host_key(self) -> str:
+        """New sshd host keys (as after a reinstall) and sshd restarted; returns the new ed25519 key."""
+        self.ssh("rm -f /etc/ssh/ssh_host_* && ssh-keygen -A && systemctl restart ssh", user="root")
+        return self.host_key()
+
+    def stop_sshd(self) -> None:
+        self.ssh("systemctl stop ssh.socket ssh.service 2>/dev/null; systemctl stop ssh.service", user="root")
+
+    # files --------------------------------------------------------------
+    def upper_files(self) -> set[str]:
+        """Every path in the upper dir (files, dirs, links, whiteouts), relative."""
+        out = set()
+        for dirpath, dirnames, filenames in os.walk(self.upper):
+            rel = Path(dirpath).relative_to(self.upper)
+            for n in dirnames + filenames:
+                out.add(str(rel / n))
+        return out
+
+    def created_files(self) -> set[str]:
+        """Paths in the upper dir now that were not there at boot, less BOOT_NOISE."""
+        return {p for p in self.upper_files() - self.baseline if not BOOT_NOISE.match(p)}
+
+    def __repr__(self) -> str:
+        return f"TestHost({self.name!r}, {self.address!r}, pid={self.pid})"
+
+
+def _wait_ready(hosts: list[TestHost], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(hosts)
+    while pending:
+        pending = [h for h in pending if not h._poll_ready()]
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"{h.name}:\n{h.console_tail()}" for h in pending)
+            raise LabError(f"test hosts not ready after {timeout:.0f}s: {[h.name for h in pending]}\n{tails}")
+        time.sleep(0.2)
+
+
+class Lab:
+    """Starts test hosts and cleans up every host it started (``cleanup`` is idempotent)."""
+
+    def __init__(self, nvidia_smi: Path | None = None):
+        self.hosts: dict[str, TestHost] = {}
+        self.nvidia_smi = nvidia_smi or NVIDIA_SMI_STANDIN
+
+    @property
+    def key(self) -> Path:
+        return key_path()
+
+    def gpu_files(self) -> dict[str, FileContent]:
+        if not self.nvidia_smi.exists():
+            raise LabError(f"no nvidia-smi stand-in at {self.nvidia_smi}")
+        return {"/usr/bin/nvidia-smi": (self.nvidia_smi, 0o755), GPU_FIXTURES_REMOTE: (GPU_FIXTURES, 0o644)}
+
+    def start(self, names_or_specs: Iterable[str | HostSpec], gpu: Iterable[str] = (),
+              extra_files: Mapping[str, FileContent] | None = None, timeout: float = 60) -> list[TestHost]:
+        """Boot hosts in parallel and wait until each answers SSH with systemd running.
+
+        ``extra_files`` (for every host; a HostSpec may add its own) maps a remote path to
+        bytes/str/Path (a directory Path copies the tree) or to ``(content, mode)``.
+        Leftovers of a host of the same name (crashed earlier run) are removed first.
+        """
+        specs = [s if isinstance(s, HostSpec) else HostSpec(s) for s in names_or_specs]
+        gpu = set(gpu)
+        rootfs = ensure_rootfs()
+        key_path()
+        hosts = []
+        with _locked(LAB_DIR / ".hosts.lock"):
+            for spec in specs:
+                stale = LAB_DIR / "hosts" / spec.name
+                if stale.exists():
+                    with contextlib.suppress(Exception):
+                        TestHost.load(spec.name).destroy()
+                    shutil.rmtree(stale, ignore_errors=True)
+                host = TestHost(spec.name, spec.address or _allocate_address(spec.name))
+                host._teardown_network()
+                files = dict(extra_files or {})
+                if spec.gpu or spec.name in gpu:
+                    files.update(self.gpu_files())
+                files.update(spec.extra_files)
+                try:
+                    host._prepare(rootfs, files)
+                    host._save()
+                    host._setup_network()
+                except BaseException:
+                    host.destroy()
+                    raise
+                self.hosts[host.name] = host
+                hosts.append(host)
+        for host in hosts:
+            host._boot(rootfs)
+        _wait_ready(hosts, timeout)
+        for host in hosts:
+            host.baseline = host.upper_files()
+            host._save()
+        return hosts
+
+    def __getitem__(self, name: str) -> TestHost:
+        return self.hosts[name]
+
+    def cleanup(self) -> None:
+        errors = []
+        for host in list(self.hosts.values()):
+            try:
+                host.destroy()
+            except Exception as exc:  # keep cleaning the others
+                errors.append(f"{host.name}: {exc}")
+            self.hosts.pop(host.name, None)
+        with _locked(LAB_DIR / ".hosts.lock"):
+            _remove_bridge_if_unused()
+        if errors:
+            raise LabError("cleanup: " + "; ".join(errors))
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+
+def _allocate_address(name: str) -> str:
+    """Called with the hosts lock held."""
+    used = set()
+    for state in (LAB_DIR / "hosts").glob("*/state.json"):
+        with contextlib.suppress(Exception):
+            used.add(json.loads(state.read_text())["address"])
+    if name in KNOWN_HOSTS:
+        address = KNOWN_HOSTS[name]
+        if address in used:
+            raise LabError(f"{address} is already used by another test host")
+        return address
+    for i in range(FIRST_FREE, 255):
+        address = str(NETWORK.network_address + i)
+        if address not in used:
+            return address
+    raise LabError("no free address in 10.200.0.0/24")
+
+
+def known_hosts() -> list[TestHost]:
+    """Hosts with state under the lab dir (started by this or another process)."""
+    hosts = []
+    for state in sorted((LAB_DIR / "hosts").glob("*/state.json")):
+        with contextlib.suppress(Exception):
+            hosts.append(TestHost.load(state.parent.name))
+    return hosts
+
+
+def down() -> None:
+    """Remove every host, namespace, veth and the bridge; keep the key and rootfs cache."""
+    with _locked(LAB_DIR / ".hosts.lock"):
+        for host in known_hosts():
+            host.destroy()
+        for d in (LAB_DIR / "hosts").glob("*") if (LAB_DIR / "hosts").is_dir() else ():
+            TestHost(d.name, "0.0.0.0").destroy()
+        # leftovers without state (a crash between creating a namespace and saving state)
+        for ns in Path("/run/netns").glob("bslab-*") if Path("/run/netns").is_dir() else ():
+            _kill_netns_pids(ns.name)
+            _run("ip", "netns", "del", ns.name, check=False)
+        for link in Path("/sys/class/net").glob("bsl-*"):
+            _run("ip", "link", "del", link.name, check=False)
+        _remove_bridge_if_unused()
+
+
+# --------------------------------------------------------------------------- command
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="testhosts.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="boot test hosts (default: cp-1, gpu-1, gpu-2 of inventories/lab.yaml)")
+    up.add_argument("names", nargs="*", metavar="NAME")
+    up.add_argument("--count", type=int, help="cp-1 and COUNT-1 gpu hosts gpu-1, gpu-2, ...")
+    up.add_argument("--gpu", nargs="*", metavar="NAME", help="hosts that get the nvidia-smi stand-in "
+                    "(default: the hosts named gpu-*; --gpu alone: none)")
+    sub.add_parser("status", help="list test hosts")
+    sub.add_parser("down", help="remove all test hosts (keeps the key and the rootfs cache)")
+    args = parser.parse_args(argv)
+
+    why = _requirements_missing()
+    if why:
+        print(f"testhosts: {why}", file=sys.stderr)
+        return 2
+    if args.command == "up":
+        if args.names and args.count:
+            parser.error("give --count or names, not both")
+        names = args.names or (["cp-1"] + [f"gpu-{i}" for i in range(1, args.count)] if args.count
+                               else list(KNOWN_HOSTS))
+        gpu = args.gpu if args.gpu is not None else [n for n in names if n.startswith("gpu-")]
+        t0 = time.monotonic()
+        hosts = Lab().start(names, gpu=gpu)
+        print(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f}s; ssh user {SSH_USER}, key {key_path()}")
+        for h in hosts:
+            print(f"  {h.name:10} {h.address:12} {'gpu' if h.name in gpu else '   '}  ssh -i {key_path()} {SSH_USER}@{h.address}")
+    elif args.command == "status":
+        hosts = known_hosts()
+        if not hosts:
+            print("no test hosts")
+        for h in hosts:
+            state = "running" if h.is_running() else "stopped"
+            print(f"{h.name:10} {h.address:12} {state:8} pid={h.pid} upper={h.upper}")
+    elif args.command == "down":
+        down()
+        print("test hosts removed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
