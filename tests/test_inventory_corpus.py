@@ -5,11 +5,10 @@ for a YAML syntax error, `<root>` for a file that is not a mapping).
 """
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import run_bootstrap
 
 from bootstrap.errors import InvalidInput
 from bootstrap.inventory.loader import load_inventory
@@ -49,8 +48,7 @@ def test_broken_inventory_is_located(path):
 @pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
 def test_cli_exits_2_without_traceback(path):
     line, field = expectation(path)
-    result = subprocess.run([sys.executable, "-m", "bootstrap", "check", str(path)],
-                            capture_output=True, text=True, timeout=60)
+    result = run_bootstrap("check", str(path))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert f"{path}:{line}:" in result.stderr

@@ -336,6 +336,7 @@ class TestHost:
         self.pid = pid
         self.baseline: set[str] = set()
         self._popen: subprocess.Popen | None = None
+        self.boot_seconds: float | None = None  # last boot: nspawn start to "systemd running"
 
     # state --------------------------------------------------------------
     @property
@@ -413,7 +414,7 @@ class TestHost:
     def _boot(self, rootfs: Path) -> None:
         _run("ip", "link", "set", self.veth, "up")
         cmd = [
-            "systemd-nspawn", "-q", "-D", str(rootfs), f"--overlay={rootfs}:{self.upper}:/",
+            "systemd-nspawn", "-D", str(rootfs), f"--overlay={rootfs}:{self.upper}:/",
             "--register=no", "--keep-unit", f"--network-namespace-path=/run/netns/{self.netns}",
             "-M", self.name, "--console=read-only", f"--capability={','.join(CAPABILITIES)}", "-b",
         ]
@@ -426,12 +427,14 @@ class TestHost:
                                     env=env, start_new_session=True)
         self.pid = proc.pid
         self._popen = proc
+        self._boot_started = time.monotonic()
         self._save()
 
     def _poll_ready(self) -> bool:
         """One readiness check: True when systemd says running or degraded."""
         if not self.is_running():
-            raise LabError(f"{self.name}: systemd-nspawn exited during boot\n{self.console_tail()}")
+            rc = self._popen.poll() if self._popen is not None else None
+            raise LabError(f"{self.name}: systemd-nspawn exited during boot (exit status {rc})\n{self.console_tail()}")
         try:
             with socket.create_connection((self.address, 22), timeout=1):
                 pass
@@ -530,7 +533,9 @@ def _wait_ready(hosts: list[TestHost], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pending = list(hosts)
     while pending:
-        pending = [h for h in pending if not h._poll_ready()]
+        for host in [h for h in pending if h._poll_ready()]:
+            host.boot_seconds = time.monotonic() - host._boot_started
+            pending.remove(host)
         if not pending:
             break
         if time.monotonic() > deadline:

@@ -153,8 +153,10 @@ class HostFacts(_ToDict):
         return {p.port for p in self.listening_ports if p.proto == "udp"}
 
     def listener(self, port: int, proto: str = "tcp") -> ListeningPort | None:
-        """The socket bound to `port`, e.g. to name the process holding 6443."""
-        return next((p for p in self.listening_ports if p.port == port and p.proto == proto), None)
+        """A socket bound to `port`, e.g. to name the process holding 6443 (IPv4 and IPv6
+        sockets of one port are separate entries: prefer one whose owner is known)."""
+        bound = [p for p in self.listening_ports if p.port == port and p.proto == proto]
+        return next((p for p in bound if p.process), bound[0] if bound else None)
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()

@@ -275,8 +275,10 @@ def with_placements(
 
 # --- RDMA -----------------------------------------------------------------------------
 
-_IB_PORT_FILE = re.compile(r"^/sys/class/infiniband/([^/]+)/ports/(\d+)/(link_layer|state):(.*)$")
-_IB_NETDEV = re.compile(r"^/sys/class/infiniband/([^/]+)/device/net/([^/\s]+)$")
+# Anchored on ".../infiniband/" rather than "/sys/class/" so tests can point the probe's
+# listing at a fake sysfs tree.
+_IB_PORT_FILE = re.compile(r"^/\S*/infiniband/([^/]+)/ports/(\d+)/(link_layer|state):(.*)$")
+_IB_NETDEV = re.compile(r"^/\S*/infiniband/([^/]+)/device/net/([^/\s]+)$")
 
 
 def parse_rdma(lines: Iterable[str] | None) -> list[RdmaDevice]:

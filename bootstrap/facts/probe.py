@@ -46,8 +46,9 @@ SECTIONS = (
 
 PROBE_SCRIPT = r"""
 # bootstrap host probe. POSIX sh (dash); always exits 0 so pyinfra hands the output over.
-# sudo's secure_path and non-login SSH shells miss sbin dirs and vendor nvidia-smi dirs.
-PATH="$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin"
+# sudo's secure_path and non-login SSH shells miss sbin dirs and vendor nvidia-smi dirs;
+# appended, so a PATH the caller chose still wins. (An empty PATH entry would mean ".".)
+PATH="${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin"
 LC_ALL=C
 export PATH LC_ALL
 has() { command -v "$1" >/dev/null 2>&1; }

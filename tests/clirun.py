@@ -1,0 +1,16 @@
+"""Run the installed `bootstrap` command the way a user does: from another folder."""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BOOTSTRAP = Path(sys.executable).parent / "bootstrap"
+
+
+def run_bootstrap(*args, env=None, timeout=300, cwd=None) -> subprocess.CompletedProcess:
+    command = [str(BOOTSTRAP)] if BOOTSTRAP.exists() else [sys.executable, "-m", "bootstrap"]
+    merged = {**os.environ, **(env or {})}
+    return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=timeout, env=merged, cwd=cwd or tempfile.gettempdir())
