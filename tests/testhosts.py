@@ -36,10 +36,12 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Union
@@ -108,7 +110,7 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _requirements_missing() -> str | None:
+def requirements_missing() -> str | None:
     """Why test hosts cannot run here, or None."""
     if os.geteuid() != 0:
         return "test hosts need root (network namespaces, systemd-nspawn)"
@@ -121,11 +123,10 @@ def _requirements_missing() -> str | None:
 def key_path() -> Path:
     """The lab's SSH key (generated once, kept by ``down``)."""
     key = LAB_DIR / "id_ed25519"
-    with _locked(LAB_DIR / ".key.lock"):
-        if not key.exists():
-            LAB_DIR.mkdir(parents=True, exist_ok=True)
-            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bootstrap-lab", "-f", str(key))
-        key.chmod(0o600)
+    if not key.exists():
+        with _locked(LAB_DIR / ".key.lock"):
+            if not key.exists():
+                _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bootstrap-lab", "-f", str(key))
     return key
 
 
@@ -270,6 +271,25 @@ def _pid_is_nspawn(pid: int | None, marker: str) -> bool:
     return bool(cmdline) and cmdline[0].endswith(b"systemd-nspawn") and marker.encode() in b" ".join(cmdline)
 
 
+def _same_as_lower(upper: Path, lower: Path) -> bool:
+    try:
+        u, lo = upper.lstat(), lower.lstat()
+    except OSError:
+        return False
+    if (u.st_mode, u.st_uid, u.st_gid) != (lo.st_mode, lo.st_uid, lo.st_gid):
+        return False
+    if stat.S_ISDIR(u.st_mode):
+        with contextlib.suppress(OSError):
+            if os.getxattr(upper, "trusted.overlay.opaque") == b"y":
+                return False
+        return True
+    if stat.S_ISLNK(u.st_mode):
+        return os.readlink(upper) == os.readlink(lower)
+    if stat.S_ISREG(u.st_mode):
+        return u.st_size == lo.st_size and upper.read_bytes() == lower.read_bytes()
+    return False
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -297,6 +317,9 @@ def _link_exists(name: str) -> bool:
 
 def _ensure_bridge() -> None:
     if not _link_exists(BRIDGE):
+        clash = _run("ip", "-4", "route", "show", "to", "match", str(NETWORK.network_address + 1)).stdout.decode()
+        if any(line and not line.startswith("default") for line in clash.splitlines()):
+            raise LabError(f"{NETWORK} is already routed on this machine ({clash.strip()}); not adding the lab bridge")
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
     have = _run("ip", "-o", "-4", "addr", "show", "dev", BRIDGE).stdout.decode()
     if f"{GATEWAY}/{NETWORK.prefixlen}" not in have:
@@ -337,6 +360,9 @@ class TestHost:
         self.baseline: set[str] = set()
         self._popen: subprocess.Popen | None = None
         self.boot_seconds: float | None = None  # last boot: nspawn start to "systemd running"
+        # The process whose Lab removes this host at cleanup ([pid, start time]); None for
+        # hosts that stay up (the command's "up").
+        self.owner: list[int] | None = None
 
     # state --------------------------------------------------------------
     @property
@@ -361,13 +387,15 @@ class TestHost:
         return self.dir / "console.log"
 
     def _save(self) -> None:
-        state = {"name": self.name, "address": self.address, "pid": self.pid, "baseline": sorted(self.baseline)}
+        state = {"name": self.name, "address": self.address, "pid": self.pid, "owner": self.owner,
+                 "baseline": sorted(self.baseline)}
         (self.dir / "state.json").write_text(json.dumps(state))
 
     @classmethod
     def load(cls, name: str) -> "TestHost":
         state = json.loads((LAB_DIR / "hosts" / name / "state.json").read_text())
         host = cls(state["name"], state["address"], state.get("pid"))
+        host.owner = state.get("owner")
         host.baseline = set(state.get("baseline", []))
         return host
 
@@ -377,13 +405,16 @@ class TestHost:
     # preparing ----------------------------------------------------------
     def _prepare(self, rootfs: Path, files: Mapping[str, FileContent]) -> None:
         """First boot only: name, machine-id, host keys, lab key, caller's files."""
-        self.upper.mkdir(parents=True)
-        put = lambda remote, value, owner=(0, 0): write_into_upper(self.upper, rootfs, remote, value, owner)  # noqa: E731
+        self.upper.mkdir()
+
+        def put(remote: str, value: FileContent, owner: tuple[int, int] = (0, 0)) -> None:
+            write_into_upper(self.upper, rootfs, remote, value, owner)
+
         put("/etc/hostname", f"{self.name}\n")
         put("/etc/machine-id", (uuid.uuid4().hex + "\n", 0o444))
         hosts = (rootfs / "etc/hosts").read_text()
         put("/etc/hosts", hosts.rstrip("\n") + f"\n{self.address}\t{self.name}\n")
-        _mkparents(self.upper, rootfs, Path("etc/ssh/x"))
+        _mkparents(self.upper, rootfs, Path("etc/ssh/ssh_host_ed25519_key"))
         _run("ssh-keygen", "-A", "-f", str(self.upper))
         pub = (key_path().with_suffix(".pub")).read_bytes()
         put("/root/.ssh/authorized_keys", (pub, 0o600))
@@ -392,8 +423,8 @@ class TestHost:
             put(remote, value)
 
     def _setup_network(self) -> None:
+        """The host's namespace and veth (the bridge exists already)."""
         self._teardown_network()
-        _ensure_bridge()
         _run("ip", "netns", "add", self.netns)
         _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _run("ip", "link", "set", self.veth, "master", BRIDGE, "up")
@@ -445,6 +476,7 @@ class TestHost:
 
     def console_tail(self, chars: int = 4000) -> str:
         text = self.console_log.read_text(errors="replace") if self.console_log.exists() else ""
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)
         return f"--- console ({self.console_log}) ---\n{text[-chars:]}"
 
     def kill(self) -> None:
@@ -463,7 +495,7 @@ class TestHost:
         if _link_exists(self.veth):
             _run("ip", "link", "set", self.veth, "down", check=False)
         self.pid = None
-        if self.dir.exists():
+        if (self.dir / "state.json").exists():
             self._save()
 
     def restart(self, timeout: float = 60) -> None:
@@ -522,8 +554,15 @@ class TestHost:
         return out
 
     def created_files(self) -> set[str]:
-        """Paths in the upper dir now that were not there at boot, less BOOT_NOISE."""
-        return {p for p in self.upper_files() - self.baseline if not BOOT_NOISE.match(p)}
+        """What changed in the host's files since boot: paths in the upper dir that were
+        not there at boot, less BOOT_NOISE and less copy-ups that equal the rootfs (a
+        directory that only got copied up because a file in it came and went, a file
+        restored to its original content)."""
+        rootfs = ensure_rootfs()
+        return {
+            p for p in self.upper_files() - self.baseline
+            if not BOOT_NOISE.match(p) and not _same_as_lower(self.upper / p, rootfs / p)
+        }
 
     def __repr__(self) -> str:
         return f"TestHost({self.name!r}, {self.address!r}, pid={self.pid})"
@@ -569,34 +608,53 @@ class Lab:
         Leftovers of a host of the same name (crashed earlier run) are removed first.
         """
         specs = [s if isinstance(s, HostSpec) else HostSpec(s) for s in names_or_specs]
+        if len({s.name for s in specs}) != len(specs):
+            raise LabError(f"duplicate test host names: {[s.name for s in specs]}")
         gpu = set(gpu)
         rootfs = ensure_rootfs()
         key_path()
+        me = _process_identity(os.getpid())
+        files = {}
+        for spec in specs:
+            files[spec.name] = dict(extra_files or {})
+            if spec.gpu or spec.name in gpu:
+                files[spec.name].update(self.gpu_files())
+            files[spec.name].update(spec.extra_files)
         hosts = []
-        with _locked(LAB_DIR / ".hosts.lock"):
-            for spec in specs:
-                stale = LAB_DIR / "hosts" / spec.name
-                if stale.exists():
-                    with contextlib.suppress(Exception):
-                        TestHost.load(spec.name).destroy()
-                    shutil.rmtree(stale, ignore_errors=True)
-                host = TestHost(spec.name, spec.address or _allocate_address(spec.name))
-                host._teardown_network()
-                files = dict(extra_files or {})
-                if spec.gpu or spec.name in gpu:
-                    files.update(self.gpu_files())
-                files.update(spec.extra_files)
-                try:
-                    host._prepare(rootfs, files)
-                    host._save()
-                    host._setup_network()
-                except BaseException:
-                    host.destroy()
-                    raise
-                self.hosts[host.name] = host
-                hosts.append(host)
-        for host in hosts:
+        deadline = time.monotonic() + timeout
+        while not hosts:
+            with _locked(LAB_DIR / ".hosts.lock"):
+                # Hosts of crashed test runs go; hosts another live process uses are waited for.
+                existing = {h.name: h for h in known_hosts()}
+                for host in existing.values():
+                    if host.owner and not _process_alive(host.owner):
+                        host.destroy()
+                busy = {n: h.owner[0] for n, h in existing.items()
+                        if n in files and h.owner and h.owner != me and _process_alive(h.owner)}
+                if not busy:
+                    _ensure_bridge()
+                    for spec in specs:
+                        _remove_stale(spec.name)
+                        host = TestHost(spec.name, spec.address or _allocate_address(spec.name))
+                        host.owner = me
+                        host.dir.mkdir(parents=True)
+                        host._save()  # claims the name and the address
+                        self.hosts[host.name] = host
+                        hosts.append(host)
+                    break
+            if time.monotonic() > deadline:
+                raise LabError(f"test hosts in use by other processes (name: pid): {busy}")
+            time.sleep(0.5)
+
+        def prepare_and_boot(host: TestHost) -> None:
+            host._prepare(rootfs, files[host.name])
+            host._setup_network()
             host._boot(rootfs)
+
+        # In parallel: host key generation (RSA) is the slow part of preparing a host.
+        with ThreadPoolExecutor(max_workers=len(hosts) or 1) as pool:
+            for future in [pool.submit(prepare_and_boot, h) for h in hosts]:
+                future.result()
         _wait_ready(hosts, timeout)
         for host in hosts:
             host.baseline = host.upper_files()
@@ -624,6 +682,27 @@ class Lab:
 
     def __exit__(self, *exc) -> None:
         self.cleanup()
+
+
+def _process_identity(pid: int) -> list[int] | None:
+    """[pid, start time]: tells a process from a later one that reuses its pid."""
+    try:
+        return [pid, int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _process_alive(owner: list[int]) -> bool:
+    return _process_identity(owner[0]) == list(owner)
+
+
+def _remove_stale(name: str) -> None:
+    """Remove what an earlier run left of host ``name`` (running or not)."""
+    try:
+        host = TestHost.load(name)
+    except (OSError, ValueError, KeyError):
+        host = TestHost(name, "")
+    host.destroy()
 
 
 def _allocate_address(name: str) -> str:
@@ -658,12 +737,11 @@ def down() -> None:
     with _locked(LAB_DIR / ".hosts.lock"):
         for host in known_hosts():
             host.destroy()
-        for d in (LAB_DIR / "hosts").glob("*") if (LAB_DIR / "hosts").is_dir() else ():
-            TestHost(d.name, "0.0.0.0").destroy()
         # leftovers without state (a crash between creating a namespace and saving state)
-        for ns in Path("/run/netns").glob("bslab-*") if Path("/run/netns").is_dir() else ():
+        for ns in Path("/run/netns").glob("bslab-*"):
             _kill_netns_pids(ns.name)
             _run("ip", "netns", "del", ns.name, check=False)
+        shutil.rmtree(LAB_DIR / "hosts", ignore_errors=True)
         for link in Path("/sys/class/net").glob("bsl-*"):
             _run("ip", "link", "del", link.name, check=False)
         _remove_bridge_if_unused()
@@ -684,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="remove all test hosts (keeps the key and the rootfs cache)")
     args = parser.parse_args(argv)
 
-    why = _requirements_missing()
+    why = requirements_missing()
     if why:
         print(f"testhosts: {why}", file=sys.stderr)
         return 2
@@ -696,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu = args.gpu if args.gpu is not None else [n for n in names if n.startswith("gpu-")]
         t0 = time.monotonic()
         hosts = Lab().start(names, gpu=gpu)
+        for host in hosts:  # these stay up until "down"
+            host.owner = None
+            host._save()
         print(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f}s; ssh user {SSH_USER}, key {key_path()}")
         for h in hosts:
             print(f"  {h.name:10} {h.address:12} {'gpu' if h.name in gpu else '   '}  ssh -i {key_path()} {SSH_USER}@{h.address}")

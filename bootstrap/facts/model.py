@@ -125,6 +125,8 @@ class HostFacts(_ToDict):
     has_systemd: bool = False
     init_process: str | None = None  # comm of PID 1
     probe_uid: int | None = None  # 0 when probed as root (process names fully visible)
+    sudo_ok: bool | None = None  # `sudo -n` works (or we are root); None when not probed
+    sudo_error: str | None = None
     package_manager: str | None = None  # "apt", "dnf", "yum", "zypper", "apk"
     commands: dict[str, str] = field(default_factory=dict)  # found tools -> path
     gpus: list[Gpu] = field(default_factory=list)

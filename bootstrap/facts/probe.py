@@ -39,7 +39,7 @@ COMMANDS = (
 )  # fmt: skip
 
 SECTIONS = (
-    "commands", "id", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma",
+    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma",
     "k3s", "k3s-units", "ss", "proc-net",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
@@ -62,6 +62,8 @@ sec() {
 nvsmi() { if has timeout; then timeout 60 nvidia-smi "$@"; else nvidia-smi "$@"; fi; }
 p_commands() { for c in @@COMMANDS@@; do printf '%s: ' "$c"; command -v "$c" || echo missing; done; }
 p_os() { cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release; }
+# nproc obeys OMP_NUM_THREADS, which GPU images often set system-wide; getconf does not.
+p_nproc() { getconf _NPROCESSORS_ONLN 2>/dev/null || nproc; }
 p_meminfo() { grep -E '^(MemTotal|MemAvailable|SwapTotal|SwapFree):' /proc/meminfo; }
 p_df() {
   # /var/lib/rancher only exists once k3s ran: measure its nearest existing parent.
@@ -84,20 +86,25 @@ p_units() {
   has systemctl || return 127
   systemctl show -p Id -p LoadState -p ActiveState -p UnitFileState k3s.service k3s-agent.service
 }
-p_ss() { has ss || return 127; ss -Hltunp; }
+# Port owners are only visible to root: ask sudo (non-interactively) when we are not root.
+p_ss() { has ss || return 127; if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n ss -Hltunp; else ss -Hltunp; fi; }
+# Facts run as the login user; this says whether `sudo -n` works before anything needs it,
+# so a password-only sudo is one clear line instead of a prompt.
+p_sudo() { [ "$(id -u)" = 0 ] && { echo root; return 0; }; has sudo || { echo "sudo: not installed"; return 127; }; sudo -n true; }
 p_procnet() {
   for t in tcp tcp6 udp udp6; do
-    [ -r /proc/net/$t ] || continue
-    while IFS= read -r l; do echo "$t $l"; done < /proc/net/$t
+    [ -r "/proc/net/$t" ] || continue
+    while IFS= read -r l; do printf '%s %s\n' "$t" "$l"; done < "/proc/net/$t"
   done
 }
 probe() {
   sec commands p_commands
   sec id id -u
+  sec sudo p_sudo
   sec os-release p_os
   sec uname uname -n -r -m
   sec pid1 cat /proc/1/comm
-  sec nproc nproc
+  sec nproc p_nproc
   sec meminfo p_meminfo
   sec df p_df
   sec rdma p_rdma
@@ -162,6 +169,12 @@ def split_sections(lines: Iterable[str] | str) -> dict[str, Section]:
     return sections
 
 
+def _lines(sections: dict[str, Section], name: str) -> tuple[str, ...]:
+    """Lines of a section whatever its exit code (grep/cat style sources: output is data)."""
+    section = sections.get(name)
+    return section.lines if section is not None else ()
+
+
 def _ok(sections: dict[str, Section], name: str) -> tuple[str, ...]:
     """Lines of a section that ran and succeeded; () otherwise."""
     section = sections.get(name)
@@ -210,14 +223,14 @@ def _gpu_facts(sections: dict[str, Section]) -> dict:
 def _disk_free_gib(sections: dict[str, Section]) -> dict[str, float]:
     # df -P prints one line per argument in argument order; a failed df prints fewer lines,
     # so only trust the mapping when every path got its line.
-    entries = p.parse_df(sections["df"].lines) if "df" in sections else []
+    entries = p.parse_df(_lines(sections, "df"))
     if len(entries) != len(DF_PATHS):
         return {}
     return {path: round(e.avail_kib / 1024**2, 2) for path, e in zip(DF_PATHS, entries)}
 
 
 def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
-    files = p.parse_k3s(sections["k3s"].lines) if "k3s" in sections else p.K3sFiles(None, None, False)
+    files = p.parse_k3s(_lines(sections, "k3s"))
     units = [u for u in p.parse_systemd_units(_ok(sections, "k3s-units")) if u.present]
     if files.binary is None and not files.config_present and not units:
         return None
@@ -227,16 +240,15 @@ def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
 def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
     """Probe output -> HostFacts. Missing or garbled sections leave their fields unknown."""
     sections = split_sections(lines)
-    lines_of = lambda name: sections[name].lines if name in sections else ()  # noqa: E731
-    os_release = p.parse_os_release(lines_of("os-release"))
+    os_release = p.parse_os_release(_lines(sections, "os-release"))
     uname = p.parse_uname(_ok(sections, "uname"))
-    meminfo = p.parse_meminfo(lines_of("meminfo"))
-    commands = p.parse_commands(lines_of("commands"))
+    meminfo = p.parse_meminfo(_lines(sections, "meminfo"))
+    commands = p.parse_commands(_lines(sections, "commands"))
     init = p.parse_first_word(_ok(sections, "pid1"))
     if "ss" in sections and sections["ss"].rc == 0:
-        listening = p.parse_ss(sections["ss"].lines)
+        listening = p.parse_ss(_lines(sections, "ss"))
     else:
-        listening = p.parse_proc_net(lines_of("proc-net"))
+        listening = p.parse_proc_net(_lines(sections, "proc-net"))
     return HostFacts(
         hostname=uname.hostname if uname else None,
         os_id=os_release.get("ID"),
@@ -251,9 +263,12 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         has_systemd=init == "systemd",
         init_process=init,
         probe_uid=p.parse_first_int(_ok(sections, "id")),
+        sudo_ok=sections["sudo"].rc == 0 if "sudo" in sections else None,
+        sudo_error=None if "sudo" not in sections or sections["sudo"].rc == 0
+        else p.first_meaningful_line(sections["sudo"].lines) or "sudo -n failed",
         package_manager=p.package_manager(commands),
         commands=commands,
-        rdma=p.parse_rdma(lines_of("rdma")),
+        rdma=p.parse_rdma(_lines(sections, "rdma")),
         k3s=_k3s(sections),
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         **_gpu_facts(sections),

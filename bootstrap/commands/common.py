@@ -1,0 +1,37 @@
+"""What host-touching commands share: node selection, the run log, the pyinfra session."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from bootstrap.errors import UsageError
+from bootstrap.inventory.model import Inventory, Node
+from bootstrap.statedir import StateDir
+
+
+def select_nodes(inventory: Inventory, names: list[str] | None) -> list[Node]:
+    if not names:
+        return list(inventory.nodes)
+    known = {n.name for n in inventory.nodes}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}",
+                         f"nodes are: {', '.join(sorted(known))}")
+    return [n for n in inventory.nodes if n.name in names]
+
+
+@contextlib.contextmanager
+def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
+    """Connect to `nodes` in parallel; the run log goes to the cluster's state folder."""
+    # gevent must patch before paramiko/pyinfra import sockets; done only for commands that
+    # touch hosts, so `check` and `--help` stay fast.
+    from gevent import monkey
+
+    monkey.patch_all()
+    from bootstrap.hosts.session import HostSession
+
+    state = StateDir(inventory)
+    log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
+    with HostSession(inventory, state, nodes, log_file=log_file) as session:
+        yield session

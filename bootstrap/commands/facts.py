@@ -1,0 +1,51 @@
+"""`bootstrap facts INVENTORY`: what each host has, gathered in one SSH round trip per host."""
+
+from __future__ import annotations
+
+import json
+
+from bootstrap.commands.common import open_hosts, select_nodes
+from bootstrap.errors import HostsFailed
+from bootstrap.inventory.loader import load_inventory
+
+
+def run(args) -> int:
+    inventory = load_inventory(args.inventory)
+    nodes = select_nodes(inventory, args.node)
+    with open_hosts(inventory, nodes, "facts") as session:
+        from bootstrap.facts.host_facts import HostFactsFact
+
+        facts = session.gather(HostFactsFact)
+    for node in nodes:
+        if node.name not in facts and node.name not in session.failures:
+            session.failures[node.name] = _no_output(node.name)
+    if args.json:
+        print(json.dumps({
+            "cluster": inventory.cluster,
+            "hosts": {name: value.to_dict() for name, value in sorted(facts.items())},
+            "failed": {f.node: f.message + (f"; {f.hint}" if f.hint else "")
+                       for f in session.failures.values()},
+        }, indent=2, sort_keys=True))
+    else:
+        from bootstrap.facts.render import render_host
+
+        blocks = [render_host(n.name, n.address, facts[n.name]) for n in nodes if n.name in facts]
+        print("\n\n".join(blocks))
+    report_failures(session.failures)
+    return 0
+
+
+def _no_output(name):
+    from bootstrap.hosts.session import HostFailure
+
+    return HostFailure(name, "the facts probe returned no output")
+
+
+def report_failures(failures) -> None:
+    import sys
+
+    for failure in sorted(failures.values(), key=lambda f: f.node):
+        print(f"FAILED {failure.render()}", file=sys.stderr)
+    if failures:
+        raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
+                          f"{', '.join(sorted(failures))}")

@@ -1,0 +1,22 @@
+import pytest
+
+import testhosts
+
+
+def pytest_collection_modifyitems(config, items):
+    why = testhosts.requirements_missing()
+    if why:
+        skip = pytest.mark.skip(reason=why)
+        for item in items:
+            if "hosts" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def lab():
+    """A testhosts.Lab; every host it started is removed at teardown, pass or fail."""
+    lab = testhosts.Lab()
+    try:
+        yield lab
+    finally:
+        lab.cleanup()

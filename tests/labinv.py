@@ -1,0 +1,26 @@
+"""Write an inventory for test hosts, with a state folder private to the test."""
+
+from pathlib import Path
+
+import yaml
+
+import testhosts
+
+
+def write_inventory(path: Path, hosts, *, servers=1, extra: dict | None = None, cluster="lab-test",
+                    node_extra: dict | None = None) -> Path:
+    """The first `servers` hosts are servers, the rest agents. `extra` merges top-level keys."""
+    nodes = []
+    for index, host in enumerate(hosts):
+        node = {"name": host.name, "address": host.address, "role": "server" if index < servers else "agent"}
+        node.update((node_extra or {}).get(host.name, {}))
+        nodes.append(node)
+    data = {
+        "cluster": cluster,
+        "state_dir": str(path.parent / "state"),
+        "ssh": {"user": testhosts.SSH_USER, "key": str(testhosts.key_path()), "sudo": True, "connect_timeout": 5},
+        "nodes": nodes,
+    }
+    data.update(extra or {})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
