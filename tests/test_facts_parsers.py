@@ -53,6 +53,7 @@ def h200_probe_output() -> list[str]:
         *section("nproc", ["16"]),  # not recorded by itself: lscpu.txt's "CPU(s): 16"
         *from_fixture("meminfo", "meminfo.txt"),
         *section("rdma", []),
+        *from_fixture("pci-nvidia", "sys-pci-nvidia.txt"),
         *from_fixture("nvidia-smi", "nvidia-smi.txt"),
         *from_fixture("nvidia-smi-query", "nvidia-smi-query.txt"),
         *from_fixture("nvidia-smi-mig-lgip", "nvidia-smi-mig-lgip.txt"),
@@ -78,6 +79,8 @@ def test_h200_fixture_is_a_real_h200():
     assert gpu.persistence_mode is True
     assert gpu.mig_current is False and gpu.mig_pending is False  # MIG capable, disabled
     assert gpu.mig_capable and facts.mig_capable
+    (pci,) = facts.nvidia_pci
+    assert (pci.bus_id, pci.device_id, pci.driver, pci.is_gpu) == ("0000:00:06.0", "0x2335", "nvidia", True)
     assert facts.driver_version == "580.159.04"
     assert facts.cuda_version == "13.0"
 
@@ -499,3 +502,12 @@ def test_fact_through_pyinfra_local_connector():
     assert facts.hostname == os.uname().nodename
     assert facts.os_id and facts.arch and facts.cpus
     assert not state.failed_hosts
+
+
+def test_gpu_without_driver_is_seen_on_pci():
+    facts = parse_host_facts(section("pci-nvidia", ["0000:41:00.0 device=0x2330 class=0x030200 driver="]))
+    assert not facts.has_gpu and facts.gpu_hardware
+    assert facts.nvidia_pci[0].driver is None
+    # An NVIDIA audio function or NVSwitch bridge is not a GPU.
+    other = parse_host_facts(section("pci-nvidia", ["0000:05:00.0 device=0x22a3 class=0x068000 driver="]))
+    assert not other.gpu_hardware

@@ -43,6 +43,11 @@ class Gpu(_ToDict):
     vbios_version: str | None = None
 
     @property
+    def gpu_hardware(self) -> bool:
+        """NVIDIA GPUs are in the machine, whether or not a driver drives them."""
+        return self.has_gpu or self.gpu_error is not None or any(d.is_gpu for d in self.nvidia_pci)
+
+    @property
     def mig_capable(self) -> bool:
         return self.mig_current is not None
 
@@ -109,6 +114,18 @@ class ListeningPort(_ToDict):
 
 
 @dataclass(frozen=True)
+class PciDevice(_ToDict):
+    bus_id: str  # "0000:00:06.0"
+    device_id: str  # "0x2335" (H200)
+    pci_class: str  # "0x030200": 0x03xxxx is a display controller, i.e. a GPU
+    driver: str | None = None  # kernel driver bound: "nvidia", "nouveau", "vfio-pci", None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.pci_class.startswith("0x03")
+
+
+@dataclass(frozen=True)
 class HostFacts(_ToDict):
     hostname: str | None = None
     os_id: str | None = None  # "ubuntu", "debian"
@@ -135,12 +152,18 @@ class HostFacts(_ToDict):
     cuda_version: str | None = None  # highest CUDA the driver supports, "13.0"
     mig_profiles: list[MigProfile] = field(default_factory=list)
     rdma: list[RdmaDevice] = field(default_factory=list)
+    nvidia_pci: list[PciDevice] = field(default_factory=list)
     k3s: K3sInstall | None = None
     listening_ports: list[ListeningPort] = field(default_factory=list)
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.gpus)
+
+    @property
+    def gpu_hardware(self) -> bool:
+        """NVIDIA GPUs are in the machine, whether or not a driver drives them."""
+        return self.has_gpu or self.gpu_error is not None or any(d.is_gpu for d in self.nvidia_pci)
 
     @property
     def mig_capable(self) -> bool:
@@ -163,4 +186,5 @@ class HostFacts(_ToDict):
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
         data["has_gpu"] = self.has_gpu
+        data["gpu_hardware"] = self.gpu_hardware
         return data

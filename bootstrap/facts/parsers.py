@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
-from .model import Gpu, ListeningPort, MigProfile, RdmaDevice, SystemdUnit
+from .model import Gpu, ListeningPort, MigProfile, PciDevice, RdmaDevice, SystemdUnit
 
 # What nvidia-smi prints for a value the GPU or driver does not have.
 _NA = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
@@ -308,6 +308,17 @@ def parse_rdma(lines: Iterable[str] | None) -> list[RdmaDevice]:
 
 
 # --- k3s ------------------------------------------------------------------------------
+
+
+def parse_nvidia_pci(lines: Iterable[str] | None) -> list[PciDevice]:
+    """`<bus> device=0x2335 class=0x030200 driver=nvidia` lines (also the fixture's
+    sys-pci-nvidia format, which adds vendor= and numa= fields)."""
+    devices = []
+    for line in _clean(lines):
+        fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+        if "device" in fields and "class" in fields:
+            devices.append(PciDevice(line.split()[0], fields["device"], fields["class"], fields.get("driver") or None))
+    return devices
 
 
 class K3sFiles(NamedTuple):

@@ -39,7 +39,7 @@ COMMANDS = (
 )  # fmt: skip
 
 SECTIONS = (
-    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma",
+    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia",
     "k3s", "k3s-units", "ss", "proc-net",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
@@ -78,6 +78,15 @@ p_rdma() {
   for n in /sys/class/infiniband/*/device/net/*; do [ -e "$n" ] && echo "$n"; done
   return 0
 }
+# NVIDIA PCI functions: GPUs are visible here even before any driver is installed.
+p_pci() {
+  for d in /sys/bus/pci/devices/*; do
+    [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue
+    drv=; [ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")")
+    echo "${d##*/} device=$(cat "$d/device") class=$(cat "$d/class") driver=$drv"
+  done
+  return 0
+}
 p_k3s() {
   if has k3s; then echo "binary: $(command -v k3s)"; k3s --version; fi
   if [ -e /etc/rancher/k3s/config.yaml ]; then echo "config: present"; else echo "config: absent"; fi
@@ -108,6 +117,7 @@ probe() {
   sec meminfo p_meminfo
   sec df p_df
   sec rdma p_rdma
+  sec pci-nvidia p_pci
   sec k3s p_k3s
   sec k3s-units p_units
   sec ss p_ss
@@ -269,6 +279,7 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         package_manager=p.package_manager(commands),
         commands=commands,
         rdma=p.parse_rdma(_lines(sections, "rdma")),
+        nvidia_pci=p.parse_nvidia_pci(_lines(sections, "pci-nvidia")),
         k3s=_k3s(sections),
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         **_gpu_facts(sections),

@@ -1,0 +1,181 @@
+"""Preflight: everything that would make `up` fail, found before any host is changed.
+
+Pure: inventory + facts in, findings out. Every error carries its fix; `up` changes
+nothing on any host while one remains.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from bootstrap.facts.model import HostFacts
+from bootstrap.inventory.model import Inventory, Node
+from bootstrap.rules import cuda, mig
+
+SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
+SUPPORTED_ARCH = ("amd64", "arm64")
+MIN_FREE_GIB = {"cpu": 10.0, "gpu": 30.0}  # CUDA images are several GB each
+# port -> (proto, who needs it free)
+PORTS = {6443: ("tcp", "server"), 10250: ("tcp", "all"), 8472: ("udp", "all")}
+OUR_PROCESSES = ("k3s", "k3s-server", "k3s-agent", "containerd")
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    check: str
+    message: str
+    fix: str | None = None
+    severity: str = "error"  # error | warning | info
+
+    def render(self) -> str:
+        tag = {"error": "FAIL", "warning": "WARN", "info": "ok  "}[self.severity]
+        return f"{tag} {self.node}: {self.check}: {self.message}" + (f"\n       fix: {self.fix}" if self.fix else "")
+
+
+def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts) -> bool:
+    if node.gpu.enabled is not None:
+        return node.gpu.enabled
+    return facts.gpu_hardware
+
+
+def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+    findings: list[Finding] = []
+    for node in inventory.nodes:
+        host = facts.get(node.name)
+        if host is None:
+            continue  # unreachable: reported by the session
+        findings += check_host(inventory, node, host)
+    findings += check_unique_hostnames(inventory, facts)
+    return findings
+
+
+def check_unique_hostnames(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+    by_hostname: dict[str, list[str]] = defaultdict(list)
+    for node in inventory.nodes:
+        if node.name in facts and facts[node.name].hostname:
+            by_hostname[facts[node.name].hostname].append(node.name)
+    findings = []
+    for hostname, names in by_hostname.items():
+        if len(names) > 1:
+            for name in names:
+                findings.append(Finding(name, "hostname",
+                                        f"hostname {hostname!r} is shared by {', '.join(names)}; duplicate "
+                                        "hostnames break k3s node passwords on re-join",
+                                        f"on {name}: sudo hostnamectl set-hostname {name}"))
+    return findings
+
+
+def check_host(inventory: Inventory, node: Node, host: HostFacts) -> list[Finding]:
+    out: list[Finding] = []
+
+    def fail(check, message, fix=None, severity="error"):
+        out.append(Finding(node.name, check, message, fix, severity))
+
+    if host.sudo_ok is False:
+        fail("sudo", f"sudo needs a password ({host.sudo_error})",
+             "allow passwordless sudo for the SSH user, or set ssh.password_env")
+    if (host.os_id, host.os_version_id) not in SUPPORTED_OS:
+        fail("os", f"{host.os_pretty or host.os_id or 'unknown OS'} is not supported",
+             "use Ubuntu 22.04/24.04 or Debian 12")
+    if host.arch not in SUPPORTED_ARCH:
+        fail("arch", f"architecture {host.arch or 'unknown'} is not supported", "use an amd64 or arm64 machine")
+    if not host.has_systemd:
+        fail("init", f"PID 1 is {host.init_process or 'unknown'}, not systemd (a container, not a VM?)",
+             "k3s runs as a systemd service: rent a full VM or bare-metal machine")
+    gpu_node = is_gpu_node(inventory, node, host)
+    need = MIN_FREE_GIB["gpu" if gpu_node else "cpu"]
+    free = host.disk_free_gib.get("/var/lib/rancher", host.disk_free_gib.get("/"))
+    if free is not None and free < need:
+        fail("disk", f"{free:.1f} GiB free for /var/lib/rancher, {need:.0f} GiB needed",
+             "free space or attach a larger disk")
+    for port, (proto, who) in PORTS.items():
+        if who == "server" and node.role != "server":
+            continue
+        listener = host.listener(port, proto)
+        if listener and (listener.process or "") not in OUR_PROCESSES:
+            owner = listener.process or "an unknown process"
+            fail("ports", f"{proto} port {port} is taken by {owner}",
+                 f"stop {owner} on this host; k3s needs port {port}")
+    if host.swap_mib:
+        fail("swap", f"{host.swap_mib} MiB swap is on; it will be turned off (kubelet needs it off)",
+             None, severity="warning")
+    if gpu_node:
+        out += check_gpu(inventory, node, host)
+    if inventory.network.rdma and gpu_node:
+        out += check_rdma(inventory, node, host)
+    return out
+
+
+def check_gpu(inventory: Inventory, node: Node, host: HostFacts) -> list[Finding]:
+    out: list[Finding] = []
+    mode = inventory.gpu.driver
+
+    def fail(check, message, fix=None, severity="error"):
+        out.append(Finding(node.name, check, message, fix, severity))
+
+    if not host.gpu_hardware:
+        fail("gpu", "no NVIDIA GPU found (nvidia-smi and PCI)",
+             "remove gpu.enabled: true from this node, or check the machine type you rented")
+        return out
+    if mode == "preinstalled":
+        if host.gpu_error:
+            fail("driver", f"nvidia-smi fails: {host.gpu_error}",
+                 "repair the host's NVIDIA driver (often a reboot after a driver upgrade), "
+                 "or set gpu.driver: host to have it installed")
+            return out
+        if not host.has_gpu:
+            fail("driver", "no NVIDIA driver on the host (nvidia-smi not found)",
+                 "install the driver, or set gpu.driver: host (distribution packages) or operator")
+            return out
+    elif mode == "operator" and (host.has_gpu or host.gpu_error):
+        fail("driver", f"a host driver is already installed ({host.driver_version or host.gpu_error}); "
+             "the GPU Operator's driver container cannot load beside it",
+             "set gpu.driver: preinstalled to use the host's driver")
+        return out
+    if host.has_gpu:
+        wanted = inventory.gpu.cuda
+        summary = f"{len(host.gpus)} x {host.gpus[0].name}, driver {host.driver_version}, CUDA {host.cuda_version}"
+        problem = cuda.driver_problem(host.driver_version or "0", wanted, host.cuda_version) if wanted else None
+        if problem and mode != "operator":
+            fail("cuda", f"{problem} ({summary})", cuda.upgrade_hint(wanted))
+        else:
+            fail("gpu", summary + (f", supports CUDA {wanted}" if wanted else ""), severity="info")
+    sharing = inventory.sharing_for(node)
+    if sharing.mig:
+        out += check_mig(node, host, sharing.mig)
+    return out
+
+
+def check_mig(node: Node, host: HostFacts, layout) -> list[Finding]:
+    if not host.has_gpu:
+        return []  # driver installed by `up`; checked on the next run when the table is known
+    model = host.gpus[0].name
+    if not host.mig_capable:
+        return [Finding(node.name, "mig", f"{model} is not MIG-capable",
+                        "use time_slicing or mps on this node, or a MIG-capable GPU (A100, H100, H200, ...)")]
+    findings = []
+    for index in sorted({g.index for g in host.gpus}):
+        try:
+            mig.check_layout(layout, host.mig_profiles, index)
+        except mig.MigMisfit as exc:
+            table = mig.table_for_gpu(host.mig_profiles, index)
+            findings.append(Finding(node.name, "mig", f"GPU {index} ({model}): {exc}",
+                                    "choose from this GPU's profiles: "
+                                    + ", ".join(f"{n} x{p.instances_total}" for n, p in table.items())))
+            break  # identical GPUs give identical answers
+    return findings
+
+
+def check_rdma(inventory: Inventory, node: Node, host: HostFacts) -> list[Finding]:
+    wanted = node.rdma_interfaces if node.rdma_interfaces is not None else inventory.network.rdma.interfaces
+    by_netdev = {netdev: dev for dev in host.rdma for netdev in dev.netdevs}
+    have = ", ".join(f"{d.name} ({', '.join(d.netdevs) or 'no netdev'})" for d in host.rdma) or "none"
+    findings = []
+    for interface in wanted:
+        if interface not in by_netdev:
+            findings.append(Finding(node.name, "rdma", f"interface {interface} has no RDMA device (RDMA devices: {have})",
+                                    "fix network.rdma.interfaces (or this node's rdma_interfaces) to name "
+                                    "netdevs that have an RDMA device"))
+    return findings
