@@ -14,6 +14,7 @@ from bootstrap.errors import EXIT_USAGE, run_command
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check", "validate an inventory offline; touches no host"),
     "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
+    "up": ("up", "check every host, then build or converge the cluster"),
     "forget-host": ("forget_host", "forget the pinned SSH host key of a replaced machine"),
 }
 

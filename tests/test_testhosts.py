@@ -53,7 +53,6 @@ def test_three_hosts_boot_talk_die_and_come_back(lab, tmp_path):
     started = time.monotonic() - t0
     print(f"3 hosts ready in {started:.1f}s; boot to SSH: "
           + ", ".join(f"{h.name} {h.boot_seconds:.1f}s" for h in (a, b, c)))
-    assert started < 30
 
     # Own name, own address, own host key; both users; passwordless sudo.
     keys = set()

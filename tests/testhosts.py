@@ -92,8 +92,8 @@ class LabError(RuntimeError):
 # --------------------------------------------------------------------------- helpers
 
 
-def _run(*cmd: str, check: bool = True, input: bytes | None = None, timeout: float | None = 60):
-    proc = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout)
+def _run(*cmd: str, check: bool = True, timeout: float | None = 60):
+    proc = subprocess.run(cmd, capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise LabError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace').strip()}")
     return proc
@@ -114,7 +114,8 @@ def requirements_missing() -> str | None:
     """Why test hosts cannot run here, or None."""
     if os.geteuid() != 0:
         return "test hosts need root (network namespaces, systemd-nspawn)"
-    missing = [t for t in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen") if not shutil.which(t)]
+    tools = ("systemd-nspawn", "ip", "ssh", "ssh-keygen") + (() if _rootfs_ready() else ("debootstrap",))
+    missing = [t for t in tools if not shutil.which(t)]
     if missing:
         return "test hosts need " + ", ".join(missing)
     return None
@@ -151,20 +152,26 @@ def _debian_mirror() -> str:
     raise LabError("no Debian mirror found in /etc/apt/sources.list.d/debian.sources; set BOOTSTRAP_DEBIAN_MIRROR")
 
 
+_STAMP = ROOTFS.with_name(ROOTFS.name + ".stamp")
+_STAMP_TEXT = json.dumps({"suite": SUITE, "packages": sorted(PACKAGES), "recipe": ROOTFS_RECIPE}, sort_keys=True)
+
+
+def _rootfs_ready() -> bool:
+    return _STAMP.exists() and _STAMP.read_text() == _STAMP_TEXT and ROOTFS.is_dir()
+
+
 def ensure_rootfs() -> Path:
     """Build the cached Debian rootfs once (debootstrap), under a lock; return its path.
 
     The stamp is written last, so an interrupted build is redone; a changed package
     list or recipe also triggers a rebuild.
     """
-    stamp = ROOTFS.with_name(ROOTFS.name + ".stamp")
-    want = json.dumps({"suite": SUITE, "packages": sorted(PACKAGES), "recipe": ROOTFS_RECIPE}, sort_keys=True)
-    if stamp.exists() and stamp.read_text() == want and ROOTFS.is_dir():
+    if _rootfs_ready():
         return ROOTFS
     with _locked(ROOTFS.with_name(ROOTFS.name + ".lock")):
-        if stamp.exists() and stamp.read_text() == want and ROOTFS.is_dir():
+        if _rootfs_ready():
             return ROOTFS
-        stamp.unlink(missing_ok=True)
+        _STAMP.unlink(missing_ok=True)
         build = ROOTFS.with_name(ROOTFS.name + ".build")
         shutil.rmtree(build, ignore_errors=True)
         mirror = _debian_mirror()
@@ -185,7 +192,7 @@ def ensure_rootfs() -> Path:
             ROOTFS.rename(old)
             shutil.rmtree(old, ignore_errors=True)
         build.rename(ROOTFS)
-        stamp.write_text(want)
+        _STAMP.write_text(_STAMP_TEXT)
     return ROOTFS
 
 
@@ -360,6 +367,7 @@ class TestHost:
         self.baseline: set[str] = set()
         self._popen: subprocess.Popen | None = None
         self.boot_seconds: float | None = None  # last boot: nspawn start to "systemd running"
+        self._last_poll = "not checked yet"
         # The process whose Lab removes this host at cleanup ([pid, start time]); None for
         # hosts that stay up (the command's "up").
         self.owner: list[int] | None = None
@@ -469,9 +477,11 @@ class TestHost:
         try:
             with socket.create_connection((self.address, 22), timeout=1):
                 pass
-        except OSError:
+        except OSError as exc:
+            self._last_poll = f"port 22: {exc}"
             return False
         proc = self.ssh("systemctl is-system-running", check=False, timeout=10)
+        self._last_poll = f"ssh exit {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-300:]}"
         return proc.stdout.strip() in ("running", "degraded")
 
     def console_tail(self, chars: int = 4000) -> str:
@@ -482,15 +492,20 @@ class TestHost:
     def kill(self) -> None:
         """Spot loss: SIGKILL the machine and take its link down (no answer at all)."""
         if self.is_running():
-            # The container's init is nspawn's child; killing it ends the whole PID
-            # namespace (killing nspawn alone would leave the machine running).
+            # The container's init is nspawn's child: killing it ends the whole PID
+            # namespace (killing nspawn alone would leave the machine running), and
+            # nspawn, left to exit by itself, reaps it.
             for child in _children(self.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while self.is_running() and time.monotonic() < deadline:
+                time.sleep(0.02)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            if self._popen is not None:
-                self._popen.wait(5)
+        if self._popen is not None:
+            self._popen.wait(5)
+            self._popen = None
         _kill_netns_pids(self.netns)
         if _link_exists(self.veth):
             _run("ip", "link", "set", self.veth, "down", check=False)
@@ -578,7 +593,7 @@ def _wait_ready(hosts: list[TestHost], timeout: float) -> None:
         if not pending:
             break
         if time.monotonic() > deadline:
-            tails = "\n".join(f"{h.name}:\n{h.console_tail()}" for h in pending)
+            tails = "\n".join(f"{h.name} (last check: {h._last_poll}):\n{h.console_tail()}" for h in pending)
             raise LabError(f"test hosts not ready after {timeout:.0f}s: {[h.name for h in pending]}\n{tails}")
         time.sleep(0.2)
 
@@ -605,9 +620,12 @@ class Lab:
 
         ``extra_files`` (for every host; a HostSpec may add its own) maps a remote path to
         bytes/str/Path (a directory Path copies the tree) or to ``(content, mode)``.
-        Leftovers of a host of the same name (crashed earlier run) are removed first.
+        A host of the same name left by a crashed run or by ``up`` is replaced; one that
+        another live process started is waited for (up to ``timeout``).
         """
         specs = [s if isinstance(s, HostSpec) else HostSpec(s) for s in names_or_specs]
+        if not specs:
+            return []
         if len({s.name for s in specs}) != len(specs):
             raise LabError(f"duplicate test host names: {[s.name for s in specs]}")
         gpu = set(gpu)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyinfra.api import FactBase
 
 from .model import HostFacts
-from .probe import PROBE_SCRIPT, parse_host_facts
+from .probe import parse_host_facts, probe_script
 
 
 class HostFactsFact(FactBase[HostFacts | None]):
@@ -20,8 +20,8 @@ class HostFactsFact(FactBase[HostFacts | None]):
     # The script is POSIX sh; do not let a host-data _shell_executable swap it out.
     shell_executable = "sh"
 
-    def command(self) -> str:
-        return PROBE_SCRIPT
+    def command(self, paths: tuple[str, ...] = ()) -> str:
+        return probe_script(paths)
 
     def process(self, output: list[str]) -> HostFacts:
         return parse_host_facts(output)

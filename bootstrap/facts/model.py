@@ -126,6 +126,20 @@ class PciDevice(_ToDict):
 
 
 @dataclass(frozen=True)
+class FileState(_ToDict):
+    mode: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ContainerdConfig(_ToDict):
+    """What k3s wrote into its generated containerd config.toml."""
+
+    runtimes: list[str] = field(default_factory=list)  # "runc", "nvidia", "nvidia-cdi", ...
+    cni_bin_dir: str | None = None
+
+
+@dataclass(frozen=True)
 class HostFacts(_ToDict):
     hostname: str | None = None
     os_id: str | None = None  # "ubuntu", "debian"
@@ -153,6 +167,13 @@ class HostFacts(_ToDict):
     mig_profiles: list[MigProfile] = field(default_factory=list)
     rdma: list[RdmaDevice] = field(default_factory=list)
     nvidia_pci: list[PciDevice] = field(default_factory=list)
+    files: dict[str, FileState] = field(default_factory=dict)  # managed paths that exist
+    modules: list[str] = field(default_factory=list)  # of br_netfilter, overlay: the loaded ones
+    sysctls: dict[str, str] = field(default_factory=dict)
+    packages: dict[str, str] = field(default_factory=dict)  # installed: name -> version
+    held_packages: list[str] = field(default_factory=list)
+    containerd: ContainerdConfig | None = None
+    manifest: dict = field(default_factory=dict)  # what the tool recorded installing here
     k3s: K3sInstall | None = None
     listening_ports: list[ListeningPort] = field(default_factory=list)
 

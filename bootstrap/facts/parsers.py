@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
-from .model import Gpu, ListeningPort, MigProfile, PciDevice, RdmaDevice, SystemdUnit
+from .model import (ContainerdConfig, FileState, Gpu, ListeningPort, MigProfile, PciDevice, RdmaDevice,
+                    SystemdUnit)
 
 # What nvidia-smi prints for a value the GPU or driver does not have.
 _NA = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
@@ -430,3 +431,61 @@ def parse_proc_net(lines: Iterable[str] | None) -> list[ListeningPort]:
         if address is not None:
             result.append(ListeningPort(proto=proto, port=port, address=address))
     return result
+
+
+def parse_files(lines: Iterable[str] | None) -> dict[str, FileState]:
+    """`<octal mode> <sha256> <path>` per existing file; `missing - <path>` otherwise."""
+    files = {}
+    for line in _clean(lines):
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] != "missing" and re.fullmatch(r"[0-7]{3,4}", parts[0]):
+            files[parts[2]] = FileState(mode=int(parts[0], 8), sha256=parts[1])
+    return files
+
+
+def parse_key_values(lines: Iterable[str] | None) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in _clean(lines) if "=" in line)
+
+
+def parse_packages(lines: Iterable[str] | None) -> dict[str, str]:
+    """`ii  name version` lines from dpkg-query -> {name: version} of installed packages."""
+    installed = {}
+    for line in _clean(lines):
+        parts = line.split()
+        if len(parts) >= 3 and parts[0].startswith("ii"):
+            installed[parts[1].split(":")[0]] = parts[2]
+    return installed
+
+
+def parse_held(lines: Iterable[str] | None) -> list[str]:
+    for line in _clean(lines):
+        if line.startswith("held:"):
+            return sorted(line[len("held:"):].split())
+    return []
+
+
+def parse_containerd(lines: Iterable[str] | None) -> ContainerdConfig | None:
+    """The runtimes and CNI bin dir in the containerd config k3s generated."""
+    lines = _clean(lines)
+    if not lines:
+        return None
+    runtimes, bin_dir = [], None
+    for line in lines:
+        runtime = re.search(r'runtimes\.["]?([A-Za-z0-9_-]+)["]?\]', line)
+        if runtime and runtime.group(1) not in runtimes:
+            runtimes.append(runtime.group(1))
+        found = re.search(r'bin_dirs?\s*=\s*\[?\s*"([^"]+)"', line)
+        if found and bin_dir is None:
+            bin_dir = found.group(1)
+    return ContainerdConfig(runtimes=runtimes, cni_bin_dir=bin_dir)
+
+
+def parse_json_object(lines: Iterable[str] | None) -> dict:
+    """A JSON object the tool wrote earlier (its host manifest); {} when absent or damaged."""
+    import json
+
+    try:
+        value = json.loads("\n".join(_clean(lines)) or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

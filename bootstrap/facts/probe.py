@@ -39,7 +39,7 @@ COMMANDS = (
 )  # fmt: skip
 
 SECTIONS = (
-    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia",
+    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest",
     "k3s", "k3s-units", "ss", "proc-net",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
@@ -106,6 +106,27 @@ p_procnet() {
     while IFS= read -r l; do printf '%s %s\n' "$t" "$l"; done < "/proc/net/$t"
   done
 }
+# Host state the converge plan compares against, so a no-op `up` needs no more round trips.
+p_files() {
+  for f in $BOOTSTRAP_FILES; do
+    if [ -f "$f" ]; then echo "$(stat -c %a "$f") $(sha256sum "$f" | cut -d' ' -f1) $f"; else echo "missing - $f"; fi
+  done
+}
+p_modules() { for m in br_netfilter overlay; do [ -d "/sys/module/$m" ] && echo "$m"; done; return 0; }
+p_sysctl() {
+  for k in @@SYSCTLS@@; do f=/proc/sys/$(echo "$k" | tr . /); [ -r "$f" ] && echo "$k=$(cat "$f")"; done; return 0
+}
+p_packages() {
+  has dpkg-query || return 127
+  dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' @@PACKAGES@@ 2>/dev/null | grep '^ii'
+  echo "held: $(apt-mark showhold 2>/dev/null | tr '\n' ' ')"
+}
+p_containerd() {
+  c=/var/lib/rancher/k3s/agent/etc/containerd/config.toml
+  [ -r "$c" ] || return 1
+  grep -E 'runtimes\.["]?[a-z-]+["]?\]|bin_dir|BinaryName' "$c"
+}
+p_manifest() { cat /var/lib/bootstrap/manifest.json 2>/dev/null || true; }
 probe() {
   sec commands p_commands
   sec id id -u
@@ -118,6 +139,12 @@ probe() {
   sec df p_df
   sec rdma p_rdma
   sec pci-nvidia p_pci
+  sec files p_files
+  sec modules p_modules
+  sec sysctl p_sysctl
+  sec packages p_packages
+  sec containerd p_containerd
+  sec manifest p_manifest
   sec k3s p_k3s
   sec k3s-units p_units
   sec ss p_ss
@@ -135,14 +162,35 @@ probe() {
 if has tr; then probe 2>&1 | tr -c '\11\12\40-\176' '?'; else probe 2>&1; fi
 exit 0
 """
+# Kernel settings k3s needs (see bootstrap.hostplan); read so that unchanged ones cost nothing.
+SYSCTLS = ("net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding",
+           "net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables")
+# Package names (dpkg globs) whose installed versions the plan needs.
+PACKAGES = ("nvidia-*", "libnvidia-*", "cuda-drivers*", "nfs-common", "open-iscsi", "rdma-core",
+            "linux-headers-*", "dkms")
+
 PROBE_SCRIPT = (
     PROBE_SCRIPT.replace("@@DELIM@@", DELIMITER)
+    .replace("@@SYSCTLS@@", " ".join(SYSCTLS))
+    .replace("@@PACKAGES@@", " ".join(f"'{p}'" for p in PACKAGES))
     .replace("@@COMMANDS@@", " ".join(COMMANDS))
     .replace("@@RANCHER@@", DF_PATHS[1])
     .replace("@@ROOT@@", DF_PATHS[0])
     .replace("@@NVSMI_QUERY@@", NVSMI_QUERY_ARGS)
     .lstrip()
 )
+
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
+
+
+def probe_script(paths: Iterable[str] = ()) -> str:
+    """The probe, also reporting mode and sha256 of `paths` (the files the tool manages)."""
+    paths = tuple(paths)
+    for path in paths:
+        if not _SAFE_PATH.match(path):
+            raise ValueError(f"unsafe path for the probe: {path!r}")
+    return f"BOOTSTRAP_FILES='{' '.join(paths)}'\n" + PROBE_SCRIPT
+
 
 _DELIMITER_LINE = re.compile(r"^" + re.escape(DELIMITER) + r" (\S+) rc=(\d+)\s*$")
 
@@ -280,6 +328,13 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         commands=commands,
         rdma=p.parse_rdma(_lines(sections, "rdma")),
         nvidia_pci=p.parse_nvidia_pci(_lines(sections, "pci-nvidia")),
+        files=p.parse_files(_ok(sections, "files")),
+        modules=sorted(_ok(sections, "modules")),
+        sysctls=p.parse_key_values(_ok(sections, "sysctl")),
+        packages=p.parse_packages(_lines(sections, "packages")),
+        held_packages=p.parse_held(_lines(sections, "packages")),
+        containerd=p.parse_containerd(_ok(sections, "containerd")),
+        manifest=p.parse_json_object(_ok(sections, "manifest")),
         k3s=_k3s(sections),
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         **_gpu_facts(sections),

@@ -194,11 +194,11 @@ class HostSession:
         self._state.failed_hosts.add(host)
         self._state.active_hosts.discard(host)
 
-    def gather(self, fact_cls) -> dict:
+    def gather(self, fact_cls, **fact_kwargs) -> dict:
         """Run one fact on every active host in parallel: {node name: value}."""
         from pyinfra.api.facts import get_facts
 
         if not self._state.active_hosts:
             return {}
-        results = get_facts(self._state, fact_cls, kwargs={"_sudo": False})
+        results = get_facts(self._state, fact_cls, kwargs={"_sudo": False, **fact_kwargs})
         return {host.name: value for host, value in results.items() if host.name not in self.failures}

@@ -89,11 +89,20 @@ class Sharing:
 
 
 @dataclass(frozen=True)
+class ContainerToolkit:
+    # An apt source line for nvidia-container-toolkit; default: NVIDIA's repository.
+    # Air-gapped sites point it at their mirror.
+    apt_source: str | None = None
+    version: str | None = None  # pin, e.g. "1.17.8-1"
+
+
+@dataclass(frozen=True)
 class GpuSettings:
     driver: str = "preinstalled"  # preinstalled | host | operator
     cuda: str | None = None
     driver_branch: str | None = None  # host mode: e.g. "570" (default: the distribution's recommended)
     sharing: Sharing = field(default_factory=Sharing)
+    container_toolkit: ContainerToolkit = field(default_factory=ContainerToolkit)
 
 
 @dataclass(frozen=True)

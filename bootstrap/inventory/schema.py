@@ -171,6 +171,12 @@ GPU = Record(
         "cuda": Field(Str(pattern=r"\d{1,2}\.\d{1,2}", expected="a CUDA version", example='"12.4" (in quotes)')),
         "driver_branch": Field(Str(pattern=r"\d{3}", expected="an NVIDIA driver branch", example='"570"')),
         "sharing": Field(SHARING),
+        "container_toolkit": Field(Record(fields={
+            "apt_source": Field(Str(pattern=r"deb (\[[^\]]*\] )?\S+ \S+( \S+)*", expected="an apt source line",
+                                    example='"deb [trusted=yes] http://mirror.internal/nvidia ./"')),
+            "version": Field(Str(pattern=r"[0-9][A-Za-z0-9.+~-]*", expected="a package version",
+                                 example='"1.17.8-1"')),
+        }, build=m.ContainerToolkit)),
     },
     build=m.GpuSettings,
 )

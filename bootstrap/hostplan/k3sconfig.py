@@ -1,0 +1,95 @@
+"""The /etc/rancher/k3s/config.yaml of each node: the tool writes it whole, never the installer.
+
+Keys are k3s flag names (tests check every one against k3s's own flag list).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import yaml
+
+from bootstrap.inventory.model import Inventory, Node
+
+# Spot machines get a shutdown notice: let kubelet end pods cleanly before the VM goes.
+GRACEFUL_SHUTDOWN = ("shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s")
+SUPERVISOR_PORT = 6443
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def cluster_address(node: Node) -> str:
+    """The address other nodes use for this one: its private IP when given."""
+    return node.node_ip or node.address
+
+
+def server_url(inventory: Inventory) -> str:
+    """Every joining node registers with the first server."""
+    address = cluster_address(inventory.servers[0])
+    host = f"[{address}]" if ":" in address else address
+    return f"https://{host}:{SUPERVISOR_PORT}"
+
+
+def node_config(inventory: Inventory, node: Node, token: str) -> dict:
+    config: dict = {"token": token, "node-name": node.name}
+    if node.node_ip:
+        config["node-ip"] = node.node_ip
+        if _is_ip(node.address) and node.address != node.node_ip:
+            config["node-external-ip"] = node.address
+    elif _is_ip(node.address):
+        config["node-ip"] = node.address
+    if node.labels:
+        config["node-label"] = [f"{k}={v}" for k, v in sorted(node.labels.items())]
+    if node.taints:
+        config["node-taint"] = list(node.taints)
+    if inventory.k3s.flannel_iface:
+        config["flannel-iface"] = inventory.k3s.flannel_iface
+    config["kubelet-arg"] = list(GRACEFUL_SHUTDOWN)
+    first = inventory.servers[0]
+    if node.role == "server":
+        config.update(server_settings(inventory))
+        if node.name == first.name:
+            # Embedded etcd even for one server: it is what makes snapshots, restore after a
+            # lost server, and growing to three servers possible.
+            config["cluster-init"] = True
+        else:
+            config["server"] = server_url(inventory)
+    else:
+        config["server"] = server_url(inventory)
+    for key, value in inventory.k3s.extra_config.items():
+        config[key] = value
+    return config
+
+
+def server_settings(inventory: Inventory) -> dict:
+    """Settings that must be identical on every server (k3s refuses a mismatch on join)."""
+    k3s = inventory.k3s
+    settings: dict = {"write-kubeconfig-mode": "0600"}
+    sans = list(k3s.tls_san)
+    for server in inventory.servers:
+        for address in (server.address, server.node_ip):
+            if address and address not in sans:
+                sans.append(address)
+    settings["tls-san"] = sans
+    if k3s.disable:
+        settings["disable"] = list(k3s.disable)
+    if k3s.flannel_backend != "vxlan":
+        settings["flannel-backend"] = k3s.flannel_backend
+    if k3s.cluster_cidr:
+        settings["cluster-cidr"] = k3s.cluster_cidr
+    if k3s.service_cidr:
+        settings["service-cidr"] = k3s.service_cidr
+    settings["etcd-snapshot-schedule-cron"] = k3s.snapshots.schedule
+    settings["etcd-snapshot-retention"] = k3s.snapshots.retention
+    return settings
+
+
+def render(config: dict) -> str:
+    return "# Managed by bootstrap; edits are replaced on the next `bootstrap up`.\n" + yaml.safe_dump(
+        config, default_flow_style=False, sort_keys=True)

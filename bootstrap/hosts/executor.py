@@ -1,0 +1,100 @@
+"""Run prepared steps on hosts through pyinfra and report each host's result per step.
+
+Steps run in order; within a step all hosts run in parallel. A host that fails a step
+is reported with the first line of its error and takes no further step; the others go on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from bootstrap.hosts.session import HostFailure, HostSession
+
+
+@dataclass
+class StepResult:
+    status: str  # changed | no change | failed | not run
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class Step:
+    name: str
+    commands: dict[str, list] = field(default_factory=dict)  # node name -> pyinfra commands
+
+
+def _first_error_line(meta) -> str:
+    try:
+        lines = [l.strip() for l in meta.stderr_lines if l.strip()] or [l.strip() for l in meta.stdout_lines if l.strip()]
+    except Exception:  # output not recorded (e.g. a connection drop)
+        lines = []
+    return lines[-1] if lines else "command failed (connection lost?)"
+
+
+def execute(session: HostSession, steps: list[Step], *, out=sys.stdout) -> dict[str, dict[str, StepResult]]:
+    from pyinfra.api import BaseStateCallback
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operation import add_op
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+
+    from bootstrap.deploys.converge import run
+
+    state = session.pyinfra_state
+    hosts = [h for h in state.inventory if h.name not in session.failures]
+    results: dict[str, dict[str, StepResult]] = {h.name: {} for h in hosts}
+    metas: list[tuple[Step, dict]] = []
+    state.set_stage(StateStage.Prepare)
+    for step in steps:
+        per_host = {}
+        for host in hosts:
+            per_host.update(add_op(state, run, name=step.name, commands=step.commands.get(host.name, []), host=host))
+        metas.append((step, per_host))
+
+    started: dict[tuple[str, str], float] = {}
+    step_of = {}
+    for step, per_host in metas:
+        for host, meta in per_host.items():
+            step_of[meta._hash] = step.name
+
+    class Progress(BaseStateCallback):
+        def operation_host_start(self, state, host, op_hash):
+            started[(host.name, op_hash)] = time.monotonic()
+
+        def operation_host_success(self, state, host, op_hash, retry_count=0):
+            self._done(host, op_hash, True)
+
+        def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
+            self._done(host, op_hash, False)
+
+        def _done(self, host, op_hash, ok):
+            elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
+            meta = state.ops[host][op_hash].operation_meta
+            if ok and not meta.did_change():
+                return
+            mark = "✓" if ok else "✗"
+            line = f"{mark} {host.name:<14} {step_of.get(op_hash, '?')} {elapsed:.1f}s"
+            if not ok:
+                line += f": {_first_error_line(meta)}"
+            print(line, file=out, flush=True)
+
+    state.add_callback_handler(Progress())
+    state.set_stage(StateStage.Execute)
+    try:
+        run_ops(state)
+    except PyinfraError:
+        pass  # every host failed: each already has its result
+    for step, per_host in metas:
+        for host, meta in per_host.items():
+            if not meta.is_complete():
+                result = StepResult("not run")
+            elif meta.did_error():
+                result = StepResult("failed", error=_first_error_line(meta))
+                session.failures.setdefault(host.name, HostFailure(host.name, f"{step.name}: {result.error}"))
+            else:
+                result = StepResult("changed" if meta.did_change() else "no change")
+            results[host.name][step.name] = result
+    return results

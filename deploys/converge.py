@@ -1,0 +1,80 @@
+"""pyinfra operations that carry out a host plan. They only decide commands; the plan
+(bootstrap.hostplan) already compared desired state with the facts gathered up front.
+
+In pyinfra's API mode operations are matched across hosts by their position, so every
+host gets the same sequence of steps; a host with nothing to do in a step yields nothing
+(no round trip).
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+import shlex
+
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+
+from bootstrap.hostplan.plan import HostPlan
+
+SERVICE_TIMEOUT_S = 300
+
+
+@operation(is_idempotent=False)
+def run(commands: list):
+    """Yield prepared commands (the list is decided by the plan, per host)."""
+    yield from commands
+
+
+def placement_commands(plan: HostPlan) -> list:
+    """Files go to a private (0700) staging dir as the login user, then one root script
+    installs them with their modes and runs the preparation lines: few round trips, and a
+    secret never sits in a world-readable temp file or on a command line."""
+    if not plan.uploads and not plan.prepare:
+        return []
+    commands: list = []
+    lines = ["set -e"]
+    if plan.uploads:
+        stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
+        commands.append(StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False))
+        for index, spec in enumerate(plan.uploads):
+            source = str(spec.local) if spec.local else io.BytesIO(spec.content)
+            commands.append(FileUploadCommand(source, f"{stage}/{index}", _sudo=False))
+        for index, spec in enumerate(plan.uploads):
+            lines.append(f"install -D -m {spec.mode:04o} -o root -g root {stage}/{index} {shlex.quote(spec.path)}")
+        lines.append(f"rm -rf {stage}")
+    lines += plan.prepare
+    commands.append(StringCommand("\n".join(lines)))
+    return commands
+
+
+def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S) -> StringCommand:
+    """(Re)start without blocking, then wait: active is success; a crash (systemd counts a
+    restart) or the time-out fails with the unit's last log lines."""
+    script = f"""
+u={unit}
+before=$(systemctl show -p NRestarts --value $u 2>/dev/null || echo 0)
+systemctl {action} --no-block $u
+i=0
+while [ $i -lt {timeout} ]; do
+  state=$(systemctl show -p ActiveState --value $u)
+  restarts=$(systemctl show -p NRestarts --value $u 2>/dev/null || echo 0)
+  [ "$state" = active ] && exit 0
+  if [ "$state" = failed ] || [ "${{restarts:-0}}" -gt "${{before:-0}}" ]; then break; fi
+  sleep 1; i=$((i+1))
+done
+echo "$u did not become active ($state after ${{i}}s); its last log lines:" >&2
+journalctl -u $u -n 8 --no-pager -o cat 2>/dev/null | grep -iv token | tail -n 5 >&2
+exit 1
+"""
+    return StringCommand(script.strip())
+
+
+def verify_nvidia_runtime_command() -> StringCommand:
+    config = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    return StringCommand(
+        f"for i in $(seq 1 30); do grep -qE 'runtimes\\.[\"]?nvidia[\"]?\\]' {config} 2>/dev/null && exit 0; sleep 1; done; "
+        f"echo 'k3s did not detect the nvidia runtime in {config}; is nvidia-container-runtime on PATH?' >&2; exit 1")
+
+
+def refuse(message: str) -> StringCommand:
+    return StringCommand(f"echo {shlex.quote(message)} >&2; exit 1", _sudo=False)
