@@ -62,8 +62,13 @@ def node_config(inventory: Inventory, node: Node, token: str) -> dict:
             config["server"] = server_url(inventory)
     else:
         config["server"] = server_url(inventory)
-    for key, value in inventory.k3s.extra_config.items():
-        config[key] = value
+    extra = inventory.k3s.server_config if node.role == "server" else inventory.k3s.agent_config
+    for key, value in extra.items():
+        # Repeatable flags the tool also sets (kubelet-arg, node-label, tls-san...) add up.
+        if isinstance(config.get(key), list):
+            config[key] = config[key] + (value if isinstance(value, list) else [value])
+        else:
+            config[key] = value
     return config
 
 

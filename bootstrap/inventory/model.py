@@ -50,7 +50,9 @@ class K3sSettings:
     cluster_cidr: str | None = None
     service_cidr: str | None = None
     snapshots: EtcdSnapshots = field(default_factory=EtcdSnapshots)
-    extra_config: dict = field(default_factory=dict)  # more config.yaml keys, checked against k3s's flags
+    # More config.yaml keys (k3s flag names) for servers and for agents; k3s rejects unknown ones.
+    server_config: dict = field(default_factory=dict)
+    agent_config: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,10 @@ SNAPSHOTS = Record(
 )
 
 
+FLAGS = MapOf(Str(pattern=r"[a-z0-9][a-z0-9-]*", expected="a k3s flag name", example="kube-apiserver-arg"),
+              AnyValue())
+
+
 def _version_xor_channel(values: dict, path: Path, ck: Checker) -> None:
     if values.get("version") and values.get("channel"):
         ck.problem(path + ("channel",), "both version and channel are set",
@@ -115,9 +119,8 @@ K3S = Record(
         "cluster_cidr": Field(Str(validator=cidr_error, example="10.42.0.0/16")),
         "service_cidr": Field(Str(validator=cidr_error, example="10.43.0.0/16")),
         "snapshots": Field(SNAPSHOTS),
-        "extra_config": Field(MapOf(Str(pattern=r"[a-z0-9][a-z0-9-]*\+?", expected="a k3s flag name",
-                                        example="kube-apiserver-arg"),
-                                    AnyValue())),
+        "server_config": Field(FLAGS),
+        "agent_config": Field(FLAGS),
     },
     build=m.K3sSettings,
     checks=[_version_xor_channel],

@@ -1,0 +1,2037 @@
+#!/usr/bin/python3
+"""k3s stand-in: plays the host side of a real k3s binary on test hosts.
+
+Nothing here can download k3s, so the tests install this program as
+/usr/local/bin/k3s through the tool's air-gap path (tests/standins/airgap.py builds
+the folder). It is one file, Debian 12's python3 (3.11) standard library only. The
+builder embeds the k3s version and the valid `k3s server` / `k3s agent` flag names
+(from ../shared/upstream/k3s/) into the EMBEDDED line below; the source file itself
+refuses to run.
+
+What it honours, like real k3s (details in each section below):
+  k3s --version | -v                  "k3s version vX+k3sN (commit)" / "go version goX"
+  k3s server [flags] / k3s agent [flags]
+      config: /etc/rancher/k3s/config.yaml, then config.yaml.d/*.yaml (alphabetical;
+      later wins; `key+:` appends), then CLI flags (`--f v`, `--f=v`, `-f`, booleans);
+      --config/-c and $K3S_CONFIG_FILE move the file; K3S_TOKEN, K3S_URL, ... fill
+      flags that are not set. A key or flag that is not a flag of the subcommand is
+      fatal and named: `flag provided but not defined: -not-a-flag`.
+  k3s etcd-snapshot save|ls|delete|prune       (server data dir, etcd mode)
+  k3s server --cluster-reset [--cluster-reset-restore-path=FILE]
+
+Server: token files (server/token, node-token, agent-token: K10<sha256 of the CA>::
+server:<password>, 0600), kubeconfig /etc/rancher/k3s/k3s.yaml (0600 unless
+write-kubeconfig-mode), a CA generated once per data dir (server/tls/server-ca.crt,
+random bytes in PEM armour). It speaks plain HTTP (not TLS) on the supervisor port
+(https-listen-port, default 6443):
+  GET  /ping                  -> "pong"
+  GET  /cacerts               -> the cluster CA (its sha256 is the K10 hash)
+  POST /v1-standin/join       token in "Authorization: Bearer <token>" (short password
+                              or full K10 token); JSON body {name, role, address, labels,
+                              taints, ...}; 401 wrong password/CA hash, 409 a server
+                              joining a cluster without etcd, 400 critical config
+                              mismatch; 200 records the node in server/standin-nodes.json
+  GET  /v1-standin/nodes      the recorded nodes (for tests)
+  GET  /v1-standin/info       version, CA hash, datastore (for tests)
+Agent: needs server + token; checks the CA hash (K10 token) against /cacerts, joins,
+then listens on 10250 (kubelet-arg port=N moves it) with GET /healthz -> "ok".
+Both: node footprint that `down` must undo (containerd config with runtime detection,
+data/<hash>/bin, data/cni, /run/k3s/containerd, /run/flannel, /etc/rancher/node,
+/var/lib/kubelet, /var/lib/cni, cni0 + flannel.1 links, FLANNEL-*/KUBE-ROUTER-*
+iptables chains, a containerd-shim process that outlives `systemctl stop` under
+KillMode=process), image import log lines, sd_notify READY=1 once listening, process
+name k3s-server / k3s-agent (as `ss -ltnp` shows for real k3s).
+
+Knobs for tests (not in real k3s):
+  K3S_STANDIN_ROOT=DIR      sandbox: every fixed host path (/etc/rancher, /var/lib/...,
+                            /run/...) is taken under DIR; no links, iptables, shim, and
+                            only explicitly configured auxiliary ports. For running the
+                            stand-in on the build machine.
+  K3S_STANDIN_JOIN_TIMEOUT  seconds an agent/joining server retries an unreachable
+                            server before giving up (default 20; real k3s retries forever)
+  K3S_STANDIN_LENIENT_CONFIG=1  `k3s server` skips unknown config-file keys with a
+                            warning, as real k3s >= 1.21.7 does, instead of refusing them
+  K3S_STANDIN_NO_SHIM=1     do not start the containerd-shim stand-in process
+
+Differences from real k3s worth knowing are listed in tests/test_k3s_standin.py's
+module docstring and in the report that introduced this file.
+"""
+
+import base64
+import ctypes
+import datetime
+import errno
+import hashlib
+import hmac
+import http.server
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+# The builder (tests/standins/airgap.py) replaces the next line with a dict:
+# {"version": "v1.33.5+k3s1", "commit": "1a2b3c4d", "go": "go1.24.6",
+#  "flags": {"server": [...], "agent": [...]}}
+EMBEDDED = None
+
+PROGRAM = "k3s"
+
+
+# =============================================================================
+# Logging: logrus text format, as journald shows real k3s
+# (time="..." level=info msg="..."). Nothing secret is ever passed to log().
+# =============================================================================
+
+DEBUG = False
+
+
+def log(level, msg):
+    if level == "debug" and not DEBUG:
+        return
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    sys.stderr.write('time="%s" level=%s msg=%s\n' % (now, level, json.dumps(msg, ensure_ascii=False)))
+    sys.stderr.flush()
+
+
+def info(msg):
+    log("info", msg)
+
+
+def warn(msg):
+    log("warning", msg)
+
+
+def error(msg):
+    log("error", msg)
+
+
+class Fatal(Exception):
+    """Logged as level=fatal, exit status 1 (what logrus.Fatal does)."""
+
+
+def fatal(msg):
+    raise Fatal(msg)
+
+
+# =============================================================================
+# Process name. Real k3s shows up as "k3s-server" / "k3s-agent" in ps, systemctl
+# status and `ss -ltnp` (users:(("k3s-server",pid=...))). A shebang script gets
+# its file name as comm already; PR_SET_NAME also covers `python3 k3s ...`.
+# =============================================================================
+
+def set_process_name(name):
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # best effort: only cosmetics for ps/ss
+        pass
+
+
+# =============================================================================
+# Paths. Everything fixed that real k3s touches goes through host(); under
+# K3S_STANDIN_ROOT it lands in a sandbox so tests can run the stand-in on the
+# build machine without touching its /etc, /run or network.
+# =============================================================================
+
+SANDBOX = os.environ.get("K3S_STANDIN_ROOT", "")
+
+
+def host(path):
+    return SANDBOX.rstrip("/") + path if SANDBOX else path
+
+
+DEFAULT_DATA_DIR = "/var/lib/rancher/k3s"
+DEFAULT_CONFIG = "/etc/rancher/k3s/config.yaml"
+DEFAULT_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
+
+
+def mkdirs(path, mode=0o755):
+    os.makedirs(path, mode=mode, exist_ok=True)
+
+
+def write_file(path, data, mode=0o644):
+    """Atomic write with the final mode from the start (secrets never sit world-readable)."""
+    mkdirs(os.path.dirname(path))
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    if isinstance(data, str):
+        data = data.encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_text(path, default=None):
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return default
+
+
+# =============================================================================
+# YAML subset. k3s reads config files with yaml.v2 into a flat mapping and turns
+# every entry into --key=value. The tool writes them with PyYAML safe_dump, so
+# this covers: one block mapping at column 0; values that are plain, 'single' or
+# "double" quoted scalars (also folded over several lines), block lists of
+# scalars ("- item", indented or not), flow lists of scalars ([a, b]), comments,
+# one leading "---". Scalars resolve as yaml.v2 does (YAML 1.1: yes/no/on/off/y/n
+# are booleans, 0644 is octal 420). Anything else (nested mappings, lists of
+# lists, anchors, tags, block scalars | >) is refused with file:line, since it
+# is not a k3s flag value either.
+# =============================================================================
+
+class YamlError(ValueError):
+    pass
+
+
+_BOOL_TRUE = {"y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"}
+_BOOL_FALSE = {"n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"}
+_NULL = {"", "~", "null", "Null", "NULL"}
+_FLOAT_RE = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+
+
+def resolve_plain(text):
+    """A plain scalar as yaml.v2 resolves it into an interface{}."""
+    if text in _NULL:
+        return None
+    if text in _BOOL_TRUE:
+        return True
+    if text in _BOOL_FALSE:
+        return False
+    plain = text.replace("_", "")
+    sign = 1
+    body = plain
+    if body[:1] in "+-":
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    if body:
+        try:
+            if re.fullmatch(r"0[bB][01]+", body):
+                return sign * int(body[2:], 2)
+            if re.fullmatch(r"0[xX][0-9a-fA-F]+", body):
+                return sign * int(body[2:], 16)
+            if re.fullmatch(r"0[oO][0-7]+", body):
+                return sign * int(body[2:], 8)
+            if re.fullmatch(r"0[0-7]+", body):  # Go's base-0 ParseInt: leading 0 is octal
+                return sign * int(body, 8)
+            if re.fullmatch(r"[0-9]+", body):
+                return sign * int(body, 10)
+        except ValueError:
+            pass
+    if _FLOAT_RE.match(plain):
+        return float(plain)
+    if text.lower() in (".inf", "+.inf"):
+        return float("inf")
+    if text.lower() == "-.inf":
+        return float("-inf")
+    if text.lower() == ".nan":
+        return float("nan")
+    return text
+
+
+def go_string(value):
+    """wrangler's convert.ToString, which k3s applies to every config value."""
+    if value is None:
+        return ""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "+Inf" if value > 0 else "-Inf"
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
+    return str(value)
+
+
+def _strip_comment(text):
+    """Drop a trailing comment: '#' at the start or after whitespace, outside quotes."""
+    quote = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if quote == "'" and c == "'" and text[i + 1:i + 2] == "'":
+                i += 2
+                continue
+            if quote == '"' and c == "\\":
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "'\"" and (i == 0 or text[i - 1] in " \t[,"):
+            quote = c
+        elif c == "#" and (i == 0 or text[i - 1] in " \t"):
+            return text[:i]
+        i += 1
+    return text
+
+
+_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f",
+            "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85",
+            "_": "\xa0", "L": "\u2028", "P": "\u2029"}
+
+
+def _parse_quoted(text, start):
+    """Parse a quoted scalar at text[start]; text may span lines ('\\n'). Returns
+    (value, index after the closing quote) or raises YamlError('unterminated')."""
+    quote = text[start]
+    out = []
+    i = start + 1
+    while True:
+        if i >= len(text):
+            raise YamlError("unterminated quoted string")
+        c = text[i]
+        if c == quote:
+            if quote == "'" and text[i + 1:i + 2] == "'":
+                out.append("'")
+                i += 2
+                continue
+            return "".join(out), i + 1
+        if quote == '"' and c == "\\":
+            nxt = text[i + 1:i + 2]
+            if nxt == "\n":  # escaped line break: joins lines without a space
+                i += 2
+                while i < len(text) and text[i] in " \t":
+                    i += 1
+                continue
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+            width = {"x": 2, "u": 4, "U": 8}.get(nxt)
+            if width:
+                digits = text[i + 2:i + 2 + width]
+                if len(digits) != width or not re.fullmatch(r"[0-9a-fA-F]+", digits):
+                    raise YamlError("bad escape \\%s%s" % (nxt, digits))
+                out.append(chr(int(digits, 16)))
+                i += 2 + width
+                continue
+            raise YamlError("unknown escape \\%s" % nxt)
+        if c == "\n":  # line folding: a single break is a space, blank lines are breaks
+            while out and out[-1] in " \t":
+                out.pop()
+            i += 1
+            blanks = 0
+            while True:
+                j = i
+                while j < len(text) and text[j] in " \t":
+                    j += 1
+                if j < len(text) and text[j] == "\n":
+                    blanks += 1
+                    i = j + 1
+                    continue
+                i = j
+                break
+            out.append("\n" * blanks if blanks else " ")
+            continue
+        out.append(c)
+        i += 1
+
+
+def _fold(parts):
+    out = parts[0]
+    newlines = 0
+    for part in parts[1:]:
+        if part == "":
+            newlines += 1
+            continue
+        out += ("\n" * newlines) if newlines else " "
+        out += part
+        newlines = 0
+    return out
+
+
+_MAPPING_RE = re.compile(r"""^(?:"[^"]*"|'[^']*'|[^\s'"#][^#]*?)\s*:(?:\s|$)""")
+
+
+class _Lines:
+    def __init__(self, text, source):
+        self.source = source
+        text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+        self.lines = text.split("\n")
+
+    def where(self, index):
+        return "%s:%d" % (self.source, index + 1)
+
+    def fail(self, index, why):
+        raise YamlError("%s: %s" % (self.where(index), why))
+
+    def indent(self, index):
+        line = self.lines[index]
+        lead = line[:len(line) - len(line.lstrip(" \t"))]
+        if "\t" in lead:
+            self.fail(index, "tab in indentation")
+        return len(lead)
+
+    def blank(self, index):
+        stripped = self.lines[index].strip()
+        return stripped == "" or stripped.startswith("#")
+
+    def next_content(self, index):
+        while index < len(self.lines) and self.blank(index):
+            index += 1
+        return index
+
+
+def _continuation(doc, index, min_indent):
+    """Lines that continue a plain scalar: more indented than min_indent (blank lines
+    inside count as breaks). Returns (stripped parts, next index)."""
+    parts = []
+    while index < len(doc.lines):
+        line = doc.lines[index]
+        if line.strip() == "":
+            parts.append("")
+            index += 1
+            continue
+        if line.strip().startswith("#") or doc.indent(index) < min_indent:
+            break
+        parts.append(_strip_comment(line).strip())
+        index += 1
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts, index
+
+
+def _scalar(doc, index, text, min_indent, what):
+    """A scalar starting with `text` on line `index` (comment not yet stripped),
+    possibly continued on following lines indented at least min_indent.
+    Returns (value, next line index)."""
+    text = text.strip()
+    if text[:1] in ("'", '"'):
+        chunk = text
+        end = index
+        while True:
+            try:
+                value, after = _parse_quoted(chunk, 0)
+                break
+            except YamlError as exc:
+                if "unterminated" not in str(exc):
+                    doc.fail(index, str(exc))
+                end += 1
+                if end >= len(doc.lines) or (doc.lines[end].strip() and doc.indent(end) < min_indent):
+                    doc.fail(index, "unterminated quoted string")
+                chunk += "\n" + doc.lines[end]
+        rest = _strip_comment(chunk[after:]).strip()
+        if rest:
+            doc.fail(end, "unexpected text after quoted string: %r" % rest)
+        return value, end + 1
+    text = _strip_comment(text).strip()
+    if text[:1] in ("|", ">"):
+        doc.fail(index, "block scalars (| or >) are not supported by the k3s stand-in's YAML reader")
+    if text[:1] in ("&", "*", "!"):
+        doc.fail(index, "anchors, aliases and tags are not supported by the k3s stand-in's YAML reader")
+    if text[:1] == "{":
+        doc.fail(index, "%s is a mapping; k3s flags take scalars or lists of scalars" % what)
+    if text[:1] == "[":
+        doc.fail(index, "%s is a nested list; k3s flags take scalars or lists of scalars" % what)
+    if re.search(r":(\s|$)", text):
+        doc.fail(index, "mapping values are not allowed here (%s is not a flat 'key: value')" % what)
+    parts, after = _continuation(doc, index + 1, min_indent)
+    for offset, part in enumerate(parts):
+        if re.search(r":(\s|$)", part):
+            doc.fail(index + 1 + offset, "mapping values are not allowed here")
+    if parts:
+        return _fold([text] + parts), after
+    return resolve_plain(text), after
+
+
+def _flow_list(doc, index, text, key):
+    """[a, 'b', "c"] possibly over several lines. Returns (list, next index)."""
+    chunk = _strip_comment(text.strip())
+    end = index
+    while True:
+        items, closed, problem = _split_flow(chunk)
+        if problem:
+            doc.fail(index, "%s: %s" % (key, problem))
+        if closed is not None:
+            rest = _strip_comment(chunk[closed:]).strip()
+            if rest:
+                doc.fail(end, "unexpected text after list: %r" % rest)
+            return items, end + 1
+        end += 1
+        if end >= len(doc.lines) or (doc.lines[end].strip() and doc.indent(end) == 0):
+            doc.fail(index, "unterminated flow list for %s" % key)
+        chunk += "\n" + _strip_comment(doc.lines[end])
+
+
+def _split_flow(chunk):
+    """Items of a flow list of scalars; (items, index after ']' or None, problem)."""
+    items = []
+    i = 1
+    current = []
+    had_item = False
+    while i < len(chunk):
+        c = chunk[i]
+        if c in "'\"":
+            if "".join(current).strip():
+                return None, None, "quote inside a plain list item"
+            try:
+                value, i = _parse_quoted(chunk, i)
+            except YamlError as exc:
+                if "unterminated" in str(exc):
+                    return None, None, None
+                return None, None, str(exc)
+            current = [("quoted", value)]
+            continue
+        if c in "[{":
+            return None, None, "nested lists or mappings are not k3s flag values"
+        if c in ",]":
+            if current and isinstance(current[0], tuple):
+                if "".join(x for x in current[1:] if isinstance(x, str)).strip():
+                    return None, None, "text after a quoted list item"
+                items.append(current[0][1])
+            else:
+                text = " ".join("".join(current).split())
+                if text:
+                    if re.search(r":(\s|$)", text):
+                        return None, None, "mappings inside lists are not k3s flag values"
+                    items.append(resolve_plain(text))
+                elif c == "," or had_item:
+                    if c == ",":
+                        return None, None, "empty list item"
+            had_item = True
+            current = []
+            if c == "]":
+                return items, i + 1, None
+            i += 1
+            continue
+        current.append(c)
+        i += 1
+    return None, None, None
+
+
+def _block_list(doc, index, key):
+    """Block sequence items ('- x') starting on line index. Returns (list, next index)."""
+    items = []
+    item_indent = doc.indent(index)
+    while True:
+        index = doc.next_content(index)
+        if index >= len(doc.lines):
+            break
+        indent = doc.indent(index)
+        content = doc.lines[index].strip()
+        is_item = content == "-" or content.startswith("- ")
+        if indent < item_indent or (indent == item_indent and not is_item):
+            break
+        if indent > item_indent or not is_item:
+            doc.fail(index, "unexpected indentation in the list for %s" % key)
+        text = content[1:].strip()
+        if text.startswith("- ") or text == "-":
+            doc.fail(index, "%s: lists of lists are not k3s flag values" % key)
+        if text and not text.startswith(("'", '"')) and _MAPPING_RE.match(_strip_comment(text)):
+            doc.fail(index, "%s: mappings inside lists are not k3s flag values" % key)
+        if not _strip_comment(text).strip():
+            parts, after = _continuation(doc, index + 1, item_indent + 1)
+            items.append(_fold(parts) if parts else None)
+            index = after
+            continue
+        value, index = _scalar(doc, index, text, item_indent + 1, key)
+        items.append(value)
+    return items, index
+
+
+def parse_config_yaml(text, source="config.yaml"):
+    """Entries of a k3s config file in order, as (key, value) pairs; value is None,
+    bool, int, float, str or a list of those. Duplicate keys are kept (yaml.v2's
+    MapSlice keeps them too; the later one wins when k3s merges)."""
+    doc = _Lines(text, source)
+    entries = []
+    index = 0
+    started = False
+    while True:
+        index = doc.next_content(index)
+        if index >= len(doc.lines):
+            break
+        line = doc.lines[index]
+        if line.rstrip() == "..." :
+            for rest in range(index + 1, len(doc.lines)):
+                if not doc.blank(rest):
+                    doc.fail(rest, "more than one YAML document")
+            break
+        if line.startswith("---"):
+            if started or _strip_comment(line[3:]).strip():
+                doc.fail(index, "more than one YAML document (or content after ---)")
+            started = True
+            index += 1
+            continue
+        started = True
+        if doc.indent(index) != 0:
+            doc.fail(index, "unexpected indentation (a k3s config is a flat 'flag-name: value' mapping)")
+        stripped = _strip_comment(line).strip()
+        if not entries and stripped == "{}":  # PyYAML's dump of an empty dict
+            index += 1
+            continue
+        if stripped.startswith(("- ", "[")) or stripped == "-":
+            doc.fail(index, "the top level is a list; a k3s config is a 'flag-name: value' mapping")
+        if stripped.startswith(("? ", "{", "&", "*", "!", "|", ">", "%", "@", "`")):
+            doc.fail(index, "unsupported YAML at the top level (expected 'flag-name: value')")
+        # the key: quoted, or plain up to the first ':' followed by a space or the end
+        if line[0] in "'\"":
+            try:
+                key, after = _parse_quoted(line, 0)
+            except YamlError as exc:
+                doc.fail(index, str(exc))
+            rest = line[after:].lstrip(" ")
+            if not rest.startswith(":"):
+                doc.fail(index, "expected ':' after the key")
+            rest = rest[1:]
+        else:
+            match = re.search(r":(\s|$)", line)
+            if not match:
+                doc.fail(index, "expected 'flag-name: value', got %r" % line.strip())
+            key = line[:match.start()].rstrip()
+            rest = line[match.start() + 1:]
+        value_text = _strip_comment(rest).strip() if not rest.strip().startswith(("'", '"')) else rest.strip()
+        if value_text == "":
+            nxt = doc.next_content(index + 1)
+            if nxt < len(doc.lines) and (doc.lines[nxt].strip() == "-" or doc.lines[nxt].strip().startswith("- ")):
+                value, index = _block_list(doc, nxt, key)
+            elif nxt < len(doc.lines) and doc.indent(nxt) > 0:
+                if _MAPPING_RE.match(_strip_comment(doc.lines[nxt]).strip()):
+                    doc.fail(nxt, "%s is a nested mapping; k3s flags take scalars or lists of scalars" % key)
+                value, index = _scalar(doc, nxt, doc.lines[nxt], 1, key)
+            else:
+                value, index = None, index + 1
+        elif value_text.startswith("["):
+            value, index = _flow_list(doc, index, value_text, key)
+        else:
+            value, index = _scalar(doc, index, value_text, 1, key)
+        entries.append((key, value))
+    return entries
+
+
+# =============================================================================
+# Config files -> arguments, with k3s's configfilearg semantics: the base file
+# (optional unless named explicitly), then <file>.d/*.yaml|*.yml in name order;
+# `key+:` appends to a list; each key becomes --key=value (one per list item),
+# placed before the CLI arguments so the CLI wins (and appends to lists).
+# =============================================================================
+
+def find_config_file(argv):
+    """(path, explicit): $K3S_CONFIG_FILE, else --config/-c in argv, else the default."""
+    env = os.environ.get("K3S_CONFIG_FILE", "")
+    if env:
+        return env, True
+    for i, arg in enumerate(argv):
+        for name in ("--config", "-c"):
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1], True
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:], True
+    return host(DEFAULT_CONFIG), False
+
+
+def dropin_files(base):
+    try:
+        names = sorted(os.listdir(base + ".d"))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(base + ".d", n) for n in names
+            if n.lower().endswith((".yaml", ".yml")) and not os.path.isdir(os.path.join(base + ".d", n))]
+
+
+def _to_slice(value):
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, str):
+        return [value]
+    text = go_string(value).strip()
+    return [text] if text else []
+
+
+def config_args(path, explicit):
+    """[(arg, source file)] from the config file and its drop-ins."""
+    files = dropin_files(path)
+    if os.path.exists(path):
+        files.insert(0, path)
+    elif explicit and not files:
+        fatal("open %s: no such file or directory" % path)
+    order, values, sources = [], {}, {}
+    for file in files:
+        try:
+            with open(file, encoding="utf-8") as fh:
+                entries = parse_config_yaml(fh.read(), file)
+        except YamlError as exc:
+            fatal("failed to parse config file: %s" % exc)
+        except (OSError, UnicodeDecodeError) as exc:
+            fatal("failed to read config file %s: %s" % (file, exc))
+        for key, value in entries:
+            key = go_string(key)
+            append = key.endswith("+")
+            key = key[:-1] if append else key
+            if key not in values:
+                order.append(key)
+            if append and key in values:
+                values[key] = _to_slice(values[key]) + _to_slice(value)
+            else:
+                values[key] = value
+            sources[key] = file
+    args = []
+    for key in order:
+        prefix = "-" if len(key) == 1 else "--"
+        value = values[key]
+        for item in (value if isinstance(value, list) else [value]):
+            args.append(("%s%s=%s" % (prefix, key, go_string(item)), sources[key]))
+    return args
+
+
+# =============================================================================
+# Flags. Names come from the embedded upstream list (servers take agent flags
+# too, as the k3s docs say). Types are not in that list; these sets give the
+# booleans (no value argument), repeatable slices, and ints.
+# =============================================================================
+
+BOOL_FLAGS = {
+    "debug", "alsologtostderr", "tls-san-security", "flannel-ipv6-masq", "flannel-external-ip",
+    "cluster-init", "cluster-reset", "etcd-expose-metrics", "etcd-disable-snapshots",
+    "etcd-snapshot-compress", "etcd-s3", "etcd-s3-skip-ssl-verify", "etcd-s3-insecure",
+    "disable-scheduler", "disable-cloud-controller", "disable-kube-proxy", "disable-network-policy",
+    "disable-helm-controller", "embedded-registry", "supervisor-metrics", "with-node-id", "docker",
+    "disable-default-registry-endpoint", "nonroot-devices", "protect-kernel-defaults",
+    "secrets-encryption", "enable-pprof", "rootless", "prefer-bundled-bin", "selinux",
+    "disable-agent", "disable-apiserver-lb", "snapshot-compress", "help",
+}
+SLICE_FLAGS = {
+    "tls-san", "cluster-cidr", "service-cidr", "cluster-dns", "kube-apiserver-arg", "etcd-arg",
+    "kube-controller-manager-arg", "kube-scheduler-arg", "kube-cloud-controller-manager-arg",
+    "disable", "node-label", "node-taint", "node-ip", "node-external-ip", "node-internal-dns",
+    "node-external-dns", "kubelet-arg", "kube-proxy-arg",
+}
+INT_FLAGS = {"v", "https-listen-port", "advertise-port", "lb-server-port", "etcd-snapshot-retention",
+             "snapshot-retention"}
+# Comma lists that k3s splits itself after parsing.
+COMMA_SPLIT = {"disable", "tls-san", "node-ip", "node-external-ip", "cluster-cidr", "service-cidr", "cluster-dns"}
+ALIASES = {"t": "token", "s": "server", "d": "data-dir", "o": "write-kubeconfig", "i": "node-ip",
+           "l": "log", "c": "config", "h": "help"}
+# Environment variables k3s reads for a flag that is not set otherwise.
+ENV_FLAGS = {
+    "token": "K3S_TOKEN", "token-file": "K3S_TOKEN_FILE", "server": "K3S_URL",
+    "agent-token": "K3S_AGENT_TOKEN", "agent-token-file": "K3S_AGENT_TOKEN_FILE",
+    "node-name": "K3S_NODE_NAME", "write-kubeconfig": "K3S_KUBECONFIG_OUTPUT",
+    "write-kubeconfig-mode": "K3S_KUBECONFIG_MODE", "write-kubeconfig-group": "K3S_KUBECONFIG_GROUP",
+    "cluster-init": "K3S_CLUSTER_INIT", "cluster-reset": "K3S_CLUSTER_RESET",
+    "data-dir": "K3S_DATA_DIR", "resolv-conf": "K3S_RESOLV_CONF", "selinux": "K3S_SELINUX",
+    "lb-server-port": "K3S_LB_SERVER_PORT",
+}
+GO_BOOL = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
+           "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+
+
+class FlagError(Exception):
+    pass
+
+
+def valid_flags(command):
+    flags = EMBEDDED["flags"]
+    names = set(flags.get(command, []))
+    if command == "server":
+        names |= set(flags.get("agent", []))
+    names |= {"help"}
+    return names
+
+
+def parse_flags(args, valid):
+    """Go flag/urfave semantics over [(arg, source)]; returns (opts, positional)."""
+    opts, positional = {}, []
+    i = 0
+    while i < len(args):
+        arg, source = args[i]
+        where = "" if source == "cli" else " (in %s)" % source
+        if arg == "--":
+            positional.extend(a for a, _ in args[i + 1:])
+            break
+        if not arg.startswith("-") or arg == "-":
+            positional.append(arg)
+            i += 1
+            continue
+        given = arg.lstrip("-")
+        value = None
+        if "=" in given:
+            given, value = given.split("=", 1)
+        name = ALIASES.get(given, given)
+        if name not in valid:
+            raise FlagError("flag provided but not defined: -%s%s" % (given, where))
+        if name in BOOL_FLAGS:
+            if value is None:
+                opts[name] = True
+            elif value in GO_BOOL:
+                opts[name] = GO_BOOL[value]
+            else:
+                raise FlagError('invalid boolean value "%s" for -%s: parse error%s' % (value, given, where))
+        else:
+            if value is None:
+                if i + 1 >= len(args):
+                    raise FlagError("flag needs an argument: -%s" % given)
+                i += 1
+                value = args[i][0]
+            if name in SLICE_FLAGS:
+                opts.setdefault(name, []).append(value)
+            elif name in INT_FLAGS:
+                try:
+                    opts[name] = int(value, 0)
+                except ValueError:
+                    raise FlagError('invalid value "%s" for flag -%s: parse error%s' % (value, given, where))
+            else:
+                opts[name] = value
+        i += 1
+    for name in COMMA_SPLIT & set(opts):
+        opts[name] = [p.strip() for v in opts[name] for p in v.split(",") if p.strip()]
+    return opts, positional
+
+
+def load_options(command, argv):
+    """Merge config files, CLI flags and K3S_* environment variables for `command`."""
+    valid = valid_flags(command)
+    path, explicit = find_config_file(argv)
+    file_args = config_args(path, explicit)
+    if command == "server" and os.environ.get("K3S_STANDIN_LENIENT_CONFIG") == "1":
+        kept = []
+        for arg, source in file_args:
+            name = arg.lstrip("-").split("=", 1)[0]
+            if ALIASES.get(name, name) in valid:
+                kept.append((arg, source))
+            else:
+                warn("Unknown flag %s found in config.yaml, skipping" % arg.split("=", 1)[0])
+        file_args = kept
+    try:
+        opts, positional = parse_flags(file_args + [(a, "cli") for a in argv], valid)
+    except FlagError as exc:
+        if "not defined" in str(exc) or "needs an argument" in str(exc):
+            sys.stderr.write("Incorrect Usage: %s\n\n" % exc)
+        fatal(str(exc))
+    for name, env in ENV_FLAGS.items():
+        if name in valid and name not in opts and os.environ.get(env):
+            value = os.environ[env]
+            opts[name] = GO_BOOL.get(value, False) if name in BOOL_FLAGS else value
+    if positional:
+        warn("ignoring extra arguments: %s" % " ".join(positional))
+    opts.pop("config", None)
+    return opts
+
+
+# =============================================================================
+# Versions. The version is embedded at build time; the data dir remembers the
+# version that last ran there (server/standin-version). Like the k3s upgrade
+# rules: no downgrades, no skipping a minor.
+# =============================================================================
+
+VERSION_RE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:-(rc\d+))?\+k3s(\d+)$")
+
+
+def version_key(version):
+    m = VERSION_RE.match(version)
+    if not m:
+        return None
+    major, minor, patch, rc, k3s = m.groups()
+    return (int(major), int(minor), int(patch), 0 if rc else 1, int(rc[2:]) if rc else 0, int(k3s))
+
+
+def check_version_history(data_dir):
+    path = os.path.join(data_dir, "server", "standin-version")
+    old = (read_text(path) or "").strip()
+    new = EMBEDDED["version"]
+    if old and old != new:
+        ok, nk = version_key(old), version_key(new)
+        if ok and nk:
+            if ok > nk:
+                fatal("refusing to start: %s last ran k3s %s, newer than this %s; downgrades are not supported"
+                      % (data_dir, old, new))
+            if ok[:1] == nk[:1] and nk[1] - ok[1] > 1:
+                fatal("refusing to start: %s last ran k3s %s; upgrading to %s skips a minor version "
+                      "(upgrade one minor at a time)" % (data_dir, old, new))
+        info("Upgrading data dir from k3s %s to %s" % (old, new))
+    write_file(path, new + "\n", 0o644)
+
+
+# =============================================================================
+# CA and tokens. The CA is random bytes in PEM armour, made once per data dir;
+# its sha256 is the hash in the secure token format K10<hash>::server:<password>.
+# =============================================================================
+
+def fake_pem(kind, nbytes=96):
+    body = base64.b64encode(b"k3s-standin " + secrets.token_bytes(nbytes)).decode()
+    lines = [body[i:i + 64] for i in range(0, len(body), 64)]
+    return "-----BEGIN %s-----\n%s\n-----END %s-----\n" % (kind, "\n".join(lines), kind)
+
+
+def ca_hash(pem_bytes):
+    return hashlib.sha256(pem_bytes).hexdigest()
+
+
+def parse_token(token):
+    """(ca_hash or None, password) from a short or K10 token."""
+    token = token.strip()
+    if token.startswith("K10"):
+        m = re.fullmatch(r"K10([0-9a-f]{64})::([^:]+):(.+)", token)
+        if not m:
+            fatal("failed to normalize server token; must be in format K10<CA-HASH>::<USERNAME>:<PASSWORD> or <PASSWORD>")
+        return m.group(1), m.group(3)
+    if not token:
+        return None, ""
+    return None, token
+
+
+def token_from(opts, name):
+    """The value of --token/--agent-token, or of their *-file variants."""
+    if opts.get(name):
+        return str(opts[name]).strip()
+    path = opts.get(name + "-file")
+    if path:
+        text = read_text(path)
+        if text is None:
+            fatal("failed to read %s file %s" % (name, path))
+        return text.strip()
+    return ""
+
+
+def token_check(password):
+    """What a snapshot stores to recognise the token without storing it."""
+    return hashlib.sha256(b"k3s-standin-token:" + password.encode()).hexdigest()
+
+
+# =============================================================================
+# Node identity and addresses.
+# =============================================================================
+
+def node_name(opts):
+    name = opts.get("node-name") or socket.gethostname().split(".")[0]
+    name = name.lower()
+    if opts.get("with-node-id"):
+        machine_id = (read_text("/etc/machine-id") or name).strip()
+        name += "-" + hashlib.sha256(machine_id.encode()).hexdigest()[:8]
+    return name
+
+
+def node_address(opts, toward=None):
+    """node-ip, or the source address the kernel would use (UDP connect sends no
+    packet). Without a route k3s fails the same way."""
+    if opts.get("node-ip"):
+        return opts["node-ip"][0]
+    target = toward or "192.0.2.1"  # TEST-NET-1: only used to ask the routing table
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return s.getsockname()[0]
+    except OSError:
+        fatal('unable to select an IP from default routes: no default routes found in "/proc/net/route" or "/proc/net/ipv6_route"')
+
+
+# =============================================================================
+# systemd notification (the tool's units are Type=notify, like the installer's).
+# =============================================================================
+
+def sd_notify(message):
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(path)
+            s.sendall(message.encode())
+    except OSError as exc:
+        warn("sd_notify failed: %s" % exc)
+
+
+# =============================================================================
+# Node footprint: what real k3s leaves on every node (server or agent) and what
+# the tool's `down` must undo. Each network step is best effort and logged.
+# =============================================================================
+
+NVIDIA_RUNTIMES = (  # name, executable; as pkg/agent/containerd/runtimes.go
+    ("crun", "crun"),
+    ("nvidia", "nvidia-container-runtime"),
+    ("nvidia-experimental", "nvidia-container-runtime-experimental"),
+    ("nvidia-cdi", "nvidia-container-runtime.cdi"),
+)
+# k3s puts these in front of $PATH for runtime detection (GPU Operator's toolkit dir).
+RUNTIME_DIRS = ("/usr/local/nvidia/toolkit", "/opt/kwasm/bin")
+
+
+def data_hash():
+    return hashlib.sha256(("k3s-standin " + EMBEDDED["version"]).encode()).hexdigest()
+
+
+def find_runtimes():
+    dirs = [host(d) for d in RUNTIME_DIRS] + os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":")
+    found = {}
+    for name, exe in NVIDIA_RUNTIMES:
+        for d in dirs:
+            candidate = os.path.join(d, exe)
+            if d and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                info("Found %s container runtime at %s" % (name, candidate))
+                found[name] = candidate
+                break
+    return found
+
+
+def containerd_config(data_dir, runtimes, opts):
+    """containerd 2 (config version 3) as k3s >= 1.31.6/1.32.2 renders it; the
+    runtime blocks follow ContainerdConfigTemplateV3's ExtraRuntimes loop."""
+    agent = os.path.join(data_dir, "agent")
+    lines = [
+        "# File generated by k3s. DO NOT EDIT. Use config-v3.toml.tmpl instead.",
+        "version = 3",
+        'root = "%s/containerd"' % agent,
+        'state = "%s"' % host("/run/k3s/containerd"),
+        "",
+        "[grpc]",
+        '  address = "%s"' % host("/run/k3s/containerd/containerd.sock"),
+        "",
+        "[plugins.'io.containerd.internal.v1.opt']",
+        '  path = "%s/containerd"' % agent,
+        "",
+        "[plugins.'io.containerd.grpc.v1.cri']",
+        '  stream_server_address = "127.0.0.1"',
+        '  stream_server_port = "10010"',
+        "",
+        "[plugins.'io.containerd.cri.v1.runtime']",
+        "  enable_selinux = %s" % ("true" if opts.get("selinux") else "false"),
+        "  enable_unprivileged_ports = true",
+        "  enable_unprivileged_icmp = true",
+        "  device_ownership_from_security_context = %s" % ("true" if opts.get("nonroot-devices") else "false"),
+        "",
+        "[plugins.'io.containerd.cri.v1.images']",
+        '  snapshotter = "%s"' % (opts.get("snapshotter") or "overlayfs"),
+        "  disable_snapshot_annotations = true",
+        "",
+        "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
+        '  sandbox = "%s"' % (opts.get("pause-image") or "rancher/mirrored-pause:3.6"),
+        "",
+    ]
+    if opts.get("flannel-backend", "vxlan") != "none":
+        lines += [
+            "[plugins.'io.containerd.cri.v1.runtime'.cni]",
+            '  bin_dirs = ["%s"]' % os.path.join(data_dir, "data", "cni"),
+            '  conf_dir = "%s/etc/cni/net.d"' % agent,
+            "",
+        ]
+    default_runtime = opts.get("default-runtime")
+    if default_runtime:
+        lines += ["[plugins.'io.containerd.cri.v1.runtime'.containerd]",
+                  '  default_runtime_name = "%s"' % default_runtime, ""]
+    lines += [
+        "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]",
+        '  runtime_type = "io.containerd.runc.v2"',
+        "",
+        "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]",
+        "  SystemdCgroup = true",
+        "",
+        "[plugins.'io.containerd.cri.v1.images'.registry]",
+        '  config_path = "%s/etc/containerd/certs.d"' % agent,
+        "",
+    ]
+    for name in sorted(runtimes):
+        lines += [
+            "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'%s']" % name,
+            '  runtime_type = "io.containerd.runc.v2"',
+            "",
+            "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'%s'.options]" % name,
+            "  BinaryName = %s" % json.dumps(runtimes[name]),
+            "  SystemdCgroup = true",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def run_quiet(cmd):
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return proc.returncode, (proc.stderr or proc.stdout).strip()
+
+
+def link_exists(name):
+    return os.path.exists("/sys/class/net/" + name)
+
+
+def setup_links(address):
+    """cni0 (bridge) and flannel.1 (VXLAN on 8472 like flannel; dummy as a fallback)."""
+    attempts = {
+        "cni0": [["ip", "link", "add", "cni0", "type", "bridge"],
+                 ["ip", "link", "add", "cni0", "type", "dummy"]],
+        "flannel.1": [["ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "local", address,
+                       "dstport", "8472", "nolearning"],
+                      ["ip", "link", "add", "flannel.1", "type", "dummy"]],
+    }
+    for name, commands in attempts.items():
+        if link_exists(name):
+            continue
+        problems = []
+        for cmd in commands:
+            rc, out = run_quiet(cmd)
+            if rc == 0:
+                run_quiet(["ip", "link", "set", name, "up"])
+                info("Created network link %s (%s)" % (name, cmd[cmd.index("type") + 1]))
+                break
+            problems.append(out)
+        else:
+            warn("Could not create network link %s (stand-in, best effort): %s" % (name, "; ".join(problems)))
+
+
+IPTABLES_CHAINS = (  # table, chain, built-in chain that jumps to it
+    ("nat", "FLANNEL-POSTRTG", "POSTROUTING"),
+    ("filter", "FLANNEL-FWD", "FORWARD"),
+    ("filter", "KUBE-ROUTER-INPUT", "INPUT"),
+    ("filter", "KUBE-ROUTER-FORWARD", "FORWARD"),
+)
+
+
+def setup_iptables(opts):
+    if not shutil.which("iptables"):
+        warn("iptables not found; skipping flannel/kube-router chains (stand-in, best effort)")
+        return
+    for table, chain, parent in IPTABLES_CHAINS:
+        if chain.startswith("KUBE-ROUTER") and opts.get("disable-network-policy"):
+            continue
+        rc, out = run_quiet(["iptables", "-w", "5", "-t", table, "-N", chain])
+        if rc != 0 and "exists" not in out:
+            warn("Could not create iptables chain %s/%s (stand-in, best effort): %s" % (table, chain, out))
+            continue
+        if run_quiet(["iptables", "-w", "5", "-t", table, "-C", parent, "-j", chain])[0] != 0:
+            run_quiet(["iptables", "-w", "5", "-t", table, "-A", parent, "-j", chain])
+        info("iptables chain %s/%s in place" % (table, chain))
+
+
+def start_shim(shim_path, data_dir):
+    """A containerd-shim-runc-v2 stand-in, in its own session like real shims, so it
+    survives `systemctl stop` when the unit has KillMode=process (as the installer's
+    units do); k3s-killall.sh finds shims by k3s/data/*/bin/containerd-shim in ps."""
+    pidfile = host("/run/k3s/containerd/standin-shim.pid")
+    try:
+        pid = int((read_text(pidfile) or "0").strip() or 0)
+        if pid and b"containerd-shim" in open("/proc/%d/cmdline" % pid, "rb").read():
+            return
+    except (OSError, ValueError):
+        pass
+    pod_id = secrets.token_hex(32)
+    try:
+        proc = subprocess.Popen(
+            [shim_path, "-namespace", "k8s.io", "-id", pod_id, "-address", host("/run/k3s/containerd/containerd.sock")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True, cwd="/")
+    except OSError as exc:
+        warn("Could not start the containerd-shim stand-in: %s" % exc)
+        return
+    write_file(pidfile, "%d\n" % proc.pid)
+    info("Started containerd-shim-runc-v2 (pid %d) for a pod sandbox" % proc.pid)
+
+
+def import_images(data_dir):
+    """Real k3s imports every archive in agent/images into containerd at start."""
+    images = os.path.join(data_dir, "agent", "images")
+    mkdirs(images)
+    magic = {".zst": b"\x28\xb5\x2f\xfd", ".gz": b"\x1f\x8b", ".bz2": b"BZh", ".lz4": b"\x04\x22\x4d\x18"}
+    for name in sorted(os.listdir(images)):
+        path = os.path.join(images, name)
+        if not os.path.isfile(path) or not re.search(r"\.tar(\.(zst|gz|bz2|lz4))?$", name):
+            continue
+        started = time.monotonic()
+        info("Importing images from %s" % path)
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+        suffix = os.path.splitext(name)[1]
+        ok = head.startswith(magic[suffix]) if suffix in magic else head[257:262] == b"ustar"
+        if ok:
+            info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
+        else:
+            error("Error encountered while importing %s: unrecognised archive contents" % path)
+
+
+def node_footprint(opts, data_dir, address, pod_cidr):
+    """Directories, files, links, chains and the shim, as real k3s leaves them."""
+    agent = os.path.join(data_dir, "agent")
+    data = os.path.join(data_dir, "data")
+    digest = data_hash()
+    bindir = os.path.join(data, digest, "bin")
+    mkdirs(bindir)
+    write_file(os.path.join(data, ".lock"), "", 0o600)
+    # data/<hash>/bin holds k3s's bundled binaries; data/current points at them, and an
+    # upgrade moves the old target to data/previous.
+    current = os.path.join(data, "current")
+    if os.path.islink(current) and os.readlink(current) != os.path.join(data, digest):
+        previous = os.path.join(data, "previous")
+        if os.path.lexists(previous):
+            os.unlink(previous)
+        os.symlink(os.readlink(current), previous)
+        os.unlink(current)
+    if not os.path.lexists(current):
+        os.symlink(os.path.join(data, digest), current)
+    cni_multicall = os.path.join(bindir, "cni")
+    write_file(cni_multicall, "#!/bin/sh\n# k3s stand-in: CNI plugins placeholder\nexit 0\n", 0o755)
+    shim = os.path.join(bindir, "containerd-shim-runc-v2")
+    if os.path.realpath(sys.argv[0]) != os.path.realpath(shim):
+        shutil.copyfile(os.path.realpath(sys.argv[0]), shim + ".tmp")
+        os.chmod(shim + ".tmp", 0o755)
+        os.replace(shim + ".tmp", shim)
+    # data/cni: the stable CNI bin dir (k3s >= 1.28.15/1.29.10/1.30.6/1.31.2), symlinks
+    # into the current data dir.
+    cni = os.path.join(data, "cni")
+    mkdirs(cni)
+    for plugin in ("bandwidth", "bridge", "cni", "firewall", "flannel", "host-local", "loopback", "portmap"):
+        link = os.path.join(cni, plugin)
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(cni_multicall, link)
+
+    runtimes = find_runtimes()
+    write_file(os.path.join(agent, "etc", "containerd", "config.toml"), containerd_config(data_dir, runtimes, opts), 0o600)
+    if opts.get("flannel-backend", "vxlan") != "none":
+        write_file(os.path.join(agent, "etc", "cni", "net.d", "10-flannel.conflist"), json.dumps({
+            "name": "cbr0", "cniVersion": "1.0.0",
+            "plugins": [{"type": "flannel", "delegate": {"hairpinMode": True, "forceAddress": True,
+                                                          "isDefaultGateway": True}},
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                        {"type": "bandwidth", "capabilities": {"bandwidth": True}}]}, indent=2) + "\n", 0o600)
+        write_file(host("/run/flannel/subnet.env"),
+                   "FLANNEL_NETWORK=%s\nFLANNEL_SUBNET=%s\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+                   % ((opts.get("cluster-cidr") or ["10.42.0.0/16"])[0], pod_cidr), 0o644)
+    for d in (host("/run/k3s/containerd"), os.path.join(agent, "containerd"), host("/var/lib/kubelet/pods"),
+              host("/var/lib/cni/networks/cbr0"), host("/var/log/pods"), host("/var/log/containers")):
+        mkdirs(d)
+    password_file = host("/etc/rancher/node/password")
+    if not os.path.exists(password_file):
+        write_file(password_file, secrets.token_hex(16) + "\n", 0o600)
+    import_images(data_dir)
+    if SANDBOX:
+        info("Sandbox (K3S_STANDIN_ROOT): skipping network links, iptables and the containerd-shim")
+        return
+    setup_links(address)
+    setup_iptables(opts)
+    if os.environ.get("K3S_STANDIN_NO_SHIM") != "1":
+        start_shim(shim, data_dir)
+
+
+def kubelet_port(opts):
+    for arg in opts.get("kubelet-arg", []):
+        key, _, value = arg.lstrip("-").partition("=")
+        if key == "port" and value.isdigit():
+            return int(value), True
+    return 10250, False
+
+
+# =============================================================================
+# Listeners. Plain HTTP stands in for k3s's TLS listeners. The main ones are
+# IPv6 dual-stack wildcards (ss shows *:6443, as for real k3s); auxiliary ports
+# that real k3s holds (apiserver 6444, kubelet healthz 10248, kube-proxy, etcd)
+# accept and close, so port checks see them owned by k3s.
+# =============================================================================
+
+class DualStackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, bind, port, handler):
+        self.address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        super().__init__((bind, port), handler, bind_and_activate=False)
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            self.server_bind()
+            self.server_activate()
+        except Exception:
+            self.server_close()
+            raise
+
+
+def listen_http(bind, port, handler, what):
+    """Bind `handler` on bind:port; the default bind (0.0.0.0) becomes [::] dual-stack
+    when IPv6 works. Fatal if the port is taken, as for real k3s."""
+    binds = ["::", "0.0.0.0"] if bind in ("", "0.0.0.0") else [bind]
+    last = None
+    for b in binds:
+        try:
+            server = DualStackServer(b, port, handler)
+        except OSError as exc:
+            last = exc
+            if exc.errno == errno.EADDRINUSE:
+                break
+            continue
+        threading.Thread(target=server.serve_forever, name=what, daemon=True).start()
+        info("%s listening on %s:%d (plain HTTP: k3s stand-in)" % (what, "*" if b in ("::", "0.0.0.0") else b, port))
+        return server
+    fatal("%s: failed to listen on %s:%d: %s" % (what, bind or "0.0.0.0", port, last))
+
+
+def listen_aux(bind, port):
+    """Hold a port like real k3s does; connections are accepted and closed."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind((bind, port))
+        s.listen(16)
+    except OSError as exc:
+        warn("Could not hold port %s:%d (stand-in, best effort): %s" % (bind, port, exc))
+        return
+
+    def accept_loop():
+        while True:
+            try:
+                conn, _ = s.accept()
+                conn.close()
+            except OSError:
+                return
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+
+
+def aux_ports(opts, role, address, etcd):
+    """(bind, port) pairs real k3s holds besides the supervisor and kubelet ports.
+    In the sandbox only an explicitly configured lb-server-port is held."""
+    lb = opts.get("lb-server-port") or 6444
+    if SANDBOX:
+        return [("127.0.0.1", lb)] if opts.get("lb-server-port") else []
+    ports = [("127.0.0.1", lb if role == "agent" else 6444), ("127.0.0.1", 10248), ("127.0.0.1", 10249),
+             ("::", 10256)]
+    if role == "server":
+        ports += [("127.0.0.1", 10257), ("127.0.0.1", 10259)]
+        if etcd:
+            ports += [("127.0.0.1", 2379), (address, 2379), (address, 2380), ("127.0.0.1", 2381)]
+    return ports
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    server_version = "k3s-standin"
+    sys_version = ""
+
+    def log_message(self, fmt, *args):  # requests carry tokens in headers: log nothing of them
+        return
+
+    def reply(self, status, body, content_type="application/json"):
+        if not isinstance(body, (bytes, str)):
+            body = json.dumps(body, indent=2) + "\n"
+        if isinstance(body, str):
+            body = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class KubeletHandler(QuietHandler):
+    def do_GET(self):
+        if self.path in ("/healthz", "/ping"):
+            self.reply(200, "ok", "text/plain")
+        else:
+            self.reply(404, {"error": "the kubelet stand-in only answers /healthz"})
+
+
+# =============================================================================
+# Cluster state on a server: nodes recorded from joins (server/standin-nodes.json,
+# 0600: it holds node password hashes), the critical config that must match on
+# all servers (k3s refuses a joining server whose values differ).
+# =============================================================================
+
+CRITICAL = {  # flag -> default
+    "cluster-cidr": "10.42.0.0/16", "service-cidr": "10.43.0.0/16", "cluster-dns": "10.43.0.10",
+    "cluster-domain": "cluster.local", "disable-cloud-controller": "false", "disable-helm-controller": "false",
+    "disable-network-policy": "false", "egress-selector-mode": "agent", "embedded-registry": "false",
+    "flannel-backend": "vxlan", "flannel-external-ip": "false", "flannel-ipv6-masq": "false",
+    "secrets-encryption": "false",
+}
+
+
+def critical_config(opts):
+    values = {}
+    for key, default in CRITICAL.items():
+        value = opts.get(key)
+        if isinstance(value, list):
+            value = ",".join(value)
+        values[key] = default if value in (None, "", []) else go_string(value)
+    values["disable=servicelb"] = go_string("servicelb" in opts.get("disable", []))
+    agent_token = token_from(opts, "agent-token")
+    values["agent-token"] = hashlib.sha256(parse_token(agent_token)[1].encode()).hexdigest() if agent_token else ""
+    return values
+
+
+class Cluster:
+    def __init__(self, data_dir):
+        self.server_dir = os.path.join(data_dir, "server")
+        self.path = os.path.join(self.server_dir, "standin-nodes.json")
+        self.lock = threading.Lock()
+
+    def load(self):
+        text = read_text(self.path)
+        return json.loads(text) if text else {"nodes": {}}
+
+    def save(self, state):
+        write_file(self.path, json.dumps(state, indent=2, sort_keys=True) + "\n", 0o600)
+
+    def record(self, node):
+        with self.lock:
+            state = self.load()
+            nodes = state.setdefault("nodes", {})
+            old = nodes.get(node["name"])
+            if old and old.get("password_sha256") and node.get("password_sha256") \
+                    and old["password_sha256"] != node["password_sha256"]:
+                warn("Node password for %s differs from the recorded one; real k3s rejects this join until the "
+                     "node object is deleted (stand-in accepts it)" % node["name"])
+            if old and old.get("pod_cidr"):
+                node["pod_cidr"] = old["pod_cidr"]
+            else:
+                used = {n.get("pod_cidr") for n in nodes.values()}
+                index = 0
+                while "10.42.%d.0/24" % index in used:
+                    index += 1
+                node["pod_cidr"] = "10.42.%d.0/24" % index
+            node["joined_at"] = old.get("joined_at") if old else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            nodes[node["name"]] = node
+            self.save(state)
+            return node
+
+    def public(self):
+        nodes = self.load().get("nodes", {})
+        return [{k: v for k, v in n.items() if k != "password_sha256"} for _, n in sorted(nodes.items())]
+
+
+def node_record(opts, role, name, address, etcd):
+    password = (read_text(host("/etc/rancher/node/password")) or "").strip()
+    return {
+        "name": name, "role": role, "address": address, "etcd": bool(etcd),
+        "roles": (["control-plane", "etcd", "master"] if etcd else ["control-plane", "master"]) if role == "server" else [],
+        "labels": list(opts.get("node-label", [])), "taints": list(opts.get("node-taint", [])),
+        "external_ip": (opts.get("node-external-ip") or [None])[0], "version": EMBEDDED["version"],
+        "password_sha256": hashlib.sha256(password.encode()).hexdigest() if password else None,
+    }
+
+
+def make_supervisor_handler(state):
+    """The server's HTTP endpoints; `state` carries the CA, passwords, cluster."""
+
+    class SupervisorHandler(QuietHandler):
+        def do_GET(self):
+            path = urllib.parse.urlparse(self.path).path
+            if path == "/ping":
+                self.reply(200, "pong", "text/plain")
+            elif path == "/cacerts":
+                self.reply(200, state["ca"], "text/plain")
+            elif path == "/v1-standin/nodes":
+                self.reply(200, {"nodes": state["cluster"].public()})
+            elif path == "/v1-standin/info":
+                self.reply(200, {"version": EMBEDDED["version"], "ca_hash": state["ca_hash"],
+                                 "datastore": "etcd" if state["etcd"] else "sqlite", "node": state["name"]})
+            else:
+                self.reply(404, {"error": "not found (k3s stand-in: no Kubernetes API here)"})
+
+        def do_POST(self):
+            if urllib.parse.urlparse(self.path).path != "/v1-standin/join":
+                self.reply(404, {"error": "not found"})
+                return
+            peer = "%s:%d" % self.client_address[:2]
+            auth = self.headers.get("Authorization", "")
+            token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except (ValueError, json.JSONDecodeError):
+                self.reply(400, {"error": "bad join request"})
+                return
+            role = body.get("role")
+            m = re.fullmatch(r"K10([0-9a-f]{64})::([^:]+):(.+)", token.strip())
+            hash_given, password = (m.group(1), m.group(3)) if m else (None, token.strip())
+            if hash_given and hash_given != state["ca_hash"]:
+                error("Failed to authenticate request from %s: token CA hash does not match the Cluster CA certificate hash" % peer)
+                self.reply(401, {"error": "token CA hash does not match the Cluster CA certificate hash"})
+                return
+            allowed = [state["password"]] + ([state["agent_password"]] if role == "agent" and state["agent_password"] else [])
+            if not password or not any(hmac.compare_digest(password, p) for p in allowed):
+                error("Failed to authenticate request from %s: invalid username/password combination" % peer)
+                self.reply(401, {"error": "invalid username/password combination"})
+                return
+            if role not in ("agent", "server") or not body.get("name"):
+                self.reply(400, {"error": "join request needs name and role"})
+                return
+            if role == "server":
+                if not state["etcd"]:
+                    self.reply(409, {"error": "this server does not run embedded etcd (start the first server with "
+                                              "cluster-init); other servers cannot join it"})
+                    return
+                theirs = body.get("critical", {})
+                mine = state["critical"]
+                diff = sorted(k for k in mine if theirs.get(k) != mine[k])
+                if diff:
+                    error("Critical configuration mismatched for joining server %s: %s" % (body["name"], ", ".join(diff)))
+                    self.reply(400, {"error": "critical configuration value mismatch between servers: %s" % ", ".join(diff)})
+                    return
+            node = {k: body.get(k) for k in ("name", "role", "address", "labels", "taints", "etcd", "roles",
+                                              "external_ip", "version", "password_sha256")}
+            node = state["cluster"].record(node)
+            info("Node %s joined as %s from %s" % (node["name"], role, node.get("address")))
+            reply = {"node": {k: v for k, v in node.items() if k != "password_sha256"}}
+            if role == "server":
+                reply["nodes"] = state["cluster"].load().get("nodes", {})
+            self.reply(200, reply)
+
+    return SupervisorHandler
+
+
+# =============================================================================
+# Joining (agents, and servers with `server:`). The stand-in protocol runs over
+# plain HTTP on the host:port of the https:// URL.
+# =============================================================================
+
+class NotReady(Exception):
+    pass
+
+
+def http_call(url, data=None, headers=None, timeout=5):
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise NotReady("Get %s: %s" % (url, reason))
+
+
+def join_cluster(server_url, token, body):
+    """Check the CA hash, then join; returns the server's JSON reply. Retries an
+    unreachable server for K3S_STANDIN_JOIN_TIMEOUT seconds (real k3s: forever)."""
+    parsed = urllib.parse.urlparse(server_url)
+    if parsed.scheme != "https" or not parsed.hostname:
+        fatal("server url must begin with https:// (got %s)" % server_url)
+    hostpart = "[%s]" % parsed.hostname if ":" in parsed.hostname else parsed.hostname
+    base = "http://%s:%d" % (hostpart, parsed.port or 443)
+    want_hash, _ = parse_token(token)
+    deadline = time.monotonic() + float(os.environ.get("K3S_STANDIN_JOIN_TIMEOUT", "20"))
+    while True:
+        try:
+            status, ca = http_call(base + "/cacerts")
+            if status != 200:
+                raise NotReady("%s/cacerts: %d" % (server_url, status))
+            if want_hash and ca_hash(ca) != want_hash:
+                fatal("Failed to validate connection to cluster at %s: token CA hash does not match the Cluster CA "
+                      "certificate hash: %s != %s" % (server_url, ca_hash(ca), want_hash))
+            status, reply = http_call(base + "/v1-standin/join", json.dumps(body).encode(),
+                                      {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+            if status == 200:
+                result = json.loads(reply)
+                result["ca"] = ca
+                return result
+            try:
+                message = json.loads(reply).get("error", "")
+            except (ValueError, AttributeError):
+                message = reply.decode(errors="replace")[:200]
+            if status == 401:
+                fatal("Failed to validate connection to cluster at %s: %s/v1-standin/join: 401 Unauthorized (%s)"
+                      % (server_url, server_url, message))
+            if 400 <= status < 500:
+                fatal("Failed to join the cluster at %s: %s" % (server_url, message))
+            raise NotReady("%s/v1-standin/join: %d %s" % (server_url, status, message))
+        except NotReady as exc:
+            if time.monotonic() > deadline:
+                fatal("Failed to retrieve agent configuration from %s: %s (the k3s stand-in gives up after "
+                      "K3S_STANDIN_JOIN_TIMEOUT seconds; real k3s keeps retrying)" % (server_url, exc))
+            info("Waiting to retrieve agent configuration; server is not ready: %s" % exc)
+            time.sleep(1)
+
+
+# =============================================================================
+# Kubeconfig and packaged manifests (server).
+# =============================================================================
+
+def write_kubeconfig(opts, ca_pem, port):
+    path = opts.get("write-kubeconfig") or host(DEFAULT_KUBECONFIG)
+    mode_text = opts.get("write-kubeconfig-mode")
+    mode = 0o600
+    if mode_text not in (None, ""):
+        try:
+            mode = int(str(mode_text), 8)
+        except ValueError:
+            fatal("failed to parse write-kubeconfig-mode %r: not an octal file mode" % mode_text)
+    b64 = lambda text: base64.b64encode(text.encode()).decode()
+    text = (
+        "apiVersion: v1\n"
+        "clusters:\n"
+        "- cluster:\n"
+        "    certificate-authority-data: %s\n"
+        "    server: https://127.0.0.1:%d\n"
+        "  name: default\n"
+        "contexts:\n"
+        "- context:\n"
+        "    cluster: default\n"
+        "    user: default\n"
+        "  name: default\n"
+        "current-context: default\n"
+        "kind: Config\n"
+        "preferences: {}\n"
+        "users:\n"
+        "- name: default\n"
+        "  user:\n"
+        "    client-certificate-data: %s\n"
+        "    client-key-data: %s\n"
+    ) % (b64(ca_pem), port, b64(fake_pem("CERTIFICATE")), b64(fake_pem("EC PRIVATE KEY", 48)))
+    write_file(path, text, mode)
+    group = opts.get("write-kubeconfig-group")
+    if group:
+        try:
+            shutil.chown(path, group=group)
+        except (LookupError, OSError) as exc:
+            warn("Could not set group %s on %s: %s" % (group, path, exc))
+    info("Wrote kubeconfig %s" % path)
+
+
+PACKAGED_MANIFESTS = {  # disable item -> files under server/manifests
+    None: ["ccm.yaml", "rolebindings.yaml"],
+    "coredns": ["coredns.yaml"], "local-storage": ["local-storage.yaml"], "runtimes": ["runtimes.yaml"],
+    "traefik": ["traefik.yaml"], "metrics-server": ["metrics-server/metrics-server-deployment.yaml"],
+}
+
+
+def packaged_manifests(server_dir, disabled):
+    manifests = os.path.join(server_dir, "manifests")
+    mkdirs(manifests)
+    for component, files in PACKAGED_MANIFESTS.items():
+        for name in files:
+            path = os.path.join(manifests, name)
+            if component in disabled:
+                if os.path.exists(path):
+                    os.unlink(path)
+            else:
+                write_file(path, "# k3s stand-in: placeholder for the packaged %s manifest\n" % (component or name), 0o600)
+    for name in sorted(os.listdir(manifests)):
+        if not any(name == f.split("/")[0] for fs in PACKAGED_MANIFESTS.values() for f in fs):
+            info("Found additional manifest %s (the stand-in does not apply manifests)" % name)
+
+
+# =============================================================================
+# k3s server
+# =============================================================================
+
+def ensure_ca(server_dir, given_ca=None):
+    tls = os.path.join(server_dir, "tls")
+    path = os.path.join(tls, "server-ca.crt")
+    if given_ca is not None:
+        write_file(path, given_ca, 0o644)
+    elif not os.path.exists(path):
+        write_file(path, fake_pem("CERTIFICATE"), 0o644)
+        write_file(os.path.join(tls, "server-ca.key"), fake_pem("EC PRIVATE KEY", 48), 0o600)
+        write_file(os.path.join(tls, "client-ca.crt"), fake_pem("CERTIFICATE"), 0o644)
+        write_file(os.path.join(tls, "client-ca.key"), fake_pem("EC PRIVATE KEY", 48), 0o600)
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def write_tokens(server_dir, ca_digest, password, agent_password):
+    token = "K10%s::server:%s\n" % (ca_digest, password)
+    write_file(os.path.join(server_dir, "token"), token, 0o600)
+    write_file(os.path.join(server_dir, "node-token"), token, 0o600)
+    agent = "K10%s::node:%s\n" % (ca_digest, agent_password) if agent_password else token
+    write_file(os.path.join(server_dir, "agent-token"), agent, 0o600)
+
+
+def stored_password(server_dir):
+    text = read_text(os.path.join(server_dir, "token"))
+    return parse_token(text)[1] if text and text.strip() else None
+
+
+def cmd_server(argv):
+    opts = load_options("server", argv)
+    setup_logging(opts)
+    set_process_name("k3s-server")
+    info("Starting k3s %s (%s)" % (EMBEDDED["version"], EMBEDDED["commit"]))
+    data_dir = opts.get("data-dir") or host(DEFAULT_DATA_DIR)
+    server_dir = os.path.join(data_dir, "server")
+    mkdirs(server_dir, 0o700)
+    if opts.get("cluster-reset"):
+        return cluster_reset(opts, data_dir)
+    check_version_history(data_dir)
+
+    cluster = Cluster(data_dir)
+    db = os.path.join(server_dir, "db")
+    etcd_member = os.path.join(db, "etcd", "member")
+    initialized = os.path.exists(cluster.path)
+    etcd = os.path.isdir(etcd_member)
+    reset_flag = os.path.join(db, "reset-flag")
+    if os.path.exists(reset_flag):
+        os.unlink(reset_flag)
+        info("Managed etcd cluster membership was reset; starting as the only member")
+    if etcd and (opts.get("server") or opts.get("cluster-init")):
+        info("Managed etcd cluster bootstrap already complete and initialized")
+
+    token = token_from(opts, "token")
+    token_hash, password = parse_token(token) if token else (None, "")
+    agent_token = token_from(opts, "agent-token")
+    agent_password = parse_token(agent_token)[1] if agent_token else ""
+    name = node_name(opts)
+    joined = None
+    if opts.get("server") and not initialized:
+        # A server joining a cluster: validate and join like an agent, take the CA.
+        if not password:
+            fatal("starting kubernetes: preparing server: token is required to join a cluster")
+        address = node_address(opts, urllib.parse.urlparse(opts["server"]).hostname)
+        body = node_record(opts, "server", name, address, True)
+        body["critical"] = critical_config(opts)
+        joined = join_cluster(opts["server"], token, body)
+        ca = ensure_ca(server_dir, joined["ca"])
+        etcd = True
+    else:
+        address = node_address(opts)
+        ca = ensure_ca(server_dir)
+    digest = ca_hash(ca)
+    if token_hash and token_hash != digest:
+        fatal("starting kubernetes: preparing server: token CA hash does not match the Cluster CA certificate hash: "
+              "%s != %s" % (digest, token_hash))
+    old_password = stored_password(server_dir)
+    if password and old_password and not hmac.compare_digest(password, old_password):
+        fatal("starting kubernetes: preparing server: bootstrap data already found and encrypted with different token")
+    if not password:
+        password = old_password or secrets.token_hex(16)
+    write_tokens(server_dir, digest, password, agent_password)
+
+    # Datastore: etcd with cluster-init (or when joining / already on disk), else sqlite.
+    if opts.get("cluster-init") and not etcd:
+        if os.path.exists(os.path.join(db, "state.db")):
+            info("Migrating content from sqlite to etcd")
+        etcd = True
+    if etcd:
+        mkdirs(os.path.join(etcd_member, "snap"), 0o700)
+        mkdirs(os.path.join(etcd_member, "wal"), 0o700)
+        write_file(os.path.join(db, "etcd", "config"), "name: %s-%s\n" % (name, digest[:8]), 0o600)
+        info("Managed etcd cluster %s" % ("joined" if joined else "initialized"))
+    else:
+        write_file(os.path.join(db, "state.db"), b"SQLite format 3\x00k3s-standin", 0o600)
+        info("Database: sqlite (%s)" % os.path.join(db, "state.db"))
+    if joined:
+        cluster.save({"nodes": joined.get("nodes", {})})
+    elif not initialized:
+        cluster.save({"nodes": {}})
+
+    disabled = set(opts.get("disable", []))
+    packaged_manifests(server_dir, disabled)
+    port = opts.get("https-listen-port") or 6443
+    write_kubeconfig(opts, ca.decode(), port)
+    for registries in (opts.get("private-registry") or host("/etc/rancher/k3s/registries.yaml"),):
+        if os.path.exists(registries):
+            info("Using private registry config file at %s" % registries)
+
+    run_agent_part = not opts.get("disable-agent")
+    pod_cidr = "10.42.0.0/24"
+    if run_agent_part:
+        mine = cluster.record(node_record(opts, "server", name, address, etcd))
+        pod_cidr = mine["pod_cidr"]
+    state = {"ca": ca, "ca_hash": digest, "password": password, "agent_password": agent_password,
+             "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name}
+    bind = opts.get("bind-address") or ""
+    listen_http(bind, port, make_supervisor_handler(state), "Supervisor (k3s stand-in API)")
+    if run_agent_part:
+        node_footprint(opts, data_dir, address, pod_cidr.replace(".0/24", ".1/24"))
+        kport, explicit = kubelet_port(opts)
+        if explicit or not SANDBOX:
+            listen_http(bind, kport, KubeletHandler, "Kubelet")
+    for aux_bind, aux_port in aux_ports(opts, "server", address, etcd):
+        listen_aux(aux_bind, aux_port)
+    info("k3s is up and running")
+    sd_notify("READY=1\nSTATUS=k3s stand-in server running")
+    return wait_for_signal()
+
+
+# =============================================================================
+# k3s agent
+# =============================================================================
+
+def cmd_agent(argv):
+    opts = load_options("agent", argv)
+    setup_logging(opts)
+    set_process_name("k3s-agent")
+    info("Starting k3s agent %s (%s)" % (EMBEDDED["version"], EMBEDDED["commit"]))
+    server_url = opts.get("server")
+    if not server_url:
+        fatal("--server is required")
+    token = token_from(opts, "token")
+    if not token:
+        fatal("--token is required")
+    parse_token(token)  # format check
+    data_dir = opts.get("data-dir") or host(DEFAULT_DATA_DIR)
+    name = node_name(opts)
+    address = node_address(opts, urllib.parse.urlparse(server_url).hostname)
+    mkdirs(os.path.join(data_dir, "agent"))
+    password_file = host("/etc/rancher/node/password")
+    if not os.path.exists(password_file):
+        write_file(password_file, secrets.token_hex(16) + "\n", 0o600)
+    joined = join_cluster(server_url, token, node_record(opts, "agent", name, address, False))
+    agent = os.path.join(data_dir, "agent")
+    write_file(os.path.join(agent, "server-ca.crt"), joined["ca"], 0o644)
+    write_file(os.path.join(agent, "client-ca.crt"), joined["ca"], 0o644)
+    lb = opts.get("lb-server-port") or 6444
+    write_file(os.path.join(agent, "kubelet.kubeconfig"),
+               "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://127.0.0.1:%d\n"
+               "    certificate-authority: %s/server-ca.crt\n  name: local\n" % (lb, agent), 0o600)
+    write_file(os.path.join(agent, "etc", "k3s-agent-load-balancer.json"),
+               json.dumps({"ServerURL": server_url, "ServerAddresses": [urllib.parse.urlparse(server_url).netloc]},
+                          indent=2) + "\n", 0o600)
+    pod_cidr = joined.get("node", {}).get("pod_cidr", "10.42.1.0/24")
+    info("Joined the cluster at %s as %s" % (server_url, name))
+    node_footprint(opts, data_dir, address, pod_cidr.replace(".0/24", ".1/24"))
+    kport, explicit = kubelet_port(opts)
+    bind = opts.get("bind-address") or ""
+    if explicit or not SANDBOX:
+        listen_http(bind, kport, KubeletHandler, "Kubelet")
+    for aux_bind, aux_port in aux_ports(opts, "agent", address, False):
+        listen_aux(aux_bind, aux_port)
+    info("k3s agent is up and running")
+    sd_notify("READY=1\nSTATUS=k3s stand-in agent running")
+    return wait_for_signal()
+
+
+def setup_logging(opts):
+    global DEBUG
+    DEBUG = bool(opts.get("debug"))
+
+
+def wait_for_signal():
+    done = threading.Event()
+    got = []
+
+    def handler(signum, frame):
+        got.append(signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    while not done.wait(3600):
+        pass
+    sd_notify("STOPPING=1")
+    info("Received %s; shutting down" % signal.Signals(got[0]).name)
+    return 0
+
+
+# =============================================================================
+# etcd snapshots and cluster reset (server data dir, etcd mode). A snapshot is
+# JSON: the recorded nodes, the CA (so a restore onto a new host keeps the token
+# hash) and a hash that recognises the token (k3s encrypts bootstrap data with
+# it, so a restore needs the same token).
+# =============================================================================
+
+SNAPSHOT_FLAGS = {"name", "dir", "etcd-snapshot-dir", "data-dir", "node-name", "snapshot-compress",
+                  "etcd-snapshot-compress", "snapshot-retention", "etcd-snapshot-retention", "config", "debug",
+                  "help", "etcd-s3", "token"}
+
+
+def snapshot_options(argv):
+    """Like real `k3s etcd-snapshot`: config-file keys that are not snapshot flags are
+    skipped; CLI flags must be known."""
+    path, explicit = find_config_file(argv)
+    kept = []
+    for arg, source in config_args(path, explicit):
+        name = arg.lstrip("-").split("=", 1)[0]
+        if ALIASES.get(name, name) in SNAPSHOT_FLAGS:
+            kept.append((arg, source))
+    try:
+        opts, positional = parse_flags(kept + [(a, "cli") for a in argv], SNAPSHOT_FLAGS)
+    except FlagError as exc:
+        fatal(str(exc))
+    if opts.get("etcd-s3"):
+        fatal("S3 snapshots are not supported by the k3s stand-in")
+    return opts, positional
+
+
+def snapshot_dir(opts, data_dir):
+    return opts.get("dir") or opts.get("etcd-snapshot-dir") or os.path.join(data_dir, "server", "db", "snapshots")
+
+
+def cmd_etcd_snapshot(argv):
+    action = "save"
+    if argv and not argv[0].startswith("-"):
+        action, argv = argv[0], argv[1:]
+    opts, positional = snapshot_options(argv)
+    setup_logging(opts)
+    data_dir = opts.get("data-dir") or host(DEFAULT_DATA_DIR)
+    server_dir = os.path.join(data_dir, "server")
+    directory = snapshot_dir(opts, data_dir)
+    if not os.path.isdir(os.path.join(server_dir, "db", "etcd", "member")):
+        fatal("etcd database not found in %s" % server_dir)
+    if action == "save":
+        name = "%s-%s-%d" % (opts.get("name") or "on-demand", node_name(opts), int(time.time()))
+        cluster = Cluster(data_dir)
+        ca = read_text(os.path.join(server_dir, "tls", "server-ca.crt"), "")
+        snapshot = {"kind": "k3s-standin-etcd-snapshot", "version": EMBEDDED["version"], "ca": ca,
+                    "ca_hash": ca_hash(ca.encode()), "token_check": token_check(stored_password(server_dir) or ""),
+                    "nodes": cluster.load().get("nodes", {}), "created": int(time.time())}
+        mkdirs(directory, 0o700)
+        write_file(os.path.join(directory, name), json.dumps(snapshot, indent=2) + "\n", 0o600)
+        info("Snapshot %s saved." % name)
+        return 0
+    if action in ("ls", "list"):
+        print("%-60s %-90s %-8s %s" % ("Name", "Location", "Size", "Created"))
+        for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+            path = os.path.join(directory, name)
+            created = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+            print("%-60s %-90s %-8d %s" % (name, "file://" + path, os.path.getsize(path),
+                                           created.strftime("%Y-%m-%dT%H:%M:%SZ")))
+        return 0
+    if action == "delete":
+        for name in positional:
+            path = os.path.join(directory, os.path.basename(name))
+            if os.path.exists(path):
+                os.unlink(path)
+                info("Snapshot %s deleted." % name)
+            else:
+                warn("Snapshot %s not found" % name)
+        return 0
+    if action == "prune":
+        keep = opts.get("snapshot-retention") or opts.get("etcd-snapshot-retention") or 5
+        prefix = (opts.get("name") or "on-demand") + "-"
+        names = sorted((n for n in os.listdir(directory) if n.startswith(prefix)),
+                       key=lambda n: os.path.getmtime(os.path.join(directory, n))) if os.path.isdir(directory) else []
+        for name in names[:max(0, len(names) - keep)]:
+            os.unlink(os.path.join(directory, name))
+            info("Removing local snapshot %s" % os.path.join(directory, name))
+        return 0
+    fatal("unknown etcd-snapshot subcommand %r (save, ls, delete, prune)" % action)
+
+
+def cluster_reset(opts, data_dir):
+    server_dir = os.path.join(data_dir, "server")
+    db = os.path.join(server_dir, "db")
+    cluster = Cluster(data_dir)
+    token = token_from(opts, "token")
+    token_hash, password = parse_token(token) if token else (None, "")
+    restore = opts.get("cluster-reset-restore-path")
+    if restore:
+        text = read_text(restore)
+        if text is None:
+            fatal("starting kubernetes: preparing server: failed to restore etcd: snapshot %s not found" % restore)
+        try:
+            snapshot = json.loads(text)
+        except json.JSONDecodeError:
+            fatal("starting kubernetes: preparing server: failed to restore etcd: %s is not a snapshot" % restore)
+        password = password or stored_password(server_dir) or ""
+        if not password:
+            fatal("starting kubernetes: preparing server: --token is required to restore a snapshot on a new host")
+        if token_check(password) != snapshot.get("token_check") or (token_hash and token_hash != snapshot.get("ca_hash")):
+            fatal("starting kubernetes: preparing server: failed to restore etcd: bootstrap data already found and "
+                  "encrypted with different token (the token does not match the snapshot)")
+        if os.path.isdir(os.path.join(db, "etcd")):
+            os.rename(os.path.join(db, "etcd"), os.path.join(db, "etcd-old-%d" % int(time.time())))
+        ca = ensure_ca(server_dir, snapshot["ca"].encode())
+        write_tokens(server_dir, ca_hash(ca), password, parse_token(token_from(opts, "agent-token"))[1])
+        cluster.save({"nodes": snapshot.get("nodes", {})})
+        info("Restored the cluster state from %s" % restore)
+    else:
+        if not os.path.isdir(os.path.join(db, "etcd", "member")):
+            fatal("starting kubernetes: preparing server: etcd database not found in %s" % server_dir)
+        name = node_name(opts)
+        state = cluster.load()
+        for other, node in list(state.get("nodes", {}).items()):
+            if node.get("etcd") and other != name:
+                node["etcd"] = False
+                node["removed_from_etcd"] = True
+        cluster.save(state)
+    mkdirs(os.path.join(db, "etcd", "member", "snap"), 0o700)
+    mkdirs(os.path.join(db, "etcd", "member", "wal"), 0o700)
+    write_file(os.path.join(db, "reset-flag"), "", 0o600)
+    check_version_history(data_dir)
+    info("Managed etcd cluster membership has been reset, restart without --cluster-reset flag now. "
+         "Backup and delete ${datadir}/server/db on each peer etcd server and rejoin the nodes")
+    return 0
+
+
+# =============================================================================
+# containerd-shim stand-in: the same file, started as
+# data/<hash>/bin/containerd-shim-runc-v2; it only waits to be killed.
+# =============================================================================
+
+def shim_main():
+    set_process_name("containerd-shim")
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
+# =============================================================================
+# Command line
+# =============================================================================
+
+def print_version():
+    print("%s version %s (%s)" % (PROGRAM, EMBEDDED["version"], EMBEDDED["commit"]))
+    print("go version %s" % EMBEDDED["go"])
+
+
+def print_help(command=None):
+    if command in ("server", "agent"):
+        print("NAME:\n   k3s %s - Run management %s\n\nUSAGE:\n   k3s %s [OPTIONS]\n\nOPTIONS:" % (
+            command, command, command))
+        for name in sorted(valid_flags(command) - {"help"}):
+            print("   --%s%s" % (name, "" if name in BOOL_FLAGS else " value"))
+        return
+    print("NAME:\n   k3s - Kubernetes, but small and simple (k3s stand-in for tests)\n\nUSAGE:\n"
+          "   k3s [global options] command [command options]\n\nVERSION:\n   %s (%s)\n\nCOMMANDS:\n"
+          "   server         Run management server\n   agent          Run node agent\n"
+          "   etcd-snapshot  Manage etcd snapshots (stand-in: save, ls, delete, prune)\n\n"
+          "GLOBAL OPTIONS:\n   --version, -v  print the version" % (EMBEDDED["version"], EMBEDDED["commit"]))
+
+
+def main(argv):
+    prog = os.path.basename(argv[0])
+    if prog.startswith("containerd-shim"):
+        return shim_main()
+    if EMBEDDED is None:
+        sys.stderr.write("k3s_standin.py is the stand-in's source; build the binary with "
+                         "tests/standins/airgap.py (build_airgap) first\n")
+        return 2
+    args = argv[1:]
+    if prog in ("kubectl", "crictl", "ctr"):
+        args = [prog] + args
+    if not args:
+        print_help()
+        return 0
+    command = args[0]
+    try:
+        if command in ("--version", "-v", "version"):
+            print_version()
+            return 0
+        if command in ("--help", "-h", "help"):
+            print_help(args[1] if len(args) > 1 else None)
+            return 0
+        if command in ("server", "agent") and ("--help" in args[1:] or "-h" in args[1:]):
+            print_help(command)
+            return 0
+        if command == "server":
+            return cmd_server(args[1:])
+        if command == "agent":
+            return cmd_agent(args[1:])
+        if command == "etcd-snapshot":
+            return cmd_etcd_snapshot(args[1:])
+        if command in ("kubectl", "crictl", "ctr", "check-config", "token", "certificate", "secrets-encrypt",
+                       "completion"):
+            sys.stderr.write("k3s %s is not available in the k3s stand-in (tests reach a stand-in Kubernetes "
+                             "API over HTTP instead)\n" % command)
+            return 1
+        sys.stderr.write("No help topic for '%s'\n" % command)
+        return 3
+    except Fatal as exc:
+        log("fatal", str(exc))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

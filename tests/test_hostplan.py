@@ -1,0 +1,132 @@
+"""Host planning: k3s config keys are real k3s flags, a converged host plans nothing."""
+
+import hashlib
+from dataclasses import replace
+
+import pytest
+import yaml
+from test_facts_parsers import h200_probe_output
+from upstream import k3s_flags
+
+from bootstrap.artifacts import K3sArtifacts, LocalFile
+from bootstrap.facts.model import FileState, HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.probe import parse_host_facts
+from bootstrap.hostplan import desired as d
+from bootstrap.hostplan import k3sconfig
+from bootstrap.hostplan.drivers import driver_packages
+from bootstrap.hostplan.plan import plan_host
+from bootstrap.inventory.loader import parse_inventory
+
+INV = parse_inventory("""\
+cluster: t
+k3s: {version: v1.33.5+k3s1, tls_san: [api.example.com], disable: [traefik], flannel_iface: eth1,
+      server_config: {kube-apiserver-arg: ["audit-log-maxage=7"]},
+      agent_config: {kubelet-arg: ["max-pods=200"]}}
+nodes:
+  - {name: cp-1, address: 203.0.113.10, node_ip: 10.0.0.10, role: server}
+  - {name: cp-2, address: 203.0.113.11, role: server}
+  - {name: cp-3, address: 203.0.113.12, role: server}
+  - {name: gpu-1, address: 203.0.113.21, labels: {pool: h200}, taints: ["gpu=true:NoSchedule"]}
+registries:
+  mirrors: {docker.io: ["https://mirror.example.com"]}
+""")
+
+
+@pytest.mark.parametrize("name", ["cp-1", "cp-2", "gpu-1"])
+def test_config_keys_are_real_k3s_flags(name):
+    node = INV.node(name)
+    config = k3sconfig.node_config(INV, node, "tok")
+    role = "server" if node.role == "server" else "agent"
+    unknown = set(config) - k3s_flags(role)
+    assert not unknown, f"not k3s {role} flags: {unknown}"
+
+
+def test_first_server_inits_etcd_and_the_others_join_it():
+    first = k3sconfig.node_config(INV, INV.node("cp-1"), "tok")
+    second = k3sconfig.node_config(INV, INV.node("cp-2"), "tok")
+    agent = k3sconfig.node_config(INV, INV.node("gpu-1"), "tok")
+    assert first["cluster-init"] is True and "server" not in first
+    assert second["server"] == agent["server"] == "https://10.0.0.10:6443"  # the private address
+    assert "cluster-init" not in second and "cluster-init" not in agent
+    assert first["node-ip"] == "10.0.0.10" and first["node-external-ip"] == "203.0.113.10"
+    assert {"api.example.com", "203.0.113.10", "10.0.0.10", "203.0.113.12"} <= set(first["tls-san"])
+    assert agent["node-label"] == ["pool=h200"] and agent["node-taint"] == ["gpu=true:NoSchedule"]
+    assert agent["kubelet-arg"] == ["shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s",
+                                    "max-pods=200"]
+    assert first["kube-apiserver-arg"] == ["audit-log-maxage=7"] and "kube-apiserver-arg" not in agent
+    # Settings k3s requires equal on all servers are equal.
+    for key in ("tls-san", "disable", "etcd-snapshot-schedule-cron"):
+        assert first[key] == second[key]
+    assert "disable" not in agent and "etcd-snapshot-retention" not in agent
+
+
+def _artifacts(tmp_path):
+    binary = tmp_path / "k3s"
+    binary.write_bytes(b"k3s")
+    return K3sArtifacts("amd64", "v1.33.5+k3s1", binary=LocalFile(binary, hashlib.sha256(b"k3s").hexdigest()))
+
+
+def converged_facts(want: d.Desired, unit: str) -> HostFacts:
+    """Facts of a host that holds exactly what is wanted, as the probe would report it."""
+    files = {f.path: FileState(f.mode, f.sha256) for f in want.files}
+    return HostFacts(files=files, modules=list(d.MODULES), sysctls=dict(d.SYSCTLS),
+                     packages={"nvidia-container-toolkit": "1.17.8-1"},
+                     held_packages=["nvidia-container-toolkit"],
+                     k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
+                                    [SystemdUnit(f"{unit}.service", "loaded", "active", "enabled")]))
+
+
+def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
+    node = INV.node("gpu-1")
+    want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=True, driver_packages=[])
+    fresh = plan_host(node, want, HostFacts(sysctls={"net.ipv4.ip_forward": "0"}, swap_mib=1024))
+    assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {d.CONFIG, d.K3S_BINARY, d.MANIFEST}
+    assert any("apt-get install" in line and "nvidia-container-toolkit" in line for line in fresh.prepare)
+    assert any(line.startswith("swapoff") for line in fresh.prepare)
+    manifest = yaml.safe_load(next(u for u in fresh.uploads if u.path == d.MANIFEST).content)
+    assert manifest["sysctl_before"] == {"net.ipv4.ip_forward": "0"} and manifest["swap_disabled"]
+    assert manifest["packages_installed"] == ["nvidia-container-toolkit"]
+
+    facts = converged_facts(want, "k3s-agent")
+    first_manifest = next(u for u in fresh.uploads if u.path == d.MANIFEST)
+    facts = replace(facts, manifest=yaml.safe_load(first_manifest.content),
+                    files={**facts.files, d.MANIFEST: FileState(0o644, first_manifest.sha256)})
+    noop = plan_host(node, want, facts)
+    assert not noop.changed, noop.changes
+
+
+def test_config_change_restarts_only_that_host(tmp_path):
+    node = INV.node("gpu-1")
+    want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=False, driver_packages=[])
+    facts = converged_facts(want, "k3s-agent")
+    edited = replace(facts, files={**facts.files, d.CONFIG: FileState(0o600, "0" * 64)})
+    plan = plan_host(node, want, edited)
+    assert plan.service == "restart" and [u.path for u in plan.uploads if u.path != d.MANIFEST] == [d.CONFIG]
+    assert all(u.secret for u in plan.uploads if u.path == d.CONFIG)
+    stopped = replace(facts, k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
+                                            [SystemdUnit("k3s-agent.service", "loaded", "inactive", "enabled")]))
+    assert plan_host(node, want, stopped).service == "start"
+
+
+def test_secrets_never_appear_in_plan_text(tmp_path):
+    node = INV.node("cp-1")
+    want = d.desired_state(INV, node, "s3cr3t-token", _artifacts(tmp_path), gpu=False, driver_packages=[])
+    plan = plan_host(node, want, HostFacts())
+    assert "s3cr3t-token" not in "\n".join(plan.changes + plan.prepare)
+    assert b"s3cr3t-token" in next(u for u in plan.uploads if u.path == d.CONFIG).content
+
+
+@pytest.mark.parametrize("os_id, version, branch, expected", [
+    ("ubuntu", "24.04", None, ["nvidia-driver-580-server-open", "linux-modules-nvidia-580-server-open-6.8.0-1-generic"]),
+    ("ubuntu", "22.04", "570", ["nvidia-driver-570-server-open", "linux-modules-nvidia-570-server-open-6.8.0-1-generic"]),
+    ("debian", "12", None, ["nvidia-driver", "firmware-misc-nonfree", "linux-headers-6.8.0-1-generic"]),
+])
+def test_host_driver_packages_per_os(os_id, version, branch, expected):
+    gpu = f", driver_branch: '{branch}'" if branch else ""
+    inv = parse_inventory(f"cluster: t\nnodes: [{{name: a, address: 10.0.0.1, role: server}}]\n"
+                          f"gpu: {{driver: host{gpu}}}\n")
+    no_driver = replace(parse_host_facts(h200_probe_output()), gpus=[], os_id=os_id, os_version_id=version,
+                        kernel="6.8.0-1-generic")
+    assert driver_packages(inv, no_driver) == expected
+    with_driver = parse_host_facts(h200_probe_output())
+    assert driver_packages(inv, with_driver) == []  # a working driver is left alone
