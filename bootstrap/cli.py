@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check", "validate an inventory offline; touches no host"),
     "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
     "up": ("up", "check every host, then build or converge the cluster"),
+    "plan": ("plan", "show what `up` would change on each host, changing nothing"),
+    "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "forget-host": ("forget_host", "forget the pinned SSH host key of a replaced machine"),
 }
 
@@ -41,6 +43,10 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--node", action="append", metavar="NAME", help="only these nodes (repeatable)")
     if name == "check":
         cmd.add_argument("--quiet", "-q", action="store_true", help="print nothing when the inventory is valid")
+    if name == "down":
+        cmd.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+        cmd.add_argument("--purge-drivers", action="store_true",
+                         help="also remove NVIDIA driver packages the tool installed")
     if name == "forget-host":
         cmd.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
 

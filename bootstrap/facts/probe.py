@@ -107,12 +107,20 @@ p_procnet() {
   done
 }
 # Host state the converge plan compares against, so a no-op `up` needs no more round trips.
+p_files_body='for f in "$@"; do
+  if [ -f "$f" ]; then echo "$(stat -c %a "$f") $(sha256sum "$f" | cut -d" " -f1) $f"; else echo "missing - $f"; fi
+done'
+# Managed files include root-only ones (config.yaml holds the token): hash them as root.
 p_files() {
-  for f in $BOOTSTRAP_FILES; do
-    if [ -f "$f" ]; then echo "$(stat -c %a "$f") $(sha256sum "$f" | cut -d' ' -f1) $f"; else echo "missing - $f"; fi
-  done
+  # shellcheck disable=SC2086
+  if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n sh -c "$p_files_body" sh $BOOTSTRAP_FILES
+  else sh -c "$p_files_body" sh $BOOTSTRAP_FILES; fi
 }
-p_modules() { for m in br_netfilter overlay; do [ -d "/sys/module/$m" ] && echo "$m"; done; return 0; }
+p_modules() {
+  { [ -d /sys/module/br_netfilter ] || [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; } && echo br_netfilter
+  { [ -d /sys/module/overlay ] || grep -qw overlay /proc/filesystems; } && echo overlay
+  return 0
+}
 p_sysctl() {
   for k in @@SYSCTLS@@; do f=/proc/sys/$(echo "$k" | tr . /); [ -r "$f" ] && echo "$k=$(cat "$f")"; done; return 0
 }

@@ -37,7 +37,11 @@ def unit_name(node: Node) -> str:
 
 
 def unit_path(node: Node) -> str:
-    return f"/etc/systemd/system/{unit_name(node)}.service"
+    return unit_path_for(unit_name(node))
+
+
+def unit_path_for(unit: str) -> str:
+    return f"/etc/systemd/system/{unit}.service"
 
 
 @dataclass(frozen=True)

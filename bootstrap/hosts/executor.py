@@ -72,14 +72,12 @@ def execute(session: HostSession, steps: list[Step], *, out=sys.stdout) -> dict[
 
         def _done(self, host, op_hash, ok):
             elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
-            meta = state.ops[host][op_hash].operation_meta
-            if ok and not meta.did_change():
-                return
+            op_data = state.get_op_data_for_host(host, op_hash)
+            if ok and not op_data.operation_meta._maybe_is_change and elapsed < 0.05:
+                return  # nothing ran for this host in this step
             mark = "✓" if ok else "✗"
-            line = f"{mark} {host.name:<14} {step_of.get(op_hash, '?')} {elapsed:.1f}s"
-            if not ok:
-                line += f": {_first_error_line(meta)}"
-            print(line, file=out, flush=True)
+            # The error itself is reported per host at the end (the output is not recorded yet).
+            print(f"{mark} {host.name:<14} {step_of.get(op_hash, '?')} {elapsed:.1f}s", file=out, flush=True)
 
     state.add_callback_handler(Progress())
     state.set_stage(StateStage.Execute)

@@ -8,7 +8,7 @@ The tool installs the toolkit with apt from the source line the inventory gives
     with AptRepo([deb]) as repo:          # after lab.start(...): 10.200.0.1 is the lab bridge
         inventory["gpu"]["container_toolkit"]["apt_source"] = repo.source_line
         ...
-        assert "/nvidia-container-toolkit_1.17.8-1_amd64.deb" in repo.requests
+        assert repo.fetched(deb.name)     # repo.requests: ["/./Release", "/./Packages.gz", "/./<deb>", ...]
 
 Nothing here needs dpkg-dev: the ``Packages`` stanzas are written in Python from each
 deb's control fields (``dpkg-deb -f``); only ``dpkg-deb`` (package ``dpkg``) is used.
@@ -41,8 +41,10 @@ HOMEPAGE = "https://github.com/NVIDIA/nvidia-container-toolkit"
 STANDIN_LOG = "/run/nvidia-container-toolkit-standin.log"  # /run: tmpfs, not in a host's upper dir
 # A made-up commit id for the --version output (the real one prints the git commit).
 FAKE_COMMIT = "5tand1n0" * 5
-CONTROL_FIELDS = ("Package", "Version", "Architecture", "Maintainer", "Installed-Size", "Depends",
-                  "Section", "Priority", "Homepage", "Description")
+# Packages fields copied from a deb's control, in this order (then Filename, Size, MD5sum,
+# SHA256, Description).
+STANZA_FIELDS = ("Package", "Version", "Architecture", "Maintainer", "Installed-Size", "Depends", "Breaks",
+                 "Replaces", "Section", "Priority", "Homepage")
 
 
 def upstream_version(version: str) -> str:
@@ -95,10 +97,12 @@ def _standin_note(package: str, version: str) -> str:
 
 
 def build_deb(out_dir: Path, package: str, version: str, arch: str, files: dict[str, tuple[str | bytes, int]],
-              depends: str | None = None, description: str | None = None) -> Path:
+              depends: str | None = None, description: str | None = None,
+              relations: dict[str, str] | None = None) -> Path:
     """Build ``<out_dir>/<package>_<version>_<arch>.deb`` with ``dpkg-deb --build
     --root-owner-group`` from ``files`` (absolute path -> (content, mode)). Every package
-    also gets ``/usr/share/doc/<package>/STANDIN``. Same inputs, same bytes."""
+    also gets ``/usr/share/doc/<package>/STANDIN``. ``relations`` adds control fields such
+    as Breaks and Replaces. Same inputs, same bytes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = dict(files)
@@ -121,6 +125,7 @@ def build_deb(out_dir: Path, package: str, version: str, arch: str, files: dict[
             "Maintainer": MAINTAINER,
             "Installed-Size": str(max(size, 1)),
             "Depends": depends,
+            **(relations or {}),
             "Section": "utils",
             "Priority": "optional",
             "Homepage": HOMEPAGE,
@@ -159,7 +164,10 @@ def build_toolkit_debs(out_dir: Path, version: str = "1.17.8-1", arch: str = "am
     """The real package split, as stand-ins: ``nvidia-container-toolkit`` (the hook) depends on
     ``nvidia-container-toolkit-base (= version)`` (nvidia-ctk, nvidia-container-runtime) and
     ``libnvidia-container-tools (>= version), (<< 2.0.0)`` (nvidia-container-cli), as NVIDIA's
-    1.17 packages do. Returns [toolkit, toolkit-base, libnvidia-container-tools]."""
+    1.17 packages do. toolkit-base also Breaks/Replaces ``nvidia-container-toolkit (<< version)``
+    (NVIDIA's does for the pre-split 1.10), so a host with the all-in-one stand-in of
+    ``build_toolkit_deb`` upgrades to this set without a file conflict.
+    Returns [toolkit, toolkit-base, libnvidia-container-tools]."""
     major = int(version.split(".", 1)[0])
     return [
         build_deb(out_dir, "nvidia-container-toolkit", version, arch,
@@ -169,7 +177,8 @@ def build_toolkit_debs(out_dir: Path, version: str = "1.17.8-1", arch: str = "am
         build_deb(out_dir, "nvidia-container-toolkit-base", version, arch, {
             "/usr/bin/nvidia-ctk": (_ctk(version), 0o755),
             "/usr/bin/nvidia-container-runtime": (_runtime(version), 0o755),
-        }),
+        }, relations={"Breaks": f"nvidia-container-toolkit (<< {version})",
+                      "Replaces": f"nvidia-container-toolkit (<< {version})"}),
         build_deb(out_dir, "libnvidia-container-tools", version, arch,
                   {"/usr/bin/nvidia-container-cli": (_cli(version), 0o755)}),
     ]
@@ -195,8 +204,7 @@ def packages_stanza(deb: Path, filename: str | None = None) -> str:
     fields apt does not need), with a trailing blank line."""
     control = deb_control(deb)
     data = Path(deb).read_bytes()
-    fields = {k: control[k] for k in ("Package", "Version", "Architecture", "Maintainer", "Installed-Size",
-                                      "Depends", "Section", "Priority", "Homepage") if k in control}
+    fields = {k: control[k] for k in STANZA_FIELDS if k in control}
     fields.update({
         "Filename": filename or f"./{Path(deb).name}",
         "Size": str(len(data)),

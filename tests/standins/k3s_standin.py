@@ -216,7 +216,7 @@ def resolve_plain(text):
     plain = text.replace("_", "")
     sign = 1
     body = plain
-    if body[:1] in "+-":
+    if body and body[0] in "+-":
         sign = -1 if body[0] == "-" else 1
         body = body[1:]
     if body:
@@ -307,6 +307,8 @@ def _parse_quoted(text, start):
                 continue
             return "".join(out), i + 1
         if quote == '"' and c == "\\":
+            if i + 1 >= len(text):
+                raise YamlError("unterminated quoted string")
             nxt = text[i + 1:i + 2]
             if nxt == "\n":  # escaped line break: joins lines without a space
                 i += 2
@@ -321,7 +323,7 @@ def _parse_quoted(text, start):
             if width:
                 digits = text[i + 2:i + 2 + width]
                 if len(digits) != width or not re.fullmatch(r"[0-9a-fA-F]+", digits):
-                    raise YamlError("bad escape \\%s%s" % (nxt, digits))
+                    raise YamlError("bad escape \\%s in a double-quoted string" % nxt)
                 out.append(chr(int(digits, 16)))
                 i += 2 + width
                 continue
@@ -432,7 +434,7 @@ def _scalar(doc, index, text, min_indent, what):
                 chunk += "\n" + doc.lines[end]
         rest = _strip_comment(chunk[after:]).strip()
         if rest:
-            doc.fail(end, "unexpected text after quoted string: %r" % rest)
+            doc.fail(end, "unexpected text after a quoted string")
         return value, end + 1
     text = _strip_comment(text).strip()
     if text[:1] in ("|", ">"):
@@ -465,7 +467,7 @@ def _flow_list(doc, index, text, key):
         if closed is not None:
             rest = _strip_comment(chunk[closed:]).strip()
             if rest:
-                doc.fail(end, "unexpected text after list: %r" % rest)
+                doc.fail(end, "unexpected text after a flow list")
             return items, end + 1
         end += 1
         if end >= len(doc.lines) or (doc.lines[end].strip() and doc.indent(end) == 0):
@@ -474,47 +476,39 @@ def _flow_list(doc, index, text, key):
 
 
 def _split_flow(chunk):
-    """Items of a flow list of scalars; (items, index after ']' or None, problem)."""
+    """Items of a flow list of scalars starting at chunk[0] == '['.
+    Returns (items, index after ']' or None if not closed yet, problem or None)."""
     items = []
+    current = ""        # plain text of the item being read
+    quoted = None       # value of a quoted item being read
     i = 1
-    current = []
-    had_item = False
     while i < len(chunk):
         c = chunk[i]
-        if c in "'\"":
-            if "".join(current).strip():
-                return None, None, "quote inside a plain list item"
+        if c in "'\"" and not current.strip() and quoted is None:
             try:
-                value, i = _parse_quoted(chunk, i)
+                quoted, i = _parse_quoted(chunk, i)
             except YamlError as exc:
-                if "unterminated" in str(exc):
-                    return None, None, None
-                return None, None, str(exc)
-            current = [("quoted", value)]
+                return None, None, None if "unterminated" in str(exc) else "bad quoted list item"
             continue
         if c in "[{":
             return None, None, "nested lists or mappings are not k3s flag values"
         if c in ",]":
-            if current and isinstance(current[0], tuple):
-                if "".join(x for x in current[1:] if isinstance(x, str)).strip():
-                    return None, None, "text after a quoted list item"
-                items.append(current[0][1])
-            else:
-                text = " ".join("".join(current).split())
+            text = " ".join(current.split())
+            if quoted is not None:
                 if text:
-                    if re.search(r":(\s|$)", text):
-                        return None, None, "mappings inside lists are not k3s flag values"
-                    items.append(resolve_plain(text))
-                elif c == "," or had_item:
-                    if c == ",":
-                        return None, None, "empty list item"
-            had_item = True
-            current = []
+                    return None, None, "text after a quoted list item"
+                items.append(quoted)
+            elif text:
+                if re.search(r":(\s|$)", text):
+                    return None, None, "mappings inside lists are not k3s flag values"
+                items.append(resolve_plain(text))
+            elif c == ",":
+                return None, None, "empty list item"
+            current, quoted = "", None
             if c == "]":
                 return items, i + 1, None
-            i += 1
-            continue
-        current.append(c)
+        else:
+            current += c
         i += 1
     return None, None, None
 
@@ -562,7 +556,7 @@ def parse_config_yaml(text, source="config.yaml"):
         if index >= len(doc.lines):
             break
         line = doc.lines[index]
-        if line.rstrip() == "..." :
+        if line.rstrip() == "...":
             for rest in range(index + 1, len(doc.lines)):
                 if not doc.blank(rest):
                     doc.fail(rest, "more than one YAML document")
@@ -597,7 +591,7 @@ def parse_config_yaml(text, source="config.yaml"):
         else:
             match = re.search(r":(\s|$)", line)
             if not match:
-                doc.fail(index, "expected 'flag-name: value', got %r" % line.strip())
+                doc.fail(index, "could not find expected ':' (expected 'flag-name: value')")
             key = line[:match.start()].rstrip()
             rest = line[match.start() + 1:]
         value_text = _strip_comment(rest).strip() if not rest.strip().startswith(("'", '"')) else rest.strip()
@@ -740,6 +734,16 @@ class FlagError(Exception):
     pass
 
 
+def go_int(text):
+    """strconv.ParseInt(text, 0, 64): 0x.., 0o.., 0b.., and a leading 0 means octal."""
+    m = re.fullmatch(r"([-+]?)(0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*)", text.strip())
+    if not m:
+        raise ValueError(text)
+    sign, body = m.groups()
+    value = int(body, 8) if re.fullmatch(r"0[0-7]+", body) else int(body, 0)
+    return -value if sign == "-" else value
+
+
 def valid_flags(command):
     flags = EMBEDDED["flags"]
     names = set(flags.get(command, []))
@@ -787,7 +791,7 @@ def parse_flags(args, valid):
                 opts.setdefault(name, []).append(value)
             elif name in INT_FLAGS:
                 try:
-                    opts[name] = int(value, 0)
+                    opts[name] = go_int(value)
                 except ValueError:
                     raise FlagError('invalid value "%s" for flag -%s: parse error%s' % (value, given, where))
             else:
@@ -823,7 +827,7 @@ def load_options(command, argv):
             value = os.environ[env]
             opts[name] = GO_BOOL.get(value, False) if name in BOOL_FLAGS else value
     if positional:
-        warn("ignoring extra arguments: %s" % " ".join(positional))
+        warn("ignoring %d extra command line argument(s)" % len(positional))
     opts.pop("config", None)
     return opts
 
@@ -1114,7 +1118,7 @@ def setup_iptables(opts):
         info("iptables chain %s/%s in place" % (table, chain))
 
 
-def start_shim(shim_path, data_dir):
+def start_shim(shim_path):
     """A containerd-shim-runc-v2 stand-in, in its own session like real shims, so it
     survives `systemctl stop` when the unit has KillMode=process (as the installer's
     units do); k3s-killall.sh finds shims by k3s/data/*/bin/containerd-shim in ps."""
@@ -1210,9 +1214,7 @@ def node_footprint(opts, data_dir, address, pod_cidr):
     for d in (host("/run/k3s/containerd"), os.path.join(agent, "containerd"), host("/var/lib/kubelet/pods"),
               host("/var/lib/cni/networks/cbr0"), host("/var/log/pods"), host("/var/log/containers")):
         mkdirs(d)
-    password_file = host("/etc/rancher/node/password")
-    if not os.path.exists(password_file):
-        write_file(password_file, secrets.token_hex(16) + "\n", 0o600)
+    ensure_node_password()
     import_images(data_dir)
     if SANDBOX:
         info("Sandbox (K3S_STANDIN_ROOT): skipping network links, iptables and the containerd-shim")
@@ -1220,7 +1222,7 @@ def node_footprint(opts, data_dir, address, pod_cidr):
     setup_links(address)
     setup_iptables(opts)
     if os.environ.get("K3S_STANDIN_NO_SHIM") != "1":
-        start_shim(shim, data_dir)
+        start_shim(shim)
 
 
 def kubelet_port(opts):
@@ -1253,6 +1255,12 @@ class DualStackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         except Exception:
             self.server_close()
             raise
+
+    def server_bind(self):
+        # HTTPServer.server_bind would look up the bind address's FQDN (DNS); test hosts
+        # have no DNS, so skip that.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "k3s", self.server_address[1]
 
 
 def listen_http(bind, port, handler, what):
@@ -1409,6 +1417,14 @@ class Cluster:
         return [{k: v for k, v in n.items() if k != "password_sha256"} for _, n in sorted(nodes.items())]
 
 
+def ensure_node_password():
+    """/etc/rancher/node/password: each node's secret for its node object (k3s makes it
+    on first start; the server keeps its hash)."""
+    path = host("/etc/rancher/node/password")
+    if not os.path.exists(path):
+        write_file(path, secrets.token_hex(16) + "\n", 0o600)
+
+
 def node_record(opts, role, name, address, etcd):
     password = (read_text(host("/etc/rancher/node/password")) or "").strip()
     return {
@@ -1499,16 +1515,31 @@ class NotReady(Exception):
     pass
 
 
-def http_call(url, data=None, headers=None, timeout=5):
-    request = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+def _dial_error(exc, hostport):
+    """Go's net/http wording for a failed connection, so logs read like real k3s."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, socket.gaierror):
+        return "dial tcp: lookup %s: no such host" % hostport.rsplit(":", 1)[0]
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return "dial tcp %s: i/o timeout" % hostport
+    text = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to host",
+            errno.ENETUNREACH: "network is unreachable", errno.ECONNRESET: "connection reset by peer"}
+    if isinstance(reason, OSError) and reason.errno in text:
+        return "dial tcp %s: connect: %s" % (hostport, text[reason.errno])
+    return str(reason)
+
+
+def http_call(base, path, shown, data=None, headers=None, timeout=5):
+    """GET (or POST data) base+path; `shown` is the https URL the user configured."""
+    request = urllib.request.Request(base + path, data=data, headers=headers or {},
+                                     method="POST" if data is not None else "GET")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise NotReady("Get %s: %s" % (url, reason))
+        raise NotReady('Get "%s%s": %s' % (shown, path, _dial_error(exc, urllib.parse.urlparse(base).netloc)))
 
 
 def join_cluster(server_url, token, body):
@@ -1519,17 +1550,18 @@ def join_cluster(server_url, token, body):
         fatal("server url must begin with https:// (got %s)" % server_url)
     hostpart = "[%s]" % parsed.hostname if ":" in parsed.hostname else parsed.hostname
     base = "http://%s:%d" % (hostpart, parsed.port or 443)
+    shown = server_url.rstrip("/")
     want_hash, _ = parse_token(token)
     deadline = time.monotonic() + float(os.environ.get("K3S_STANDIN_JOIN_TIMEOUT", "20"))
     while True:
         try:
-            status, ca = http_call(base + "/cacerts")
+            status, ca = http_call(base, "/cacerts", shown)
             if status != 200:
-                raise NotReady("%s/cacerts: %d" % (server_url, status))
+                raise NotReady("%s/cacerts: %d" % (shown, status))
             if want_hash and ca_hash(ca) != want_hash:
                 fatal("Failed to validate connection to cluster at %s: token CA hash does not match the Cluster CA "
-                      "certificate hash: %s != %s" % (server_url, ca_hash(ca), want_hash))
-            status, reply = http_call(base + "/v1-standin/join", json.dumps(body).encode(),
+                      "certificate hash: %s != %s" % (shown, ca_hash(ca), want_hash))
+            status, reply = http_call(base, "/v1-standin/join", shown, json.dumps(body).encode(),
                                       {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
             if status == 200:
                 result = json.loads(reply)
@@ -1541,14 +1573,14 @@ def join_cluster(server_url, token, body):
                 message = reply.decode(errors="replace")[:200]
             if status == 401:
                 fatal("Failed to validate connection to cluster at %s: %s/v1-standin/join: 401 Unauthorized (%s)"
-                      % (server_url, server_url, message))
+                      % (shown, shown, message))
             if 400 <= status < 500:
-                fatal("Failed to join the cluster at %s: %s" % (server_url, message))
-            raise NotReady("%s/v1-standin/join: %d %s" % (server_url, status, message))
+                fatal("Failed to join the cluster at %s: %s" % (shown, message))
+            raise NotReady("%s/v1-standin/join: %d %s" % (shown, status, message))
         except NotReady as exc:
             if time.monotonic() > deadline:
                 fatal("Failed to retrieve agent configuration from %s: %s (the k3s stand-in gives up after "
-                      "K3S_STANDIN_JOIN_TIMEOUT seconds; real k3s keeps retrying)" % (server_url, exc))
+                      "K3S_STANDIN_JOIN_TIMEOUT seconds; real k3s keeps retrying)" % (shown, exc))
             info("Waiting to retrieve agent configuration; server is not ready: %s" % exc)
             time.sleep(1)
 
@@ -1673,6 +1705,7 @@ def cmd_server(argv):
     if os.path.exists(reset_flag):
         os.unlink(reset_flag)
         info("Managed etcd cluster membership was reset; starting as the only member")
+    existing_etcd = etcd
     if etcd and (opts.get("server") or opts.get("cluster-init")):
         info("Managed etcd cluster bootstrap already complete and initialized")
 
@@ -1681,6 +1714,8 @@ def cmd_server(argv):
     agent_token = token_from(opts, "agent-token")
     agent_password = parse_token(agent_token)[1] if agent_token else ""
     name = node_name(opts)
+    if not opts.get("disable-agent"):
+        ensure_node_password()
     joined = None
     if opts.get("server") and not initialized:
         # A server joining a cluster: validate and join like an agent, take the CA.
@@ -1715,7 +1750,8 @@ def cmd_server(argv):
         mkdirs(os.path.join(etcd_member, "snap"), 0o700)
         mkdirs(os.path.join(etcd_member, "wal"), 0o700)
         write_file(os.path.join(db, "etcd", "config"), "name: %s-%s\n" % (name, digest[:8]), 0o600)
-        info("Managed etcd cluster %s" % ("joined" if joined else "initialized"))
+        if not existing_etcd:
+            info("Managed etcd cluster %s" % ("membership added (joined %s)" % opts["server"] if joined else "initializing"))
     else:
         write_file(os.path.join(db, "state.db"), b"SQLite format 3\x00k3s-standin", 0o600)
         info("Database: sqlite (%s)" % os.path.join(db, "state.db"))
@@ -1773,9 +1809,7 @@ def cmd_agent(argv):
     name = node_name(opts)
     address = node_address(opts, urllib.parse.urlparse(server_url).hostname)
     mkdirs(os.path.join(data_dir, "agent"))
-    password_file = host("/etc/rancher/node/password")
-    if not os.path.exists(password_file):
-        write_file(password_file, secrets.token_hex(16) + "\n", 0o600)
+    ensure_node_password()
     joined = join_cluster(server_url, token, node_record(opts, "agent", name, address, False))
     agent = os.path.join(data_dir, "agent")
     write_file(os.path.join(agent, "server-ca.crt"), joined["ca"], 0o644)
@@ -1832,7 +1866,7 @@ def wait_for_signal():
 
 SNAPSHOT_FLAGS = {"name", "dir", "etcd-snapshot-dir", "data-dir", "node-name", "snapshot-compress",
                   "etcd-snapshot-compress", "snapshot-retention", "etcd-snapshot-retention", "config", "debug",
-                  "help", "etcd-s3", "token"}
+                  "help", "etcd-s3"}
 
 
 def snapshot_options(argv):
