@@ -90,14 +90,15 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts) -> list[Findin
     if free is not None and free < need:
         fail("disk", f"{free:.1f} GiB free for /var/lib/rancher, {need:.0f} GiB needed",
              "free space or attach a larger disk")
-    k3s_running = bool(host.k3s and any(u.active for u in host.k3s.units))
+    k3s_installed = bool(host.k3s and host.k3s.units)
     for port, (proto, who) in PORTS.items():
         if who == "server" and node.role != "server":
             continue
         listener = host.listener(port, proto)
-        # flannel's VXLAN socket belongs to the kernel (no process): ours when k3s runs here.
+        # flannel's VXLAN socket belongs to the kernel (no process) and outlives a stopped k3s:
+        # ours when k3s is installed here.
         ours = (listener.process or "") in OUR_PROCESSES if listener else True
-        if listener and not ours and not (listener.process is None and k3s_running):
+        if listener and not ours and not (listener.process is None and k3s_installed):
             owner = listener.process or "an unknown process"
             fail("ports", f"{proto} port {port} is taken by {owner}",
                  f"stop {owner} on this host; k3s needs port {port}")

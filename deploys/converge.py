@@ -72,7 +72,7 @@ exit 1
 def verify_nvidia_runtime_command() -> StringCommand:
     config = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
     return StringCommand(
-        f"for i in $(seq 1 30); do grep -qE 'runtimes\\.[\"]?nvidia[\"]?\\]' {config} 2>/dev/null && exit 0; sleep 1; done; "
+        f"for i in $(seq 1 30); do grep -qE \"runtimes\\.[\\\"']?nvidia[\\\"']?\\]\" {config} 2>/dev/null && exit 0; sleep 1; done; "
         f"echo 'k3s did not detect the nvidia runtime in {config}; is nvidia-container-runtime on PATH?' >&2; exit 1")
 
 

@@ -130,12 +130,12 @@ def test_rdma_interfaces_must_have_a_device():
     assert errors(inv, {"cp-1": CPU, "gpu-1": with_ib}) == []
 
 
-def test_kernel_owned_vxlan_port_is_ours_when_k3s_runs():
+def test_kernel_owned_vxlan_port_is_ours_when_k3s_is_installed():
     from bootstrap.facts.model import K3sInstall, SystemdUnit
 
     vxlan = [ListeningPort("udp", 8472, "0.0.0.0", None, None)]
     stranger = replace(CPU, listening_ports=vxlan)
     assert [f.check for f in errors(inventory(), {"cp-1": stranger, "gpu-1": H200})] == ["ports"]
     ours = replace(stranger, k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
-                                            [SystemdUnit("k3s.service", "loaded", "active", "enabled")]))
+                                            [SystemdUnit("k3s.service", "loaded", "inactive", "enabled")]))
     assert errors(inventory(), {"cp-1": ours, "gpu-1": H200}) == []

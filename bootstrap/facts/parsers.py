@@ -471,10 +471,10 @@ def parse_containerd(lines: Iterable[str] | None) -> ContainerdConfig | None:
         return None
     runtimes, bin_dir = [], None
     for line in lines:
-        runtime = re.search(r'runtimes\.["]?([A-Za-z0-9_-]+)["]?\]', line)
+        runtime = re.search(r"runtimes\.[\"']?([A-Za-z0-9_-]+)[\"']?\]", line)
         if runtime and runtime.group(1) not in runtimes:
             runtimes.append(runtime.group(1))
-        found = re.search(r'bin_dirs?\s*=\s*\[?\s*"([^"]+)"', line)
+        found = re.search(r"bin_dirs?\s*=\s*\[?\s*[\"']([^\"']+)[\"']", line)
         if found and bin_dir is None:
             bin_dir = found.group(1)
     return ContainerdConfig(runtimes=runtimes, cni_bin_dir=bin_dir)

@@ -132,7 +132,7 @@ p_packages() {
 p_containerd() {
   c=/var/lib/rancher/k3s/agent/etc/containerd/config.toml
   [ -r "$c" ] || return 1
-  grep -E 'runtimes\.["]?[a-z-]+["]?\]|bin_dir|BinaryName' "$c"
+  grep -E "runtimes\.[\"']?[a-z-]+[\"']?\]|bin_dir|BinaryName" "$c"
 }
 p_manifest() { cat /var/lib/bootstrap/manifest.json 2>/dev/null || true; }
 probe() {

@@ -35,12 +35,15 @@ random bytes in PEM armour). It speaks plain HTTP (not TLS) on the supervisor po
   GET  /v1-standin/info       version, CA hash, datastore (for tests)
 Agent: needs server + token; checks the CA hash (K10 token) against /cacerts, joins,
 then listens on 10250 (kubelet-arg port=N moves it) with GET /healthz -> "ok".
-Both: node footprint that `down` must undo (containerd config with runtime detection,
-data/<hash>/bin, data/cni, /run/k3s/containerd, /run/flannel, /etc/rancher/node,
-/var/lib/kubelet, /var/lib/cni, cni0 + flannel.1 links, FLANNEL-*/KUBE-ROUTER-*
-iptables chains, a containerd-shim process that outlives `systemctl stop` under
-KillMode=process), image import log lines, sd_notify READY=1 once listening, process
-name k3s-server / k3s-agent (as `ss -ltnp` shows for real k3s).
+Both: node footprint that `down` must undo (agent/etc/containerd/config.toml in the
+containerd 2 "version = 3" form, CNI `bin_dirs = [".../data/cni"]`, one
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'nvidia'] block per runtime
+found in /usr/local/nvidia/toolkit or $PATH; data/<hash>/bin, data/current, data/cni,
+/run/k3s/containerd, /run/flannel, /etc/rancher/node/password, /var/lib/kubelet,
+/var/lib/cni, /var/log/pods; cni0 + flannel.1 (VXLAN, UDP 8472) links; FLANNEL-* and
+KUBE-ROUTER-* iptables chains; a containerd-shim process that outlives `systemctl stop`
+under KillMode=process), image import log lines, sd_notify READY=1 once listening,
+process name k3s-server / k3s-agent (as `ss -ltnp` shows for real k3s).
 
 Knobs for tests (not in real k3s):
   K3S_STANDIN_ROOT=DIR      sandbox: every fixed host path (/etc/rancher, /var/lib/...,
@@ -53,8 +56,8 @@ Knobs for tests (not in real k3s):
                             warning, as real k3s >= 1.21.7 does, instead of refusing them
   K3S_STANDIN_NO_SHIM=1     do not start the containerd-shim stand-in process
 
-Differences from real k3s worth knowing are listed in tests/test_k3s_standin.py's
-module docstring and in the report that introduced this file.
+Differences from real k3s worth knowing are listed in the module docstring of
+tests/test_k3s_standin.py.
 """
 
 import base64
@@ -1764,9 +1767,9 @@ def cmd_server(argv):
     packaged_manifests(server_dir, disabled)
     port = opts.get("https-listen-port") or 6443
     write_kubeconfig(opts, ca.decode(), port)
-    for registries in (opts.get("private-registry") or host("/etc/rancher/k3s/registries.yaml"),):
-        if os.path.exists(registries):
-            info("Using private registry config file at %s" % registries)
+    registries = opts.get("private-registry") or host("/etc/rancher/k3s/registries.yaml")
+    if os.path.exists(registries):  # real k3s reads it; the stand-in only notes it
+        info("Using private registry config file at %s" % registries)
 
     run_agent_part = not opts.get("disable-agent")
     pod_cidr = "10.42.0.0/24"

@@ -1,0 +1,170 @@
+"""`bootstrap up` and `down`, host side, over real SSH against booted test hosts.
+
+k3s is the stand-in from tests/standins, supplied through `k3s.airgap` as an air-gapped
+user supplies the real binary.
+"""
+
+import json
+import re
+import threading
+import time
+
+import pytest
+from clirun import run_bootstrap
+from labinv import write_inventory
+from standins.airgap import build_airgap, upstream_missing
+
+pytestmark = pytest.mark.hosts
+
+
+@pytest.fixture
+def airgap(tmp_path):
+    why = upstream_missing()
+    if why:
+        pytest.skip(why)
+    return build_airgap(tmp_path / "airgap")
+
+
+def up(inventory, *extra):
+    return run_bootstrap("up", inventory, *extra)
+
+
+def standin_nodes(server):
+    return {n["name"]: n for n in json.loads(server.ssh("curl -s localhost:6443/v1-standin/nodes").stdout)["nodes"]}
+
+
+def test_one_server_two_agents_up_is_idempotent_and_keeps_the_token_secret(lab, tmp_path, airgap):
+    hosts = lab.start(["up-cp", "up-a1", "up-a2"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
+    first = up(inventory)
+    assert first.returncode == 0, first.stdout + first.stderr
+    cp, a1, a2 = hosts
+    assert cp.ssh("systemctl is-active k3s").stdout.strip() == "active"
+    for agent in (a1, a2):
+        assert agent.ssh("systemctl is-active k3s-agent").stdout.strip() == "active"
+        config = agent.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
+        assert f"server: https://{cp.address}:6443" in config
+        assert agent.ssh("sudo stat -c %a /etc/rancher/k3s/config.yaml").stdout.strip() == "600"
+    assert set(standin_nodes(cp)) == {"up-cp", "up-a1", "up-a2"}  # joined with the right token
+
+    state = tmp_path / "state"
+    token = (state / "token").read_text().strip()
+    assert oct((state / "token").stat().st_mode & 0o777) == "0o600"
+    assert oct((state / "kubeconfig").stat().st_mode & 0o777) == "0o600"
+    assert f"https://{cp.address}:6443" in (state / "kubeconfig").read_text().replace("http://", "https://")
+    second = up(inventory)
+    assert second.returncode == 0, second.stderr
+    assert "no change: 3 hosts already converged" in second.stdout
+    # The token is in no output and no run log.
+    outputs = first.stdout + first.stderr + second.stdout + second.stderr
+    logs = "".join(p.read_text() for p in (state / "logs").glob("*.log"))
+    assert token not in outputs and token not in logs
+    assert token in cp.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
+
+
+def test_drift_is_repaired_and_only_that_host_restarts(lab, tmp_path, airgap):
+    hosts = lab.start(["dr-cp", "dr-a1", "dr-a2"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
+    assert up(inventory).returncode == 0
+    cp, a1, a2 = hosts
+    pid = lambda h, unit: h.ssh(f"systemctl show -p MainPID --value {unit}").stdout.strip()
+    before = {h.name: pid(h, "k3s" if h is cp else "k3s-agent") for h in hosts}
+    a1.ssh("echo 'node-label: [drift=1]' | sudo tee -a /etc/rancher/k3s/config.yaml >/dev/null")
+    a2.ssh("sudo systemctl stop k3s-agent")
+    plan = run_bootstrap("plan", inventory)
+    assert plan.returncode == 0
+    assert "dr-cp: no change" in plan.stdout
+    assert re.search(r"dr-a1:\n  - update /etc/rancher/k3s/config.yaml\n  - restart k3s-agent", plan.stdout)
+    assert "start k3s-agent" in plan.stdout.split("dr-a2:")[1]
+    again = up(inventory)
+    assert again.returncode == 0, again.stderr
+    assert "dr-cp: no change" in again.stdout and "dr-a1: changed" in again.stdout
+    assert "drift" not in a1.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
+    assert a2.ssh("systemctl is-active k3s-agent").stdout.strip() == "active"
+    assert pid(cp, "k3s") == before["dr-cp"]  # the untouched server was not restarted
+    assert pid(a1, "k3s-agent") != before["dr-a1"]
+
+
+def test_three_servers_first_inits_etcd_others_join(lab, tmp_path, airgap):
+    hosts = lab.start(["ha-cp1", "ha-cp2", "ha-cp3", "ha-a1"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, servers=3, extra={"k3s": {"airgap": str(airgap)}})
+    result = up(inventory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cp1, cp2, cp3, agent = hosts
+    configs = {h.name: h.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout for h in hosts}
+    assert "cluster-init: true" in configs["ha-cp1"] and "server:" not in configs["ha-cp1"]
+    for name in ("ha-cp2", "ha-cp3", "ha-a1"):
+        assert f"server: https://{cp1.address}:6443" in configs[name] and "cluster-init" not in configs[name]
+    nodes = standin_nodes(cp1)
+    assert {n for n, v in nodes.items() if v["etcd"]} == {"ha-cp1", "ha-cp2", "ha-cp3"}
+    # The servers joined one at a time, in inventory order, before the agent.
+    order = [line.split()[-2] for line in result.stdout.splitlines() if line.startswith("✓") and "server" in line]
+    assert order == ["ha-cp1", "ha-cp2", "ha-cp3"]
+
+
+def test_preflight_refusals_change_no_host(lab, tmp_path, airgap):
+    hosts = lab.start(["pf-cp", "pf-gpu"], gpu=["pf-gpu"])
+    mig = write_inventory(tmp_path / "mig.yaml", hosts, extra={
+        "k3s": {"airgap": str(airgap)}, "gpu": {"sharing": {"mig": {"layout": "all-1g.10gb"}}}})
+    cuda = write_inventory(tmp_path / "cuda.yaml", hosts, extra={"k3s": {"airgap": str(airgap)},
+                                                                   "gpu": {"cuda": "13.1"}})
+    for inventory, words in ((mig, "no 1g.10gb profile"), (cuda, "590.44.01")):
+        result = up(inventory)
+        assert result.returncode == 1
+        assert words in result.stdout and "no host was changed" in result.stderr
+    for host in hosts:
+        assert host.created_files() == set(), host.created_files()
+
+
+def test_agent_killed_mid_up_fails_alone_and_rerun_converges(lab, tmp_path, airgap):
+    hosts = lab.start(["kl-cp", "kl-a1", "kl-a2"])
+    cp, a1, victim = hosts
+    # Make the victim's join slow, so that it is killed while `up` runs on it.
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
+    victim.ssh("sudo mkdir -p /etc/systemd/system/k3s-agent.service.d && printf '[Service]\\n"
+               "ExecStartPre=/bin/sleep 20\\n' | sudo tee /etc/systemd/system/k3s-agent.service.d/slow.conf")
+
+    def kill_when_joining():
+        for _ in range(600):
+            if victim.ssh("systemctl is-active k3s-agent", check=False).stdout.strip() == "activating":
+                victim.kill()
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_when_joining)
+    killer.start()
+    result = up(inventory)
+    killer.join()
+    assert result.returncode == 1
+    failed = [l for l in result.stderr.splitlines() if l.startswith("FAILED")]
+    assert len(failed) == 1 and "kl-a2" in failed[0], result.stderr
+    assert set(standin_nodes(cp)) == {"kl-cp", "kl-a1"}
+    victim.restart()
+    victim.ssh("sudo rm -rf /etc/systemd/system/k3s-agent.service.d && sudo systemctl daemon-reload")
+    again = up(inventory)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "kl-cp: no change" in again.stdout and "kl-a1: no change" in again.stdout
+    assert set(standin_nodes(cp)) == {"kl-cp", "kl-a1", "kl-a2"}
+
+
+# What a booted host writes by itself, and what apt/dpkg keep after a purge.
+ALLOWED_AFTER_DOWN = re.compile(r"^(etc/ld\.so\.cache|var/lib/dpkg(/|$)|var/cache/(apt|debconf)(/|$)|"
+                                r"var/log/(apt|dpkg\.log|alternatives\.log)|var/lib/apt(/|$)|etc/systemd/system$|"
+                                r"var/lib$|etc$|var$|var/log$|var/cache$|etc/rancher$|usr/local/bin$|usr/local$|usr$)")
+
+
+def test_up_then_down_leaves_nothing_behind(lab, tmp_path, airgap):
+    hosts = lab.start(["dn-cp", "dn-a1"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
+    assert up(inventory).returncode == 0
+    refused = run_bootstrap("down", inventory)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    down = run_bootstrap("down", inventory, "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    for host in hosts:
+        left = {f for f in host.created_files() if not ALLOWED_AFTER_DOWN.match(f)}
+        assert left == set(), f"{host.name} still holds {sorted(left)}"
+        assert host.ssh("ip -o link show", check=False).stdout.count("flannel") == 0
+        assert "FLANNEL" not in host.ssh("sudo iptables-save -t nat", check=False).stdout
+        assert host.ssh("systemctl is-active k3s k3s-agent", check=False).stdout.split() == ["inactive", "inactive"]
+    assert not (tmp_path / "state" / "token").exists()
