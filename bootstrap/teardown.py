@@ -13,8 +13,8 @@ from bootstrap.hostplan import desired as d
 
 DRIVER_PREFIXES = ("nvidia-driver", "nvidia-dkms", "linux-modules-nvidia", "nvidia-kernel", "firmware-misc-nonfree",
                    "cuda-drivers", "linux-headers")
-K3S_DIRS = ("/etc/rancher/k3s", "/var/lib/rancher/k3s", "/var/lib/kubelet", "/run/k3s", "/run/flannel",
-            "/var/lib/cni", "/etc/cni/net.d/10-flannel.conflist")
+K3S_DIRS = ("/etc/rancher/k3s", "/etc/rancher/node", "/var/lib/rancher/k3s", "/var/lib/kubelet", "/run/k3s",
+            "/run/flannel", "/var/lib/cni", "/var/log/pods", "/var/log/containers")
 K3S_LINKS = ("cni0", "flannel.1", "flannel-v6.1", "flannel-wg", "flannel-wg-v6", "kube-ipvs0")
 
 

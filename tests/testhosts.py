@@ -327,11 +327,19 @@ def _ensure_bridge() -> None:
         clash = _run("ip", "-4", "route", "show", "to", "match", str(NETWORK.network_address + 1)).stdout.decode()
         if any(line and not line.startswith("default") for line in clash.splitlines()):
             raise LabError(f"{NETWORK} is already routed on this machine ({clash.strip()}); not adding the lab bridge")
-        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        _run("ip", "link", "add", BRIDGE, "address", _mac(GATEWAY), "type", "bridge")
     have = _run("ip", "-o", "-4", "addr", "show", "dev", BRIDGE).stdout.decode()
     if f"{GATEWAY}/{NETWORK.prefixlen}" not in have:
         _run("ip", "addr", "add", f"{GATEWAY}/{NETWORK.prefixlen}", "dev", BRIDGE)
     _run("ip", "link", "set", BRIDGE, "up")
+
+
+def _mac(address: str) -> str:
+    """A fixed MAC per IP (02:00 + the address), for the bridge and each eth0: an address
+    given to a new host keeps its MAC, so ARP caches that still hold it stay right
+    (random MACs left the machine sending to a gone host's MAC for up to ~30 s), and a
+    bridge with a set MAC does not change it as ports come and go."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.ip_address(address).packed)
 
 
 def _remove_bridge_if_unused() -> None:
@@ -434,7 +442,8 @@ class TestHost:
         """The host's namespace and veth (the bridge exists already)."""
         self._teardown_network()
         _run("ip", "netns", "add", self.netns)
-        _run("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+        _run("ip", "link", "add", self.veth, "type", "veth",
+             "peer", "name", "eth0", "address", _mac(self.address), "netns", self.netns)
         _run("ip", "link", "set", self.veth, "master", BRIDGE, "up")
         ns = ("ip", "-n", self.netns)
         _run(*ns, "addr", "add", f"{self.address}/{NETWORK.prefixlen}", "dev", "eth0")
@@ -473,6 +482,8 @@ class TestHost:
         """One readiness check: True when systemd says running or degraded."""
         if not self.is_running():
             rc = self._popen.poll() if self._popen is not None else None
+            if self._popen is not None and rc is None:
+                return False  # just forked: /proc/PID/cmdline is not nspawn's yet
             raise LabError(f"{self.name}: systemd-nspawn exited during boot (exit status {rc})\n{self.console_tail()}")
         try:
             with socket.create_connection((self.address, 22), timeout=1):

@@ -448,11 +448,12 @@ def parse_key_values(lines: Iterable[str] | None) -> dict[str, str]:
 
 
 def parse_packages(lines: Iterable[str] | None) -> dict[str, str]:
-    """`ii  name version` lines from dpkg-query -> {name: version} of installed packages."""
+    """dpkg-query `${db:Status-Abbrev} name version` lines -> {name: version} of installed
+    packages ("ii", or "hi" when held: the second letter is the installed state)."""
     installed = {}
     for line in _clean(lines):
         parts = line.split()
-        if len(parts) >= 3 and parts[0].startswith("ii"):
+        if len(parts) >= 3 and len(parts[0]) >= 2 and parts[0][1] == "i":
             installed[parts[1].split(":")[0]] = parts[2]
     return installed
 

@@ -126,7 +126,7 @@ p_sysctl() {
 }
 p_packages() {
   has dpkg-query || return 127
-  dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' @@PACKAGES@@ 2>/dev/null | grep '^ii'
+  dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' @@PACKAGES@@ 2>/dev/null | grep '^.i'
   echo "held: $(apt-mark showhold 2>/dev/null | tr '\n' ' ')"
 }
 p_containerd() {

@@ -75,7 +75,7 @@ class HostSession:
             "ssh_user": ssh.user,
             "ssh_known_hosts_file": str(self.state_dir.known_hosts),
             "ssh_strict_host_key_checking": "accept-new",
-            "ssh_connect_retries": 1,
+            "ssh_connect_retries": 2,
             "ssh_allow_agent": True,
             "_sudo": ssh.use_sudo,
         }
@@ -163,19 +163,20 @@ class HostSession:
             self._state = None
 
     def _configure_logging(self) -> None:
-        """pyinfra logs to the run log only, at INFO: its DEBUG lines include connection kwargs."""
-        logger = logging.getLogger("pyinfra")
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
+        """pyinfra and paramiko log to the run log only, at INFO: pyinfra's DEBUG lines include
+        connection kwargs, and paramiko prints tracebacks for errors we report in one line."""
+        handler: logging.Handler = logging.NullHandler()
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             handler = logging.FileHandler(self.log_file)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        for name in ("pyinfra", "paramiko"):
+            logger = logging.getLogger(name)
+            logger.propagate = False
+            logger.setLevel(logging.INFO)
+            for old in list(logger.handlers):
+                logger.removeHandler(old)
             logger.addHandler(handler)
-        else:
-            logger.addHandler(logging.NullHandler())
 
     # -- what callers use ---------------------------------------------------------------------
     @property
