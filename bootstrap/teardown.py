@@ -23,11 +23,12 @@ def is_driver_package(name: str) -> bool:
 
 
 def apt_lists_prefix(source_line: str) -> str | None:
-    """apt names list files after the URI: http://10.0.0.1:8000/x/ -> 10.0.0.1:8000_x_"""
-    match = re.search(r"\s(\w+)://(\S+)", source_line)
+    """apt names list files after URI and suite: `http://10.0.0.1:8000/ ./` -> 10.0.0.1:8000_."""
+    match = re.search(r"\s\w+://(\S+)\s+(\S+)", source_line)
     if not match:
         return None
-    return match.group(2).rstrip("/").replace("/", "_")
+    uri, suite = match.groups()
+    return (uri.rstrip("/") + "/" + suite).rstrip("/").replace("/", "_")
 
 
 def teardown_script(manifest: dict, *, purge_drivers: bool, toolkit_source: str | None = None) -> str:
@@ -35,7 +36,7 @@ def teardown_script(manifest: dict, *, purge_drivers: bool, toolkit_source: str 
         "for u in k3s k3s-agent; do systemctl stop $u.service 2>/dev/null; systemctl disable $u.service 2>/dev/null; done",
         # What k3s-killall.sh does: containers outlive the service (KillMode=process).
         "pkill -9 -f '/var/lib/rancher/k3s/data/[^/]*/bin/containerd' 2>/dev/null",
-        "pkill -9 -x k3s 2>/dev/null",
+        "pkill -9 -x 'k3s|k3s-server|k3s-agent' 2>/dev/null",
         "for m in $(awk '$2 ~ \"^/(run/k3s|var/lib/rancher/k3s|var/lib/kubelet|run/netns/cni-)\" {print $2}' "
         "/proc/self/mounts | sort -r); do umount -l \"$m\" 2>/dev/null; done",
         f"for l in {' '.join(K3S_LINKS)}; do ip link delete $l 2>/dev/null; done",

@@ -60,6 +60,8 @@ def test_one_server_two_agents_up_is_idempotent_and_keeps_the_token_secret(lab, 
     logs = "".join(p.read_text() for p in (state / "logs").glob("*.log"))
     assert token not in outputs and token not in logs
     assert token in cp.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
+    for host in hosts:  # nor in any host's journal
+        assert token not in host.ssh("sudo journalctl --no-pager -q", check=False).stdout
 
 
 def test_drift_is_repaired_and_only_that_host_restarts(lab, tmp_path, airgap):
