@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("up", "check every host, then build or converge the cluster"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
+    "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),
     "forget-host": ("forget_host", "forget the pinned SSH host key of a replaced machine"),
 }
 
@@ -47,6 +48,9 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
         cmd.add_argument("--purge-drivers", action="store_true",
                          help="also remove NVIDIA driver packages the tool installed")
+    if name == "kubeconfig":
+        cmd.add_argument("--merge", action="store_true",
+                         help="add it to ~/.kube/config (or $KUBECONFIG) as context bootstrap-<cluster>")
     if name == "forget-host":
         cmd.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
 

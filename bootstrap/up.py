@@ -122,8 +122,6 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
 def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
     """Read k3s.yaml from the first server (never printed), point it at that server's
     address, name it bootstrap-<cluster>, keep it 0600 in the state folder."""
-    import yaml
-
     first = inventory.servers[0]
     if first.name in session.failures:
         return
@@ -133,24 +131,6 @@ def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
     if not ok:
         session.fail(first.name, f"cannot read {d.KUBECONFIG}")
         return
-    state.write_secret("kubeconfig", rewrite_kubeconfig(output.stdout, inventory))
+    from bootstrap.cluster.kubeconfig import rewrite
 
-
-def rewrite_kubeconfig(text: str, inventory: Inventory) -> str:
-    import yaml
-
-    config = yaml.safe_load(text)
-    name = f"bootstrap-{inventory.cluster}"
-    address = inventory.servers[0].address
-    host = f"[{address}]" if ":" in address else address
-    for cluster in config.get("clusters", []):
-        scheme = cluster["cluster"]["server"].split("://", 1)[0]
-        cluster["cluster"]["server"] = f"{scheme}://{host}:6443"
-        cluster["name"] = name
-    for user in config.get("users", []):
-        user["name"] = name
-    for context in config.get("contexts", []):
-        context["name"] = name
-        context["context"].update(cluster=name, user=name)
-    config["current-context"] = name
-    return yaml.safe_dump(config, default_flow_style=False)
+    state.write_secret("kubeconfig", rewrite(output.stdout, inventory))

@@ -200,3 +200,37 @@ def test_gpu_node_gets_the_container_toolkit_and_k3s_detects_the_nvidia_runtime(
     for host in hosts:
         left = {f for f in host.created_files() if not ALLOWED_AFTER_DOWN.match(f)}
         assert left == set(), f"{host.name} still holds {sorted(left)}"
+
+
+def test_kubeconfig_merge_and_api_tunnel(lab, tmp_path, airgap):
+    import urllib.request
+
+    import yaml
+
+    from bootstrap.cluster.tunnel import Tunnel
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
+    (cp,) = lab.start(["kc-cp"])
+    inventory = write_inventory(tmp_path / "inv.yaml", [cp], cluster="kc", extra={"k3s": {"airgap": str(airgap)}})
+    assert up(inventory).returncode == 0
+    target = tmp_path / "kube" / "config"
+    target.parent.mkdir()
+    target.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "other",
+                                      "clusters": [{"name": "other", "cluster": {"server": "https://x:6443"}}],
+                                      "contexts": [{"name": "other", "context": {"cluster": "other", "user": "o"}}],
+                                      "users": [{"name": "o", "user": {}}]}))
+    merged = run_bootstrap("kubeconfig", inventory, "--merge", env={"KUBECONFIG": str(target)})
+    assert merged.returncode == 0, merged.stderr
+    config = yaml.safe_load(target.read_text())
+    assert {c["name"] for c in config["contexts"]} == {"other", "bootstrap-kc"}
+    assert config["current-context"] == "other"  # the user's choice is kept
+    ours = next(c for c in config["clusters"] if c["name"] == "bootstrap-kc")
+    assert ours["cluster"]["server"].endswith(f"://{cp.address}:6443")
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    again = run_bootstrap("kubeconfig", inventory, "--merge", env={"KUBECONFIG": str(target)})
+    assert again.returncode == 0 and len(yaml.safe_load(target.read_text())["contexts"]) == 2  # replaced, not added
+    # The API port reached through SSH only: the tunnel's local end answers like the server.
+    inv = load_inventory(inventory)
+    with Tunnel(inv, inv.servers[0], StateDir(inv)) as port:
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=10).read() == b"pong"

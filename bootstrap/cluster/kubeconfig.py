@@ -1,0 +1,87 @@
+"""The cluster's kubeconfig: fetched from the first server, kept 0600, merged on request."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from bootstrap.errors import BootstrapError
+from bootstrap.hostplan import desired as d
+from bootstrap.inventory.model import Inventory
+from bootstrap.statedir import StateDir
+
+
+def context_name(inventory: Inventory) -> str:
+    return f"bootstrap-{inventory.cluster}"
+
+
+def rewrite(text: str, inventory: Inventory, server: str | None = None) -> str:
+    """k3s writes https://127.0.0.1:6443 and names everything `default`: point it at the first
+    server (or `server`) and name cluster, user and context bootstrap-<cluster>."""
+    config = yaml.safe_load(text)
+    name = context_name(inventory)
+    address = inventory.servers[0].address
+    host = f"[{address}]" if ":" in address else address
+    for cluster in config.get("clusters", []):
+        scheme = cluster["cluster"]["server"].split("://", 1)[0]
+        cluster["cluster"]["server"] = server or f"{scheme}://{host}:6443"
+        cluster["name"] = name
+    for user in config.get("users", []):
+        user["name"] = name
+    for context in config.get("contexts", []):
+        context["name"] = name
+        context["context"].update(cluster=name, user=name)
+    config["current-context"] = name
+    return yaml.safe_dump(config, default_flow_style=False)
+
+
+def fetch_over_ssh(inventory: Inventory, state: StateDir) -> Path:
+    from bootstrap.cluster.tunnel import connect_ssh
+
+    first = inventory.servers[0]
+    client = connect_ssh(inventory, first, state)
+    try:
+        sudo = "sudo -n " if inventory.ssh_for(first).use_sudo else ""
+        _, stdout, stderr = client.exec_command(f"{sudo}cat {d.KUBECONFIG}", timeout=30)
+        text = stdout.read().decode()
+        if stdout.channel.recv_exit_status() != 0:
+            raise BootstrapError(f"cannot read {d.KUBECONFIG} on {first.name}: {stderr.read().decode().strip()}",
+                                 "has `bootstrap up` run on this cluster?")
+    finally:
+        client.close()
+    return state.write_secret("kubeconfig", rewrite(text, inventory))
+
+
+def with_server(path: Path, server: str) -> str:
+    """The saved kubeconfig, pointed at another address (the local end of a tunnel)."""
+    config = yaml.safe_load(path.read_text())
+    for cluster in config.get("clusters", []):
+        scheme = cluster["cluster"]["server"].split("://", 1)[0]
+        cluster["cluster"]["server"] = f"{scheme}://{server}"
+    return yaml.safe_dump(config, default_flow_style=False)
+
+
+def merge_into(target: Path, ours: dict) -> None:
+    """Replace our cluster/user/context entries in `target`, keep everything else."""
+    existing = yaml.safe_load(target.read_text()) if target.exists() else None
+    existing = existing or {"apiVersion": "v1", "kind": "Config", "preferences": {}}
+    for section in ("clusters", "users", "contexts"):
+        names = {entry["name"] for entry in ours.get(section, [])}
+        kept = [entry for entry in existing.get(section) or [] if entry.get("name") not in names]
+        existing[section] = kept + ours.get(section, [])
+    existing.setdefault("current-context", ours["current-context"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".bootstrap-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        yaml.safe_dump(existing, handle, default_flow_style=False)
+    os.replace(tmp, target)
+
+
+def default_target() -> Path:
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return Path(env.split(os.pathsep)[0]).expanduser()
+    return Path.home() / ".kube" / "config"

@@ -1,0 +1,129 @@
+"""A local port forwarded over SSH to a server's API port, for VMs that expose only SSH.
+
+kubectl-level calls and Helm use `https://127.0.0.1:<local port>`; k3s puts 127.0.0.1 in
+its serving certificate, so TLS verification still holds through the tunnel.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from pathlib import Path
+
+import paramiko
+
+from bootstrap.errors import BootstrapError
+from bootstrap.hosts.hostkeys import known_hosts_entry
+from bootstrap.inventory.model import Inventory, Node
+from bootstrap.secrets import resolve
+from bootstrap.statedir import StateDir
+
+API_PORT = 6443
+
+
+class TunnelError(BootstrapError):
+    pass
+
+
+class _PinnedKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """First contact pins the key (as `up` does); a changed key is refused by paramiko itself."""
+
+    def __init__(self, known_hosts: Path):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        client.get_host_keys().save(str(self.known_hosts))
+        self.known_hosts.chmod(0o600)
+
+
+def connect_ssh(inventory: Inventory, node: Node, state: StateDir) -> paramiko.SSHClient:
+    ssh = inventory.ssh_for(node)
+    client = paramiko.SSHClient()
+    state.ensure()
+    if state.known_hosts.exists():
+        client.load_host_keys(str(state.known_hosts))
+    client.set_missing_host_key_policy(_PinnedKeyPolicy(state.known_hosts))
+    kwargs: dict = {"hostname": node.address, "port": ssh.port, "username": ssh.user,
+                    "timeout": ssh.connect_timeout, "allow_agent": ssh.key is None, "look_for_keys": ssh.key is None}
+    if ssh.key:
+        key = Path(ssh.key).expanduser()
+        if not key.is_absolute():
+            key = (Path(inventory.source).parent / key).resolve()
+        kwargs["key_filename"] = str(key)
+        kwargs["passphrase"] = resolve(ssh.key_passphrase, f"ssh key passphrase for {node.name}")
+    password = resolve(ssh.password, f"ssh password for {node.name}")
+    if password:
+        kwargs["password"] = password
+    try:
+        client.connect(**kwargs)
+    except paramiko.BadHostKeyException:
+        raise TunnelError(f"SSH host key of {known_hosts_entry(node.address, ssh.port)} changed since it was pinned",
+                          f"if {node.name} was replaced, run: bootstrap forget-host {inventory.source} {node.name}") from None
+    except (paramiko.SSHException, OSError) as exc:
+        raise TunnelError(f"cannot reach {node.name} over SSH ({node.address}:{ssh.port}): {exc}") from None
+    return client
+
+
+class Tunnel:
+    """`with Tunnel(...) as port:` forwards 127.0.0.1:port to the server's 127.0.0.1:6443."""
+
+    def __init__(self, inventory: Inventory, node: Node, state: StateDir, remote_port: int = API_PORT):
+        self.inventory, self.node, self.state = inventory, node, state
+        self.remote_port = remote_port
+        self._client: paramiko.SSHClient | None = None
+        self._listener: socket.socket | None = None
+        self._stop = threading.Event()
+        self.port = 0
+
+    def __enter__(self) -> int:
+        self._client = connect_ssh(self.inventory, self.node, self.state)
+        self._client.get_transport().set_keepalive(15)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(32)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="tunnel-accept", daemon=True).start()
+        return self.port
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._listener:
+            self._listener.close()
+        if self._client:
+            self._client.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                local, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                channel = self._client.get_transport().open_channel(
+                    "direct-tcpip", ("127.0.0.1", self.remote_port), local.getpeername())
+            except (paramiko.SSHException, OSError):
+                local.close()
+                continue
+            threading.Thread(target=self._pump, args=(local, channel), daemon=True).start()
+
+    def _pump(self, local: socket.socket, channel) -> None:
+        try:
+            while not self._stop.is_set():
+                readable, _, _ = select.select([local, channel], [], [], 1.0)
+                if local in readable:
+                    data = local.recv(65536)
+                    if not data:
+                        break
+                    channel.sendall(data)
+                if channel in readable:
+                    data = channel.recv(65536)
+                    if not data:
+                        break
+                    local.sendall(data)
+        except OSError:
+            pass
+        finally:
+            channel.close()
+            local.close()

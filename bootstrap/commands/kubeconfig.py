@@ -1,0 +1,21 @@
+"""`bootstrap kubeconfig INVENTORY [--merge]`: fetch the kubeconfig; optionally merge it."""
+
+from __future__ import annotations
+
+import yaml
+
+from bootstrap.cluster import kubeconfig as kc
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.statedir import StateDir
+
+
+def run(args) -> int:
+    inventory = load_inventory(args.inventory)
+    state = StateDir(inventory)
+    path = kc.fetch_over_ssh(inventory, state)
+    print(f"kubeconfig for cluster {inventory.cluster}: {path} (context {kc.context_name(inventory)})")
+    if args.merge:
+        target = kc.default_target()
+        kc.merge_into(target, yaml.safe_load(path.read_text()))
+        print(f"merged into {target} as context {kc.context_name(inventory)}")
+    return 0
