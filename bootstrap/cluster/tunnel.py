@@ -79,7 +79,9 @@ class Tunnel:
 
     def __enter__(self) -> int:
         self._client = connect_ssh(self.inventory, self.node, self.state)
-        self._client.get_transport().set_keepalive(15)
+        from bootstrap.hosts.session import detect_dead_peer
+
+        detect_dead_peer(self._client.get_transport().sock)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(32)

@@ -1,0 +1,61 @@
+"""The one table of what each cluster component installs by default, and where from.
+
+Every entry can be pinned per cluster with `charts: {<component>: <version>}` in the
+inventory (the keys are the inventory's component names). Versions are passed to Helm
+verbatim: charts differ in whether they carry a `v` prefix (gpu-operator `v26.7.0`,
+csi-driver-nfs `4.13.4` since 4.11.0), so we never add or strip one for the user.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bootstrap.components.release import ComponentError
+from bootstrap.inventory.model import Inventory
+
+
+@dataclass(frozen=True)
+class Source:
+    chart: str | None  # None: not a chart; we render plain manifests (see `image`)
+    repo: str | None
+    version: str
+    image: str | None = None  # for plain manifests: the image the version tags
+
+
+DEFAULTS: dict[str, Source] = {
+    "gpu_operator": Source("gpu-operator", "https://helm.ngc.nvidia.com/nvidia", "v26.7.0"),
+    # Multus with the whereabouts IPAM subchart (`rke2-whereabouts`), the chart k3s documents.
+    "multus": Source("rke2-multus", "https://rke2-charts.rancher.io", "v4.3.017"),
+    # Mellanox publishes no chart for the plugin; we render its DaemonSet + ConfigMap
+    # (modelled on deployment/k8s/base/ at network-operator-v26.1.1, identical at v1.5.3).
+    "rdma_shared_device_plugin": Source(None, None, "v1.5.3", image="ghcr.io/mellanox/k8s-rdma-shared-dev-plugin"),
+    "nfs_csi": Source("csi-driver-nfs", "https://raw.githubusercontent.com/kubernetes-csi/csi-driver-nfs/master/charts",
+                      "4.13.4"),
+    "longhorn": Source("longhorn", "https://charts.longhorn.io", "1.12.1"),
+    "volcano": Source("volcano", "https://volcano-sh.github.io/helm-charts", "1.15.1"),
+}
+
+# From rke2-multus v4.3.010 the NetworkAttachmentDefinition and whereabouts CRDs live in a
+# separate chart, rke2-multus-crd, released with the same number without the `v`
+# (rancher/rke2 PR #10998, rancher/rke2-charts PR #1116).
+MULTUS_CRD_CHART = "rke2-multus-crd"
+MULTUS_CRD_SPLIT = (4, 3, 10)
+
+
+def source(inventory: Inventory, component: str) -> Source:
+    if component == "whereabouts" and "whereabouts" in inventory.charts:
+        # The inventory schema accepts the key, but whereabouts is a subchart of rke2-multus.
+        raise ComponentError("charts.whereabouts cannot be pinned on its own: whereabouts ships inside "
+                             "the rke2-multus chart", "pin charts.multus instead")
+    default = DEFAULTS[component]
+    version = inventory.charts.get(component)
+    return default if version is None else Source(default.chart, default.repo, str(version), default.image)
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    """`v26.7.0` -> (26, 7, 0); `v4.3.017` -> (4, 3, 17); suffixes like `-rc1` are ignored."""
+    match = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version)
+    if not match:
+        raise ComponentError(f"cannot read chart version {version!r}", "write it as MAJOR.MINOR.PATCH, e.g. v26.7.0")
+    return tuple(int(part) for part in match.groups())  # type: ignore[return-value]

@@ -1,0 +1,41 @@
+"""One command at a time per cluster; the lock goes with the process that held it."""
+
+import subprocess
+import sys
+import time
+
+from clirun import run_bootstrap
+
+INVENTORY = """\
+cluster: locked
+state_dir: {state}
+ssh: {{user: root, connect_timeout: 1}}
+nodes: [{{name: cp-1, address: 10.200.9.250, role: server}}]
+"""
+
+HOLD = """
+import sys, time
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
+from bootstrap.statedir import StateDir
+with cluster_lock(StateDir(load_inventory(sys.argv[1])), "up"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_second_command_refuses_while_the_first_runs_and_not_after_a_crash(tmp_path):
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(INVENTORY.format(state=tmp_path / "state"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(inventory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = run_bootstrap("up", inventory)
+        assert second.returncode == 1
+        assert "already working on this cluster" in second.stderr and "`up`" in second.stderr
+        assert f"pid {holder.pid}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        holder.kill()  # a crash: no cleanup runs
+        holder.wait()
+    after = run_bootstrap("up", inventory)
+    assert "already working" not in after.stderr  # the kernel released the lock
