@@ -44,10 +44,6 @@ MULTUS_CRD_SPLIT = (4, 3, 10)
 
 
 def source(inventory: Inventory, component: str) -> Source:
-    if component == "whereabouts" and "whereabouts" in inventory.charts:
-        # The inventory schema accepts the key, but whereabouts is a subchart of rke2-multus.
-        raise ComponentError("charts.whereabouts cannot be pinned on its own: whereabouts ships inside "
-                             "the rke2-multus chart", "pin charts.multus instead")
     default = DEFAULTS[component]
     version = inventory.charts.get(component)
     return default if version is None else Source(default.chart, default.repo, str(version), default.image)

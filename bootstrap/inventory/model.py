@@ -159,6 +159,7 @@ class StorageSettings:
 class Queue:
     name: str
     weight: int = 1
+    reclaimable: bool = True  # Volcano's own default: idle capacity may be lent and taken back
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ DRIVER_MODES = ("preinstalled", "host", "operator")
 ROLES = ("server", "agent")
 STORAGE_CLASSES = ("local-path", "nfs", "longhorn")
 K3S_DISABLE = ("coredns", "servicelb", "traefik", "local-storage", "metrics-server", "runtimes")
-CHART_COMPONENTS = ("gpu_operator", "multus", "whereabouts", "rdma_shared_device_plugin",
-                    "nfs_csi", "longhorn", "volcano")
+# Whereabouts ships inside the multus chart: pin charts.multus to move it.
+CHART_COMPONENTS = ("gpu_operator", "multus", "rdma_shared_device_plugin", "nfs_csi", "longhorn", "volcano")
 
 K3S_VERSION = r"v\d+\.\d+\.\d+(-rc\d+)?\+k3s\d+"
 LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
@@ -241,6 +241,7 @@ QUEUE = Record(
     fields={
         "name": Field(Str(pattern=DNS_LABEL, expected="a queue name", example="research"), required=True),
         "weight": Field(Int(min=1, max=65535)),
+        "reclaimable": Field(Bool()),
     },
     build=m.Queue,
 )

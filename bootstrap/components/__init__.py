@@ -1,0 +1,9 @@
+"""Cluster-side components (GPU Operator, RDMA networking, storage, Volcano) as Helm
+releases and Kubernetes objects. Pure: inventory + facts in, plans out; `bootstrap.helm`
+applies releases."""
+
+from bootstrap.components.plan import desired_manifests, desired_patches, desired_releases, node_labels
+from bootstrap.components.release import ComponentError, Patch, Release
+
+__all__ = ["ComponentError", "Patch", "Release", "desired_manifests", "desired_patches", "desired_releases",
+           "node_labels"]

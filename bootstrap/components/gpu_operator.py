@@ -1,0 +1,63 @@
+"""NVIDIA GPU Operator release values for k3s (checked against the chart's v26.7.0 values.yaml)."""
+
+from __future__ import annotations
+
+import yaml
+
+from bootstrap.components import gpu_sharing, versions
+from bootstrap.components.release import Release
+from bootstrap.facts.model import HostFacts
+from bootstrap.hostplan.desired import needs_host_toolkit
+from bootstrap.inventory.model import Inventory
+
+NAMESPACE = "gpu-operator"
+DEVICE_PLUGIN_CONFIGMAP = "bootstrap-device-plugin-config"
+MIG_PARTED_CONFIGMAP = "bootstrap-mig-parted-config"
+K3S_CONTAINERD_SOCKET = "/run/k3s/containerd/containerd.sock"
+K3S_CONTAINERD_TEMPLATE = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"
+# From v25.10 the toolkit writes a drop-in and GPUs reach pods through CDI, so it only
+# needs k3s's socket to signal containerd (RKE2 docs' recipe, used in k3s PR #11065).
+DROP_IN_TOOLKIT = (25, 10, 0)
+
+
+def toolkit_env(operator_version: str) -> list[dict]:
+    if versions.version_tuple(operator_version) >= DROP_IN_TOOLKIT:
+        return [{"name": "CONTAINERD_SOCKET", "value": K3S_CONTAINERD_SOCKET}]
+    # Older toolkits rewrite the top-level config; k3s regenerates config.toml on every
+    # start, so they must write its template instead (NVIDIA/gpu-operator issue #473).
+    return [
+        {"name": "CONTAINERD_CONFIG", "value": K3S_CONTAINERD_TEMPLATE},
+        {"name": "CONTAINERD_SOCKET", "value": K3S_CONTAINERD_SOCKET},
+        {"name": "CONTAINERD_RUNTIME_CLASS", "value": "nvidia"},
+        {"name": "CONTAINERD_SET_AS_DEFAULT", "value": "true"},
+    ]
+
+
+def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], operator_version: str) -> dict:
+    # preinstalled/host: the driver and the container toolkit are on the host already.
+    toolkit_in_cluster = not needs_host_toolkit(inventory)
+    out: dict = {
+        "driver": {"enabled": inventory.gpu.driver == "operator"},
+        "toolkit": {"enabled": toolkit_in_cluster},
+        "mig": {"strategy": gpu_sharing.mig_strategy(inventory)},
+        "migManager": {"config": {"default": gpu_sharing.MIG_DISABLED}},
+    }
+    if toolkit_in_cluster:
+        out["toolkit"]["env"] = toolkit_env(operator_version)
+    plugin_configs = gpu_sharing.device_plugin_configs(inventory, facts_by_node)
+    if plugin_configs:
+        out["devicePlugin"] = {"config": {"create": True, "name": DEVICE_PLUGIN_CONFIGMAP,
+                                          "default": gpu_sharing.default_device_plugin_key(inventory),
+                                          "data": plugin_configs}}
+    mig_config = gpu_sharing.mig_parted_config(inventory, facts_by_node)
+    if mig_config:
+        # The chart requires the key `config.yaml` in a custom mig-parted ConfigMap.
+        out["migManager"]["config"].update({"create": True, "name": MIG_PARTED_CONFIGMAP,
+                                            "data": {"config.yaml": yaml.safe_dump(mig_config, sort_keys=False)}})
+    return out
+
+
+def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:
+    src = versions.source(inventory, "gpu_operator")
+    return Release("gpu-operator", NAMESPACE, src.chart, src.repo, src.version,
+                   values(inventory, facts_by_node, src.version))

@@ -1,0 +1,48 @@
+"""Everything the cluster should run, from the inventory and the hosts' facts. Pure.
+
+Lists come in dependency order: apply releases first, in order, then manifests, then
+patches. (Multus before anything that starts pods; charts before the custom resources
+whose CRDs they install: NetworkAttachmentDefinitions after rke2-multus(-crd), Queues
+after Volcano.)
+"""
+
+from __future__ import annotations
+
+from bootstrap.components import gpu_operator, gpu_sharing, rdma, storage, volcano
+from bootstrap.components.release import Patch, Release
+from bootstrap.facts.model import HostFacts
+from bootstrap.inventory.model import Inventory
+
+
+def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], *,
+                     multus_thick: bool = False) -> list[Release]:
+    releases: list[Release | None] = []
+    if inventory.network.rdma:
+        releases += rdma.multus_releases(inventory, rdma.cni_dirs(inventory, facts_by_node), multus_thick)
+    releases += [storage.nfs_release(inventory), storage.longhorn_release(inventory)]
+    if gpu_sharing.gpu_nodes(inventory, facts_by_node):
+        releases.append(gpu_operator.release(inventory, facts_by_node))
+    releases.append(volcano.release(inventory))
+    return [r for r in releases if r is not None]
+
+
+def desired_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+    manifests: list[dict | None] = []
+    if inventory.network.rdma:
+        manifests += rdma.manifests(inventory, facts_by_node, rdma.cni_dirs(inventory, facts_by_node))
+    manifests.append(storage.nfs_storage_class(inventory))
+    manifests += volcano.queues(inventory)
+    return [m for m in manifests if m is not None]
+
+
+def desired_patches(inventory: Inventory) -> list[Patch]:
+    patch = storage.local_path_patch(inventory)
+    return [patch] if patch else []
+
+
+def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, dict[str, str]]:
+    """Every node's wanted labels: the inventory's own, then the GPU-sharing ones (which
+    win, since the operator acts on them)."""
+    sharing = gpu_sharing.sharing_labels(inventory, facts_by_node)
+    return {node.name: {**{str(k): str(v) for k, v in node.labels.items()}, **sharing.get(node.name, {})}
+            for node in inventory.nodes}

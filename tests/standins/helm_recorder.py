@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Helm stand-in that records how it was called (standard library only).
+
+Every call appends one JSON line to $HELM_RECORD: its argv, and for a `--values`/`-f`
+file its path, mode, contents and the mode of the folder holding it, read while "Helm"
+runs (the caller removes the file afterwards, which the test checks).
+
+  version --short          prints $HELM_RECORDER_VERSION (default v3.14.4+g81c902a)
+  anything else            prints a release summary and exits 0, unless
+  $HELM_RECORDER_FAIL      is set: prints "Error: <its text>" on stderr and exits 1
+  $HELM_RECORDER_SLEEP     seconds to sleep first (to exercise timeouts)
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def values_file(argv):
+    for i, arg in enumerate(argv):
+        if arg in ("--values", "-f") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--values="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def main():
+    argv = sys.argv[1:]
+    time.sleep(float(os.environ.get("HELM_RECORDER_SLEEP", "0")))
+    entry = {"argv": argv}
+    path = values_file(argv)
+    if path:
+        entry.update(values_file=path, values_mode=oct(os.stat(path).st_mode & 0o777),
+                     values_dir_mode=oct(os.stat(os.path.dirname(path)).st_mode & 0o777),
+                     values_text=open(path).read())
+    record = os.environ.get("HELM_RECORD")
+    if record:
+        with open(record, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+    if argv[:2] == ["version", "--short"]:
+        print(os.environ.get("HELM_RECORDER_VERSION", "v3.14.4+g81c902a"))
+        return 0
+    failure = os.environ.get("HELM_RECORDER_FAIL")
+    if failure:
+        print(f"Error: {failure}", file=sys.stderr)
+        return 1
+    print(f'Release "{argv[2] if len(argv) > 2 else "?"}" has been upgraded. Happy Helming!')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
