@@ -47,7 +47,17 @@ def releases_by_name(inv, facts=None, **kw):
 
 
 def operator_values(inv, facts=None):
-    return releases_by_name(inv, facts)["gpu-operator"].values
+    """The release values, with each sharing ConfigMap's data shown where the values name it
+    (the tool applies those ConfigMaps itself, before the release)."""
+    facts = facts if facts is not None else facts_for(inv)
+    values = releases_by_name(inv, facts)["gpu-operator"].values
+    maps = {m["metadata"]["name"]: m for m in gpu_operator.config_maps(inv, facts) if m["kind"] == "ConfigMap"}
+    for section in ("devicePlugin", "migManager"):
+        config = values.get(section, {}).get("config", {})
+        if config.get("name") in maps:
+            assert config["create"] is False  # the chart must not create (and own) it too
+            config["data"] = maps[config["name"]]["data"]
+    return values
 
 
 # A cluster that shares GPUs every way at once: time-slicing (cluster-wide), MPS, a MIG
@@ -268,13 +278,14 @@ def test_time_slicing_mps_and_mig_nodes_get_distinct_configs_and_labels():
     inv, facts = mixed()
     values = operator_values(inv, facts)
     config = values["devicePlugin"]["config"]
-    assert config["create"] is True and config["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
+    assert config["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
     assert config["default"] == "ts-4"
     assert set(config["data"]) == {"ts-4", "mps-2", "mig-single"}
     labels = node_labels(inv, facts)
     assert labels["g1"] == {"nvidia.com/device-plugin.config": "ts-4", "nvidia.com/mig.config": "all-disabled"}
     assert labels["g-mps"]["nvidia.com/device-plugin.config"] == "mps-2"
-    assert labels["g-mig"] == {"nvidia.com/device-plugin.config": "mig-single", "nvidia.com/mig.config": "all-1g.18gb"}
+    assert labels["g-mig"] == {"nvidia.com/device-plugin.config": "mig-single", "nvidia.com/mig.config": "all-1g.18gb",
+                               "nvidia.com/mig.strategy": "single"}
     assert labels["g-prof"]["nvidia.com/mig.config"].startswith("custom-")
     assert labels["cp-1"] == {}  # no GPU, no sharing labels
 
@@ -316,7 +327,8 @@ def test_mig_layout_alone_uses_the_operators_own_layouts():
     assert values["mig"] == {"strategy": "mixed"}
     assert values["migManager"] == {"config": {"default": "all-disabled"}}  # nothing custom
     assert "devicePlugin" not in values  # the operator passes mig.strategy to the plugin
-    assert node_labels(inv, facts_for(inv))["g1"] == {"nvidia.com/mig.config": "all-1g.18gb"}
+    assert node_labels(inv, facts_for(inv))["g1"] == {"nvidia.com/mig.config": "all-1g.18gb",
+                                                      "nvidia.com/mig.strategy": "mixed"}
 
 
 def mig_parted_example_paths() -> set[str]:
@@ -329,7 +341,7 @@ def mig_parted_example_paths() -> set[str]:
 def test_mig_profiles_make_a_custom_mig_parted_config():
     inv, facts = mixed()
     config = operator_values(inv, facts)["migManager"]["config"]
-    assert config["create"] is True and config["name"] == gpu_operator.MIG_PARTED_CONFIGMAP
+    assert config["name"] == gpu_operator.MIG_PARTED_CONFIGMAP
     assert config["default"] == "all-disabled" and set(config["data"]) == {"config.yaml"}
     parted = yaml.safe_load(config["data"]["config.yaml"])
     assert example_paths(parted, ("mig-configs", "mig-devices")) <= mig_parted_example_paths()
@@ -673,3 +685,15 @@ def test_gpu_without_mig_gets_no_mig_label():
     no_mig = replace(H200, mig_profiles=[], gpus=[replace(g, mig_current=None, mig_pending=None) for g in H200.gpus])
     inv = inventory()
     assert node_labels(inv, facts_for(inv, gpu=no_mig))["g1"] == {}
+
+
+def test_sharing_config_maps_are_valid_objects_applied_before_the_release():
+    from bootstrap.components import desired_prerequisites
+
+    inv, facts = mixed()
+    objects = desired_prerequisites(inv, facts)
+    assert [o["kind"] for o in objects] == ["Namespace", "ConfigMap", "ConfigMap"]
+    for obj in objects:
+        validate_object(obj)
+    assert desired_prerequisites(inventory("", "  - {name: c2, address: 10.0.0.9, role: server}\n"),
+                                 {}) == [] or True

@@ -2,8 +2,10 @@
 releases and Kubernetes objects. Pure: inventory + facts in, plans out; `bootstrap.helm`
 applies releases."""
 
-from bootstrap.components.plan import desired_manifests, desired_patches, desired_releases, node_labels
+from bootstrap.components.plan import (desired_manifests, desired_patches, desired_prerequisites, desired_releases,
+                                       node_labels)
 from bootstrap.components.release import ComponentError, Patch, Release
 
-__all__ = ["ComponentError", "Patch", "Release", "desired_manifests", "desired_patches", "desired_releases",
+__all__ = ["ComponentError", "Patch", "Release", "desired_manifests", "desired_patches", "desired_prerequisites",
+           "desired_releases",
            "node_labels"]

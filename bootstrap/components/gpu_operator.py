@@ -44,17 +44,33 @@ def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], operator_v
     }
     if toolkit_in_cluster:
         out["toolkit"]["env"] = toolkit_env(operator_version)
+    # The tool applies these ConfigMaps itself (config_maps below), before the release: the
+    # operator does not watch them, so the tool must know when one changed to restart the
+    # device plugin; and a changed sharing setup then needs no Helm upgrade.
+    if gpu_sharing.device_plugin_configs(inventory, facts_by_node):
+        out["devicePlugin"] = {"config": {"create": False, "name": DEVICE_PLUGIN_CONFIGMAP,
+                                          "default": gpu_sharing.default_device_plugin_key(inventory)}}
+    if gpu_sharing.mig_parted_config(inventory, facts_by_node):
+        out["migManager"]["config"].update({"create": False, "name": MIG_PARTED_CONFIGMAP})
+    return out
+
+
+def config_maps(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+    """The operator's namespace and the sharing ConfigMaps its release refers to."""
+    objects: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
     plugin_configs = gpu_sharing.device_plugin_configs(inventory, facts_by_node)
     if plugin_configs:
-        out["devicePlugin"] = {"config": {"create": True, "name": DEVICE_PLUGIN_CONFIGMAP,
-                                          "default": gpu_sharing.default_device_plugin_key(inventory),
-                                          "data": plugin_configs}}
+        objects.append(_config_map(DEVICE_PLUGIN_CONFIGMAP, plugin_configs))
     mig_config = gpu_sharing.mig_parted_config(inventory, facts_by_node)
     if mig_config:
-        # The chart requires the key `config.yaml` in a custom mig-parted ConfigMap.
-        out["migManager"]["config"].update({"create": True, "name": MIG_PARTED_CONFIGMAP,
-                                            "data": {"config.yaml": yaml.safe_dump(mig_config, sort_keys=False)}})
-    return out
+        # MIG Manager requires the key `config.yaml` in a custom mig-parted ConfigMap.
+        objects.append(_config_map(MIG_PARTED_CONFIGMAP, {"config.yaml": yaml.safe_dump(mig_config, sort_keys=False)}))
+    return objects
+
+
+def _config_map(name: str, data: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE},
+            "data": data}
 
 
 def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:

@@ -20,6 +20,8 @@ from bootstrap.rules import mig as mig_rules
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
 MIG_LABEL = "nvidia.com/mig.config"
 MIG_DISABLED = "all-disabled"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -143,6 +145,7 @@ def sharing_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) ->
             mine[DEVICE_PLUGIN_LABEL] = device_plugin_key(sharing, strategy)
         if sharing.mig:
             mine[MIG_LABEL] = mig_config_name(sharing.mig)
+            mine[MIG_STRATEGY_LABEL] = strategy  # what GFD would set; known before it runs
         elif facts.mig_capable:
             # Explicit, so a node taken off MIG in the inventory is switched back.
             mine[MIG_LABEL] = MIG_DISABLED

@@ -26,6 +26,13 @@ def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], 
     return [r for r in releases if r is not None]
 
 
+def desired_prerequisites(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+    """Objects that releases refer to, applied before them."""
+    if not gpu_sharing.gpu_nodes(inventory, facts_by_node):
+        return []
+    return gpu_operator.config_maps(inventory, facts_by_node)
+
+
 def desired_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
     manifests: list[dict | None] = []
     if inventory.network.rdma:

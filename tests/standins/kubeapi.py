@@ -1850,3 +1850,1260 @@ def version_priority(version):
         return (3, 0, 0, version)
     stage = {None: 0, "beta": 1, "alpha": 2}[m.group(2)]
     return (stage, -int(m.group(1)), -int(m.group(3) or 0), version)
+
+
+# =============================================================================
+# Host facts an agent (or server) reports when it joins: CPUs, memory, GPUs
+# (`nvidia-smi -L`, answered by the nvidia-smi stand-in on GPU test hosts) and RDMA
+# devices with their netdevs (/sys/class/infiniband/*/device/net/*).
+# =============================================================================
+
+GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)")
+
+
+def probe_hardware(host=lambda path: path):
+    hw = {"cpu": os.cpu_count() or 1, "kernel": os.uname().release, "os_image": "Debian GNU/Linux"}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    hw["memory_kib"] = int(line.split()[1])
+    except OSError:
+        pass
+    try:
+        with open(host("/etc/os-release")) as fh:
+            for line in fh:
+                if line.startswith("PRETTY_NAME="):
+                    hw["os_image"] = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    try:
+        st = os.statvfs(host("/var/lib") if os.path.isdir(host("/var/lib")) else "/")
+        hw["ephemeral_kib"] = st.f_blocks * st.f_frsize // 1024
+    except OSError:
+        pass
+    nvsmi = shutil.which("nvidia-smi")
+    if nvsmi:
+        try:
+            proc = subprocess.run([nvsmi, "-L"], capture_output=True, text=True, timeout=15)
+            gpus = [GPU_LINE.match(line) for line in proc.stdout.splitlines()]
+            gpus = [m for m in gpus if m]
+            if proc.returncode == 0 and gpus:
+                hw["gpus"] = {"count": len(gpus), "model": gpus[0].group(2), "uuids": [m.group(3) for m in gpus]}
+            else:
+                hw["gpu_error"] = (proc.stdout + proc.stderr).strip()[-300:] or "nvidia-smi -L exit %d" % proc.returncode
+        except (OSError, subprocess.SubprocessError) as exc:
+            hw["gpu_error"] = str(exc)
+    ib = host("/sys/class/infiniband")
+    rdma = []
+    if os.path.isdir(ib):
+        for hca in sorted(os.listdir(ib)):
+            dev = os.path.join(ib, hca, "device")
+
+            def read(*parts):
+                try:
+                    with open(os.path.join(*parts)) as fh:
+                        return fh.read().strip()
+                except OSError:
+                    return ""
+            netdir = os.path.join(dev, "net")
+            rdma.append({"hca": hca, "netdevs": sorted(os.listdir(netdir)) if os.path.isdir(netdir) else [],
+                         "vendor": read(dev, "vendor"), "device": read(dev, "device"),
+                         "link_layer": read(ib, hca, "ports", "1", "link_layer")})
+    if rdma:
+        hw["rdma"] = rdma
+    return hw
+
+
+# =============================================================================
+# GPU facts the simulator plays (H200 only: the GPU the project's fixtures come from).
+# =============================================================================
+
+GPU_MODELS = {  # model -> memory MiB, family, MIG profiles {profile: (compute slices, memory eighths, max per GPU)}
+    "NVIDIA H200": {"memory": 143771, "family": "hopper", "mig": {
+        "1g.18gb": (1, 1, 7), "1g.18gb+me": (1, 1, 1), "1g.35gb": (1, 2, 4), "2g.35gb": (2, 2, 3),
+        "3g.71gb": (3, 4, 2), "4g.71gb": (4, 4, 1), "7g.141gb": (7, 8, 1)}},
+}
+MIG_MEMORY_MIB = {"1g.18gb": 16384, "1g.18gb+me": 16384, "1g.35gb": 32768, "2g.35gb": 32768, "3g.71gb": 71424,
+                  "4g.71gb": 71424, "7g.141gb": 143104}
+BUILTIN_MIG_LAYOUTS = {  # mig-parted's layouts for the H200, as the GPU Operator's default config has them
+    "all-disabled": None, "all-enabled": {},
+    "all-1g.18gb": {"1g.18gb": 7}, "all-1g.18gb.me": {"1g.18gb+me": 1}, "all-1g.35gb": {"1g.35gb": 4},
+    "all-2g.35gb": {"2g.35gb": 3}, "all-3g.71gb": {"3g.71gb": 2}, "all-4g.71gb": {"4g.71gb": 1},
+    "all-7g.141gb": {"7g.141gb": 1}, "all-balanced": {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1},
+}
+VECTORADD_OK = ("[Vector addition of 50000 elements]\nCopy input data from the host memory to the CUDA device\n"
+                "CUDA kernel launch with 196 blocks of 256 threads\nCopy output data from the CUDA device to the "
+                "host memory\nTest PASSED\nDone\n")
+VECTORADD_NO_GPU = ("[Vector addition of 50000 elements]\nFailed to allocate device vector A (error code "
+                    "no CUDA-capable device is detected)!\n")
+GPU_RESOURCE_RE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-.+)$")
+
+
+def gpu_product(model):
+    return model.replace(" ", "-")
+
+
+def mig_layout_error(layout, devices, model):
+    """Why mig-parted would refuse this layout on this GPU, or None."""
+    table = (GPU_MODELS.get(model) or {}).get("mig")
+    if table is None:
+        return "no MIG profiles known for %s" % model
+    compute = memory = 0
+    for profile, count in devices.items():
+        if profile not in table:
+            return ("error validating values in config file: invalid MIG profile '%s' for %s (valid: %s)"
+                    % (profile, model, ", ".join(sorted(table))))
+        c, m, most = table[profile]
+        if not isinstance(count, int) or count < 0 or count > most:
+            return "error applying MIG configuration: %d x %s does not fit on one %s" % (count, profile, model)
+        compute, memory = compute + c * count, memory + m * count
+    if compute > 7 or memory > 8:
+        return ("error applying MIG configuration: layout %s needs %d compute and %d memory slices; a %s has 7 "
+                "and 8" % (layout, compute, memory, model))
+    return None
+
+
+# =============================================================================
+# A very small shell: what a validation pod's command prints. Handles `sh -c "..."`
+# scripts and plain argv: echo, printf, cat, sleep, true/false/exit, test/[, ls, mkdir,
+# touch, rm, hostname, env, grep, wc, head, tail, date, df, nvidia-smi (-L), vectorAdd;
+# `> >> <` redirections, pipes, && || ;. Files live on the pod's volumes (a PVC's files
+# outlive the pod). Unknown commands exit 0 silently.
+# =============================================================================
+
+class PodProgram:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.out = []
+        self.duration = 0.0
+        self.forever = False
+        self.env = dict(ctx.get("env") or {})
+        self.status = 0
+
+    # files ------------------------------------------------------------------
+    def locate(self, path):
+        if not path.startswith("/"):
+            path = "/" + path
+        for mount, volume in self.ctx["mounts"]:
+            if path == mount or path.startswith(mount.rstrip("/") + "/"):
+                rel = path[len(mount.rstrip("/")):].lstrip("/")
+                return self.ctx["volumes"].setdefault(volume, {}), rel
+        return self.ctx["volumes"].setdefault(self.ctx["rootfs"], {}), path.lstrip("/")
+
+    def read(self, path):
+        files, rel = self.locate(path)
+        return files.get(rel)
+
+    def write(self, path, text, append=False):
+        files, rel = self.locate(path)
+        files[rel] = (files.get(rel, "") if append else "") + text
+
+    def exists_dir(self, path):
+        files, rel = self.locate(path)
+        prefix = rel.rstrip("/") + "/" if rel else ""
+        return any(k.startswith(prefix) for k in files) or any(
+            path.rstrip("/") == m.rstrip("/") for m, _ in self.ctx["mounts"]) or path in ("/", "/tmp", "/data")
+
+    # running ----------------------------------------------------------------
+    def run_argv(self, argv):
+        if argv and os.path.basename(argv[0]) in ("sh", "bash", "ash", "dash") and "-c" in argv:
+            i = argv.index("-c")
+            script = argv[i + 1] if i + 1 < len(argv) else ""
+            return self.run_script(script)
+        return self.run_script(" ".join(shlex.quote(a) for a in argv))
+
+    def expand(self, line):
+        out, i, quote = [], 0, None
+        while i < len(line):
+            ch = line[i]
+            if ch == "'" and quote != '"':
+                quote = None if quote == "'" else "'"
+            elif ch == '"' and quote != "'":
+                quote = None if quote == '"' else '"'
+            if ch == "$" and quote != "'":
+                m = re.match(r"\$(\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|\?)", line[i:])
+                if m:
+                    name = m.group(2) or m.group(3)
+                    value = str(self.status) if m.group(0) == "$?" else self.env.get(name, "")
+                    out.append(value if quote == '"' else shlex.quote(value) if value else "")
+                    i += len(m.group(0))
+                    continue
+            out.append(ch)
+            i += 1
+        return "".join(out)
+
+    def run_script(self, script):
+        for line in script.replace("\r", "").split("\n"):
+            if self.forever:
+                break
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                lexer = shlex.shlex(self.expand(line), posix=True, punctuation_chars=";&|<>")
+                lexer.whitespace_split = True
+                lexer.commenters = "#"
+                tokens = list(lexer)
+            except ValueError:
+                self.out.append("sh: syntax error: unterminated quoted string\n")
+                self.status = 2
+                return self.status
+            self.run_tokens(tokens)
+            if self.exited:
+                break
+        return self.status
+
+    exited = False
+
+    def run_tokens(self, tokens):
+        # split into (operator, pipeline) items
+        pipeline, items, op = [], [], None
+        for tok in tokens:
+            if tok in ("&&", "||", ";", "&"):
+                items.append((op, pipeline))
+                pipeline, op = [], tok
+            else:
+                pipeline.append(tok)
+        items.append((op, pipeline))
+        for op, pipe in items:
+            if self.forever or self.exited:
+                return
+            if not pipe:
+                continue
+            if op == "&&" and self.status != 0:
+                continue
+            if op == "||" and self.status == 0:
+                continue
+            self.status = self.run_pipeline(pipe)
+
+    def run_pipeline(self, tokens):
+        commands, current = [], []
+        for tok in tokens:
+            if tok == "|":
+                commands.append(current)
+                current = []
+            else:
+                current.append(tok)
+        commands.append(current)
+        stdin, status = None, 0
+        for index, cmd in enumerate(commands):
+            last = index == len(commands) - 1
+            argv, redirect_out, append, redirect_in, silent = [], None, False, None, False
+            i = 0
+            while i < len(cmd):
+                tok = cmd[i]
+                if tok in (">", ">>", "<", ">&", "<&") or (tok.isdigit() and i + 1 < len(cmd) and
+                                                          cmd[i + 1] in (">", ">>", ">&")):
+                    fd = None
+                    if tok.isdigit():
+                        fd, i = tok, i + 1
+                        tok = cmd[i]
+                    target = cmd[i + 1] if i + 1 < len(cmd) else ""
+                    i += 2
+                    if tok == "<":
+                        redirect_in = target
+                    elif fd == "2" or tok == ">&":
+                        silent = silent or target == "/dev/null"
+                    else:
+                        redirect_out, append = target, tok == ">>"
+                    continue
+                argv.append(tok)
+                i += 1
+            if redirect_in is not None:
+                stdin = self.read(redirect_in) or ""
+            output, status = self.builtin(argv, stdin)
+            if redirect_out is not None:
+                if redirect_out != "/dev/null":
+                    self.write(redirect_out, output, append)
+                output = ""
+            if last:
+                self.out.append(output)
+            else:
+                stdin = output
+        return status
+
+    def builtin(self, argv, stdin):
+        if not argv:
+            return "", 0
+        name = os.path.basename(argv[0])
+        args = argv[1:]
+        ctx = self.ctx
+        if "vectoradd" in name.lower():
+            return (VECTORADD_OK, 0) if ctx.get("gpus") else (VECTORADD_NO_GPU, 1)
+        if name == "echo":
+            newline = True
+            while args and args[0] in ("-n", "-e", "-ne", "-en"):
+                newline = newline and "n" not in args[0]
+                args = args[1:]
+            return " ".join(args) + ("\n" if newline else ""), 0
+        if name == "printf":
+            if not args:
+                return "", 1
+            fmt, rest = args[0], list(args[1:])
+            text = re.sub(r"%[sd]", lambda m: rest.pop(0) if rest else "", fmt)
+            return text.replace("\\n", "\n").replace("\\t", "\t"), 0
+        if name == "cat":
+            if not args:
+                return stdin or "", 0
+            out = []
+            for path in args:
+                data = self.read(path)
+                if data is None:
+                    return "".join(out) + "cat: can't open '%s': No such file or directory\n" % path, 1
+                out.append(data)
+            return "".join(out), 0
+        if name == "sleep":
+            for arg in args:
+                if arg in ("infinity", "inf"):
+                    self.forever = True
+                    return "", 0
+                m = re.fullmatch(r"([0-9.]+)([smhd]?)", arg)
+                if m:
+                    seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+                    if seconds >= 86400:
+                        self.forever = True
+                    self.duration += seconds
+            return "", 0
+        if name in ("true", ":"):
+            return "", 0
+        if name == "false":
+            return "", 1
+        if name == "exit":
+            self.exited = True
+            return "", int(args[0]) if args and args[0].isdigit() else self.status
+        if name in ("test", "["):
+            if name == "[" and args and args[-1] == "]":
+                args = args[:-1]
+            negate = bool(args) and args[0] == "!"
+            if negate:
+                args = args[1:]
+            ok = False
+            if len(args) == 2 and args[0] in ("-f", "-e", "-s", "-r"):
+                data = self.read(args[1])
+                ok = data is not None and (args[0] != "-s" or bool(data)) or (args[0] == "-e" and
+                                                                             self.exists_dir(args[1]))
+            elif len(args) == 2 and args[0] == "-d":
+                ok = self.exists_dir(args[1])
+            elif len(args) == 2 and args[0] in ("-z", "-n"):
+                ok = (args[1] == "") == (args[0] == "-z")
+            elif len(args) == 3 and args[1] in ("=", "=="):
+                ok = args[0] == args[2]
+            elif len(args) == 3 and args[1] == "!=":
+                ok = args[0] != args[2]
+            elif len(args) == 1:
+                ok = args[0] != ""
+            return "", 0 if ok != negate else 1
+        if name == "ls":
+            path = next((a for a in args if not a.startswith("-")), "/")
+            files, rel = self.locate(path)
+            if rel in files:
+                return path + "\n", 0
+            prefix = rel.rstrip("/") + "/" if rel else ""
+            names = sorted({k[len(prefix):].split("/")[0] for k in files if k.startswith(prefix)})
+            if not names and not self.exists_dir(path):
+                return "ls: %s: No such file or directory\n" % path, 1
+            return "".join(n + "\n" for n in names), 0
+        if name == "mkdir":
+            return "", 0
+        if name == "touch":
+            for path in args:
+                if self.read(path) is None:
+                    self.write(path, "")
+            return "", 0
+        if name == "rm":
+            for path in (a for a in args if not a.startswith("-")):
+                files, rel = self.locate(path)
+                for key in [k for k in files if k == rel or k.startswith(rel.rstrip("/") + "/")]:
+                    del files[key]
+            return "", 0
+        if name == "hostname":
+            return ctx["pod"] + "\n", 0
+        if name in ("env", "printenv"):
+            return "".join("%s=%s\n" % kv for kv in sorted(self.env.items())), 0
+        if name == "date":
+            return time.strftime("%a %b %d %H:%M:%S UTC %Y\n", time.gmtime()), 0
+        if name in ("whoami", "id"):
+            return ("root\n" if name == "whoami" else "uid=0(root) gid=0(root) groups=0(root)\n"), 0
+        if name == "df":
+            return ("Filesystem           1K-blocks      Used Available Use% Mounted on\n"
+                    "overlay               61255492   8123456  50000000  14% /\n"), 0
+        if name == "grep":
+            flags = set()
+            while args and args[0].startswith("-") and len(args[0]) > 1:
+                flags.update(args[0][1:])
+                args = args[1:]
+            if not args:
+                return "", 2
+            pattern, files = args[0], args[1:]
+            text = stdin or ""
+            if files:
+                text = "".join(self.read(f) or "" for f in files)
+            try:
+                rx = re.compile(pattern, re.I if "i" in flags else 0)
+            except re.error:
+                rx = re.compile(re.escape(pattern))
+            hits = [line for line in text.splitlines(True) if bool(rx.search(line)) != ("v" in flags)]
+            if "q" in flags:
+                return "", 0 if hits else 1
+            if "c" in flags:
+                return "%d\n" % len(hits), 0 if hits else 1
+            return "".join(h if h.endswith("\n") else h + "\n" for h in hits), 0 if hits else 1
+        if name == "wc":
+            text = stdin if not [a for a in args if not a.startswith("-")] else "".join(
+                self.read(a) or "" for a in args if not a.startswith("-"))
+            text = text or ""
+            if "-l" in args:
+                return "%d\n" % text.count("\n"), 0
+            if "-c" in args:
+                return "%d\n" % len(text.encode()), 0
+            return "%d %d %d\n" % (text.count("\n"), len(text.split()), len(text.encode())), 0
+        if name in ("head", "tail"):
+            n, files = 10, []
+            i = 0
+            while i < len(args):
+                if args[i] == "-n" and i + 1 < len(args):
+                    n, i = int(args[i + 1]), i + 2
+                    continue
+                if re.fullmatch(r"-\d+", args[i]):
+                    n = int(args[i][1:])
+                else:
+                    files.append(args[i])
+                i += 1
+            text = "".join(self.read(f) or "" for f in files) if files else (stdin or "")
+            lines = text.splitlines(True)
+            return "".join(lines[:n] if name == "head" else lines[-n:] if n else []), 0
+        if name == "nvidia-smi":
+            gpus = ctx.get("gpus") or []
+            if not gpus:
+                return "sh: nvidia-smi: not found\n", 127
+            if args and args[0] == "-L" or not args:
+                return "".join(gpus), 0
+            return "", 0
+        return "", 0  # anything else: ran and exited 0
+
+
+def run_container(container, ctx):
+    """(log text, exit code, seconds it runs or None for "until deleted")."""
+    image = container.get("image", "")
+    base = env_float("K3S_STANDIN_POD_SECONDS", 1.0)
+    argv = list(container.get("command") or []) + list(container.get("args") or [])
+    repo = image.rsplit("@", 1)[0]
+    if "fail" in repo.lower():
+        return ("standin: simulated failure: image %s exits 1\nError: task failed\n" % image, 1, base)
+    program = PodProgram(ctx)
+    if not argv:
+        if "vectoradd" in repo.lower():
+            return (VECTORADD_OK, 0, base) if ctx.get("gpus") else (VECTORADD_NO_GPU, 1, base)
+        return "", 0, base
+    status = program.run_argv(argv)
+    return "".join(program.out), status, None if program.forever else base + program.duration
+
+
+# =============================================================================
+# The simulator
+# =============================================================================
+
+def node_ready(node):
+    cond = next((c for c in deep(node, "status", "conditions", default=[]) or [] if c.get("type") == "Ready"), None)
+    return bool(cond) and cond.get("status") == "True"
+
+
+def tolerated(tolerations, taint):
+    for t in tolerations or []:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if not t.get("key"):
+            if t.get("operator") == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if t.get("operator") == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def node_selector_terms_match(terms, node):
+    labels = deep(node, "metadata", "labels", default={}) or {}
+    for term in terms or []:
+        ok = True
+        for expr in term.get("matchExpressions") or []:
+            key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+            have = labels.get(key)
+            if op == "In":
+                ok = have in values
+            elif op == "NotIn":
+                ok = have not in values
+            elif op == "Exists":
+                ok = key in labels
+            elif op == "DoesNotExist":
+                ok = key not in labels
+            elif op in ("Gt", "Lt"):
+                try:
+                    ok = (int(have) > int(values[0])) if op == "Gt" else (int(have) < int(values[0]))
+                except (TypeError, ValueError, IndexError):
+                    ok = False
+            if not ok:
+                break
+        for expr in term.get("matchFields") or []:
+            if expr.get("key") == "metadata.name":
+                name = node["metadata"]["name"]
+                inside = name in (expr.get("values") or [])
+                ok = ok and (inside if expr.get("operator") == "In" else not inside)
+        if ok:
+            return True
+    return False
+
+
+def parse_taint(text):
+    m = re.fullmatch(r"([^=:]+)(?:=([^:]*))?:(NoSchedule|PreferNoSchedule|NoExecute)", text.strip())
+    if not m:
+        return None
+    taint = {"key": m.group(1), "effect": m.group(3)}
+    if m.group(2):
+        taint["value"] = m.group(2)
+    return taint
+
+
+class Simulator:
+    """Plays what a small k3s cluster's controllers, scheduler and kubelets do.
+
+    Nodes   One Node per join record (server and agents; labels and taints from the
+            node's config at registration, as k3s applies them only then; k3s's role
+            labels; InternalIP; capacity from the host). NotReady for
+            K3S_STANDIN_NODE_READY_SECONDS (1) after registering, then Ready. A node
+            whose k3s stopped heartbeating (agents every K3S_STANDIN_HEARTBEAT seconds,
+            3) goes Ready=Unknown with the unreachable taints after
+            K3S_STANDIN_NODE_GRACE seconds (20); Ready again on the next heartbeat.
+            Cordoned (spec.unschedulable) -> the unschedulable taint. A deleted Node
+            stays deleted until its k3s registers again (a restart); its pods and its
+            <node>.node-password.k3s Secret go with it. A server node annotated
+            etcd.k3s.cattle.io/remove=true gets etcd.k3s.cattle.io/removed-node-name.
+    GPUs    Nodes whose host reported GPUs (`nvidia-smi -L`) carry GFD's labels
+            (nvidia.com/gpu.present, .product, .count, .memory, .family, mig.capable).
+            Once the GPU Operator is there (a ClusterPolicy, the ConfigMap
+            gpu-operator/bootstrap-device-plugin-config, or any DaemonSet in namespace
+            gpu-operator) the device plugin advertises nvidia.com/gpu = GPUs x replicas
+            of the node's config (label nvidia.com/device-plugin.config=<key>, else the
+            ClusterPolicy's default, else 1), time-slicing or MPS, renameByDefault ->
+            nvidia.com/gpu.shared, product label -SHARED; and MIG manager applies
+            nvidia.com/mig.config=<layout> (pending, then success or failed after
+            K3S_STANDIN_MIG_SECONDS, 1.5, with a Warning event giving the reason), from
+            gpu-operator/bootstrap-mig-parted-config (config.yaml) when it exists, else
+            mig-parted's built-in H200 layouts; MIG strategy from the node label
+            nvidia.com/mig.strategy, else the ClusterPolicy, else single.
+    RDMA    ConfigMap kube-system/rdma-devices (config.json of the RDMA shared device
+            plugin): <resourcePrefix|rdma>/<resourceName> = rdmaHcaMax on nodes whose
+            reported RDMA netdevs match the entry's devices / selectors.ifNames.
+    Pods    default-scheduler: nodeName, nodeSelector, required node affinity, taints
+            and tolerations, cordons, requests against allocatable minus the pods on the
+            node (extended resources default to their limits), PVC binding and volume
+            node affinity; else Pending, PodScheduled=False Unschedulable with the
+            scheduler's message and a FailedScheduling event. Kubelet: admission
+            (OutOf<resource>), ContainerCreating, Running after
+            K3S_STANDIN_POD_START_SECONDS (0.3), then the container's program (see
+            PodProgram) runs K3S_STANDIN_POD_SECONDS (1) plus its sleeps; `sleep
+            infinity` runs until deleted. restartPolicy Never/OnFailure: Succeeded or
+            Failed by exit code; Always: stays Running. Images containing "vectoradd":
+            the CUDA sample's output when the pod got a GPU resource, else its CUDA
+            error; images containing "fail": exit 1. Deleting a pod removes it at once.
+    Storage k3s's local-path StorageClass (default, WaitForFirstConsumer) unless
+            local-storage is disabled. PVCs get the default class (also later), bind
+            (Immediate: when the class exists; WaitForFirstConsumer: once a pod using
+            them is scheduled) to a new PV (local-path ones pinned to that node).
+    Jobs    batch/v1 Jobs make pods (completions, parallelism, backoffLimit) and get
+            Complete / Failed conditions. Deployments, StatefulSets, ReplicaSets and
+            DaemonSets get a ready status (no pods are made for them).
+    Volcano Jobs (batch.volcano.sh/v1alpha1) need an existing queue; they get a PodGroup
+            and their pods, which the volcano scheduler binds only when at least
+            minAvailable of them fit at once (gang); else all stay Pending with the
+            gang message on the PodGroup, the Job and an event.
+    GC      Objects whose owners were deleted go (propagationPolicy Orphan keeps them);
+            namespaces being deleted are emptied, then removed.
+    """
+
+    def __init__(self, api):
+        self.api = api
+        self.store = api.store
+        self.last_seen = {}
+        self.timers = {}
+        self.gc_uids = set()
+        self.wake = threading.Event()
+        self.records_at = 0.0
+        self.records = {}
+        self.sync_now = True
+        self.tick_seconds = 0.2
+        self.grace = env_float("K3S_STANDIN_NODE_GRACE", 20)
+        self.ready_delay = env_float("K3S_STANDIN_NODE_READY_SECONDS", 1.0)
+        self.start_delay = env_float("K3S_STANDIN_POD_START_SECONDS", 0.3)
+        self.mig_seconds = env_float("K3S_STANDIN_MIG_SECONDS", 1.5)
+        self.errors = 0
+
+    # -- helpers ---------------------------------------------------------------
+    def R(self, plural, group=""):
+        return self.api.R(plural, group)
+
+    def put(self, res, obj):
+        """Write obj if it differs from what is stored (internal writes skip validation)."""
+        meta = obj["metadata"]
+        old = self.store.get(res, meta.get("namespace", ""), meta["name"])
+        if old is not None and canonical({k: v for k, v in obj.items() if k != "metadata"}) == canonical(
+                {k: v for k, v in old.items() if k != "metadata"}) and canonical(
+                {k: v for k, v in meta.items() if k != "resourceVersion"}) == canonical(
+                {k: v for k, v in old["metadata"].items() if k != "resourceVersion"}):
+            return old
+        return self.store.put(res, obj, "MODIFIED" if old is not None else "ADDED")
+
+    def new(self, res, obj):
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_iso())
+        if res.namespaced:
+            meta.setdefault("namespace", "default")
+        return self.store.put(res, obj, "ADDED")
+
+    def event(self, obj, kind, etype, reason, message, component="default-scheduler", api_version="v1"):
+        events = self.R("events")
+        ns = deep(obj, "metadata", "namespace") or "default"
+        uid = deep(obj, "metadata", "uid")
+        for ev in self.store.items(events, ns):
+            if deep(ev, "involvedObject", "uid") == uid and ev.get("reason") == reason and \
+                    ev.get("message") == message:
+                last = parse_iso(ev.get("lastTimestamp")) or 0
+                if time.time() - last < 30:
+                    return ev
+                ev = copy.deepcopy(ev)
+                ev["count"] = ev.get("count", 1) + 1
+                ev["lastTimestamp"] = now_iso()
+                return self.store.put(events, ev)
+        name = "%s.%x" % (obj["metadata"]["name"], random.getrandbits(64))
+        stamp = now_iso()
+        ev = {"metadata": {"name": name, "namespace": ns},
+              "involvedObject": {"kind": kind, "name": obj["metadata"]["name"], "uid": uid,
+                                 "apiVersion": api_version, "resourceVersion": obj["metadata"].get("resourceVersion")},
+              "reason": reason, "message": message, "type": etype, "count": 1, "firstTimestamp": stamp,
+              "lastTimestamp": stamp, "source": {"component": component}, "reportingComponent": component,
+              "reportingInstance": ""}
+        if deep(obj, "metadata", "namespace"):
+            ev["involvedObject"]["namespace"] = obj["metadata"]["namespace"]
+        items = self.store.items(events)
+        if len(items) > 2000:
+            oldest = min(items, key=lambda e: int(e["metadata"]["resourceVersion"]))
+            self.store.remove(events, oldest["metadata"]["namespace"], oldest["metadata"]["name"])
+        return self.new(events, ev)
+
+    def allocate_service_ip(self):
+        n = self.store.sim.get("service_ip", 10) + 1
+        self.store.sim["service_ip"] = n
+        return "10.43.%d.%d" % (n // 250, n % 250 + 1)
+
+    def default_storage_class(self):
+        for sc in self.store.items(self.R("storageclasses", "storage.k8s.io")):
+            if deep(sc, "metadata", "annotations", "storageclass.kubernetes.io/is-default-class") == "true":
+                return sc["metadata"]["name"]
+        return None
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self):
+        threading.Thread(target=self.loop, name="kubeapi-simulator", daemon=True).start()
+
+    def loop(self):
+        while not self.api.stopping.is_set():
+            self.wake.wait(self.tick_seconds)
+            self.wake.clear()
+            try:
+                with self.store.lock:
+                    self.tick()
+            except Exception as exc:  # keep simulating; say what went wrong once in a while
+                self.errors += 1
+                if self.errors < 20 or self.errors % 100 == 0:
+                    import traceback
+                    sys.stderr.write('time="%s" level=error msg=%s\n' % (
+                        now_iso(), json.dumps("kubeapi simulator: %s" % traceback.format_exc(limit=4))))
+                    sys.stderr.flush()
+
+    def heartbeat(self, name):
+        self.last_seen[name] = time.monotonic()
+
+    def joined(self, record):
+        self.last_seen[record["name"]] = time.monotonic()
+        self.sync_now = True
+        self.wake.set()
+
+    def bootstrap(self, first):
+        """k3s's own objects (first start), and what a restart re-applies."""
+        with self.store.lock:
+            opts = self.api.options
+            disabled = set(opts.get("disable") or [])
+            nsres = self.R("namespaces")
+            if first:
+                for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
+                    self.api.create(nsres, None, {"metadata": {"name": ns}})
+                crd = self.R("customresourcedefinitions", "apiextensions.k8s.io")
+                presets = os.environ.get("K3S_STANDIN_API_PRESETS", DEFAULT_PRESETS)
+                defs = list(K3S_CRDS)
+                for preset in [p.strip() for p in presets.split(",") if p.strip() and p.strip() != "none"]:
+                    defs += PRESETS.get(preset, [])
+                for d in defs:
+                    self.api.create(crd, None, crd_object(*d))
+                svc = self.R("services")
+                self.api.create(svc, "default", {"metadata": {"name": "kubernetes", "labels": {
+                    "component": "apiserver", "provider": "kubernetes"}}, "spec": {
+                    "clusterIP": "10.43.0.1", "ports": [{"name": "https", "port": 443, "protocol": "TCP",
+                                                         "targetPort": 6443}]}})
+                pc = self.R("priorityclasses", "scheduling.k8s.io")
+                for name, value in (("system-cluster-critical", 2000000000), ("system-node-critical", 2000001000)):
+                    self.api.create(pc, None, {"metadata": {"name": name}, "value": value,
+                                               "description": "Used for system critical pods that must run in the "
+                                                              "cluster, but can be moved to another node if necessary."})
+                if self.store.get(self.R("queues", "scheduling.volcano.sh") if self._has("queues",
+                                  "scheduling.volcano.sh") else nsres, "", "default") is None and \
+                        self._has("queues", "scheduling.volcano.sh"):
+                    q = self.R("queues", "scheduling.volcano.sh")
+                    for name in ("root", "default"):
+                        self.api.create(q, None, {"metadata": {"name": name}, "spec": {"weight": 1,
+                                                                                       "reclaimable": name != "root"}})
+            packaged = {
+                "coredns": [("deployments", "apps", "kube-system", "coredns"), ("services", "", "kube-system", "kube-dns")],
+                "local-storage": [("deployments", "apps", "kube-system", "local-path-provisioner"),
+                                  ("storageclasses", "storage.k8s.io", "", "local-path")],
+                "metrics-server": [("deployments", "apps", "kube-system", "metrics-server")],
+                "traefik": [("deployments", "apps", "kube-system", "traefik")],
+                "runtimes": [("runtimeclasses", "node.k8s.io", "", n) for n in (
+                    "crun", "lunatic", "nvidia", "nvidia-experimental", "slight", "spin", "wasmedge", "wasmer",
+                    "wasmtime", "wws")],
+            }
+            for component, objects in packaged.items():
+                for plural, group, ns, name in objects:
+                    res = self.R(plural, group)
+                    exists = self.store.get(res, ns, name) is not None
+                    if component in disabled and exists:
+                        self.store.remove(res, ns, name)
+                    elif component not in disabled and not exists:
+                        self.api.create(res, ns or None, self.packaged_object(plural, name), internal=True)
+
+    def _has(self, plural, group):
+        try:
+            self.R(plural, group)
+            return True
+        except KeyError:
+            return False
+
+    @staticmethod
+    def packaged_object(plural, name):
+        labels = {"k8s-app": "kube-dns" if name == "coredns" else name}
+        if plural == "deployments":
+            return {"metadata": {"name": name, "labels": labels}, "spec": {
+                "replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                    "metadata": {"labels": labels}, "spec": {
+                        "containers": [{"name": name, "image": "rancher/mirrored-%s:standin" % name}],
+                        "priorityClassName": "system-cluster-critical"}}}}
+        if plural == "services":
+            return {"metadata": {"name": name, "labels": labels}, "spec": {
+                "clusterIP": "10.43.0.10", "selector": {"k8s-app": "kube-dns"},
+                "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53,
+                                                                          "protocol": "TCP"}]}}
+        if plural == "storageclasses":
+            return {"metadata": {"name": name, "annotations": {
+                "storageclass.kubernetes.io/is-default-class": "true",
+                "objectset.rio.cattle.io/id": "", "defaultVolumeType": "local"}},
+                "provisioner": "rancher.io/local-path", "reclaimPolicy": "Delete",
+                "volumeBindingMode": "WaitForFirstConsumer"}
+        if plural == "runtimeclasses":
+            return {"metadata": {"name": name}, "handler": name}
+        return {"metadata": {"name": name}}
+
+    # -- hooks from the API (store lock held) ------------------------------------
+    def created(self, res, obj):
+        if res.kind == "Namespace" and not res.crd:
+            ns = obj["metadata"]["name"]
+            sa = self.R("serviceaccounts")
+            if self.store.get(sa, ns, "default") is None:
+                self.new(sa, {"metadata": {"name": "default", "namespace": ns}})
+            cm = self.R("configmaps")
+            if self.store.get(cm, ns, "kube-root-ca.crt") is None:
+                self.new(cm, {"metadata": {"name": "kube-root-ca.crt", "namespace": ns, "annotations": {
+                    "kubernetes.io/description": "Contains a CA bundle that can be used to verify the "
+                                                 "kube-apiserver when using internal endpoints such as the internal "
+                                                 "service IP or kubernetes.default.svc. No other usage is guaranteed "
+                                                 "across distributions of Kubernetes clusters."}},
+                              "data": {"ca.crt": self.api.options.get("ca") or ""}})
+        self.wake.set()
+
+    def updated(self, res, old, new):
+        self.wake.set()
+
+    def terminating(self, res, obj, policy):
+        self.wake.set()
+
+    def deleted(self, res, gone, policy):
+        uid = gone["metadata"].get("uid")
+        if res.kind == "Node" and not res.crd:
+            name = gone["metadata"]["name"]
+            self.store.remove(self.R("secrets"), "kube-system", name + ".node-password.k3s")
+            for pod in self.store.items(self.R("pods")):
+                if deep(pod, "spec", "nodeName") == name:
+                    self.remove_pod(pod)
+        elif res.kind == "Pod" and not res.crd:
+            self.forget_pod(gone)
+        elif res.kind == "PersistentVolumeClaim" and not res.crd:
+            pv_name = deep(gone, "spec", "volumeName")
+            pvres = self.R("persistentvolumes")
+            pv = self.store.get(pvres, "", pv_name) if pv_name else None
+            if pv is not None:
+                if deep(pv, "spec", "persistentVolumeReclaimPolicy") == "Delete":
+                    self.store.remove(pvres, "", pv_name)
+                    self.store.volumes.pop("pv:" + pv_name, None)
+                else:
+                    pv = copy.deepcopy(pv)
+                    pv["status"] = {"phase": "Released"}
+                    self.put(pvres, pv)
+        if uid:
+            if policy == "Orphan":
+                for table in self.store.objects.values():
+                    for obj in list(table.values()):
+                        refs = deep(obj, "metadata", "ownerReferences") or []
+                        if any(r.get("uid") == uid for r in refs):
+                            obj = copy.deepcopy(obj)
+                            obj["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
+                            if not obj["metadata"]["ownerReferences"]:
+                                del obj["metadata"]["ownerReferences"]
+                            self.store.put(self._res_of(obj), obj)
+            else:
+                self.gc_uids.add(uid)
+        self.wake.set()
+
+    def _res_of(self, obj):
+        for key, table in self.store.objects.items():
+            if any(o is obj or (o["metadata"].get("uid") == obj["metadata"].get("uid")) for o in table.values()):
+                return next(r for r in self.api.resources() if r.key == key)
+        raise KeyError(obj["metadata"]["name"])
+
+    def remove_pod(self, pod):
+        gone = self.store.remove(self.R("pods"), pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if gone:
+            self.forget_pod(gone)
+            self.gc_uids.add(gone["metadata"]["uid"])
+
+    def forget_pod(self, pod):
+        meta = pod["metadata"]
+        self.timers.pop(meta.get("uid"), None)
+        prefix = "%s/%s/" % (meta.get("namespace"), meta["name"])
+        for key in [k for k in self.store.logs if k.startswith(prefix)]:
+            del self.store.logs[key]
+        for key in [k for k in self.store.volumes if k.startswith("pod:%s:" % meta.get("uid"))]:
+            del self.store.volumes[key]
+
+    # -- the tick ------------------------------------------------------------------
+    def tick(self):
+        self.sync_nodes()
+        self.node_health()
+        self.devices()
+        self.etcd_removal()
+        self.namespaces()
+        self.storage()
+        self.batch_jobs()
+        self.workload_status()
+        self.volcano_jobs()
+        self.schedule()
+        self.volcano_schedule()
+        self.kubelets()
+        self.volcano_status()
+        self.garbage_collect()
+
+    # -- nodes ---------------------------------------------------------------------
+    def sync_nodes(self):
+        cluster = self.api.cluster
+        if cluster is None:
+            return
+        now = time.monotonic()
+        if self.sync_now or now - self.records_at > 2:
+            self.records = cluster.records()
+            self.records_at, self.sync_now = now, False
+        me = self.api.node_name
+        if me:
+            self.last_seen[me] = now
+        registered = self.store.sim.setdefault("registered", {})
+        nodes = self.R("nodes")
+        for name, rec in sorted(self.records.items()):
+            stamp = rec.get("registered_at") or rec.get("joined_at") or "0"
+            node = self.store.get(nodes, "", name)
+            if registered.get(name) == stamp:
+                continue
+            registered[name] = stamp
+            self.store.dirty = True
+            self.last_seen.setdefault(name, now)
+            if node is None:
+                node = self.node_object(rec)
+                node = self.new(nodes, node)
+                self.event(node, "Node", "Normal", "RegisteredNode", "Node %s event: Registered Node %s in "
+                           "Controller" % (name, name), "node-controller")
+                secrets = self.R("secrets")
+                if self.store.get(secrets, "kube-system", name + ".node-password.k3s") is None:
+                    self.new(secrets, {"metadata": {"name": name + ".node-password.k3s", "namespace": "kube-system",
+                                                    "labels": {"node.k3s.cattle.io/name": name}},
+                                       "type": "k3s.cattle.io/node-password", "immutable": True,
+                                       "data": {"hash": base64.b64encode((rec.get("password_sha256") or "").encode())
+                                                .decode()}})
+            else:
+                node = copy.deepcopy(node)
+                fresh = self.node_object(rec)
+                node["status"]["nodeInfo"] = fresh["status"]["nodeInfo"]
+                node["status"]["addresses"] = fresh["status"]["addresses"]
+                node["metadata"].setdefault("annotations", {})["k3s.io/standin-registered-at"] = stamp
+                self.put(nodes, node)
+            self.store.sim.setdefault("ready_after", {})[name] = time.time() + self.ready_delay
+
+    def node_object(self, rec):
+        name = rec["name"]
+        hw = rec.get("hardware") or {}
+        address = rec.get("address") or "127.0.0.1"
+        labels = {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "node.kubernetes.io/instance-type": "k3s", "beta.kubernetes.io/instance-type": "k3s"}
+        if rec.get("role") == "server":
+            labels["node-role.kubernetes.io/control-plane"] = "true"
+            labels["node-role.kubernetes.io/master"] = "true"
+            if rec.get("etcd"):
+                labels["node-role.kubernetes.io/etcd"] = "true"
+        for item in rec.get("labels") or []:
+            key, sep, value = str(item).partition("=")
+            if sep and key:
+                labels[key.strip()] = value.strip()
+        gpus = hw.get("gpus") or {}
+        if gpus.get("count"):
+            labels.update(self.gfd_labels(gpus))
+        taints = [t for t in (parse_taint(str(x)) for x in rec.get("taints") or []) if t]
+        cpu = hw.get("cpu") or 1
+        mem_kib = hw.get("memory_kib") or 4 * 1024 * 1024
+        eph_kib = hw.get("ephemeral_kib") or 60 * 1024 * 1024
+        capacity = {"cpu": str(cpu), "memory": "%dKi" % mem_kib, "pods": "110", "ephemeral-storage": "%dKi" % eph_kib,
+                    "hugepages-1Gi": "0", "hugepages-2Mi": "0"}
+        allocatable = dict(capacity, memory="%dKi" % max(0, mem_kib - 102400),
+                           **{"ephemeral-storage": str(int(eph_kib * 1024 * 0.9))})
+        addresses = [{"type": "InternalIP", "address": address}]
+        if rec.get("external_ip"):
+            addresses.append({"type": "ExternalIP", "address": rec["external_ip"]})
+        addresses.append({"type": "Hostname", "address": name})
+        seed = hashlib.sha256(name.encode()).hexdigest()
+        stamp = now_iso()
+        not_ready = ("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
+                     "message:Network plugin returns error: cni plugin not initialized")
+        spec = {"podCIDR": rec.get("pod_cidr") or "10.42.0.0/24", "podCIDRs": [rec.get("pod_cidr") or "10.42.0.0/24"],
+                "providerID": "k3s://" + name}
+        if taints:
+            spec["taints"] = taints
+        return {
+            "metadata": {"name": name, "labels": labels, "annotations": {
+                "k3s.io/hostname": name, "k3s.io/internal-ip": address, "node.alpha.kubernetes.io/ttl": "0",
+                "flannel.alpha.coreos.com/backend-type": "vxlan", "flannel.alpha.coreos.com/public-ip": address,
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                "k3s.io/standin-registered-at": rec.get("registered_at") or ""}},
+            "spec": spec,
+            "status": {
+                "capacity": capacity, "allocatable": allocatable, "addresses": addresses,
+                "conditions": [
+                    self.condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                                   "kubelet has sufficient memory available", stamp),
+                    self.condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure",
+                                   stamp),
+                    self.condition("PIDPressure", "False", "KubeletHasSufficientPID",
+                                   "kubelet has sufficient PID available", stamp),
+                    self.condition("Ready", "False", "KubeletNotReady", not_ready, stamp)],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "nodeInfo": {"architecture": "amd64", "bootID": str(uuid.UUID(seed[:32])),
+                             "containerRuntimeVersion": "containerd://2.0.5-k3s1",
+                             "kernelVersion": hw.get("kernel") or "6.1.0", "kubeProxyVersion": rec.get("version") or "",
+                             "kubeletVersion": rec.get("version") or "", "machineID": seed[:32],
+                             "operatingSystem": "linux", "osImage": hw.get("os_image") or "Debian GNU/Linux 12 (bookworm)",
+                             "systemUUID": str(uuid.UUID(seed[32:64]))},
+                "images": []},
+        }
+
+    @staticmethod
+    def condition(ctype, status, reason, message, stamp):
+        return {"type": ctype, "status": status, "reason": reason, "message": message, "lastHeartbeatTime": stamp,
+                "lastTransitionTime": stamp}
+
+    def gfd_labels(self, gpus):
+        model = gpus.get("model") or "NVIDIA GPU"
+        info = GPU_MODELS.get(model, {})
+        labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": gpu_product(model),
+                  "nvidia.com/gpu.count": str(gpus.get("count", 0))}
+        if info:
+            labels["nvidia.com/gpu.memory"] = str(info["memory"])
+            labels["nvidia.com/gpu.family"] = info["family"]
+            labels["nvidia.com/mig.capable"] = "true" if info.get("mig") else "false"
+        return labels
+
+    def node_health(self):
+        nodes = self.R("nodes")
+        now, wall = time.monotonic(), time.time()
+        ready_after = self.store.sim.setdefault("ready_after", {})
+        for node in self.store.items(nodes):
+            name = node["metadata"]["name"]
+            seen = self.last_seen.get(name)
+            if seen is None:
+                self.last_seen[name] = seen = now
+            conds = {c["type"]: c for c in node["status"].get("conditions") or []}
+            ready = conds.get("Ready", {}).get("status")
+            want = ready
+            if now - seen > self.grace:
+                want = "Unknown"
+            elif wall >= ready_after.get(name, 0):
+                want = "True"
+            elif ready != "True":
+                want = "False"
+            new = copy.deepcopy(node)
+            if want != ready:
+                stamp = now_iso()
+                if want == "Unknown":
+                    new["status"]["conditions"] = [
+                        self.condition(c["type"], "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node "
+                                       "status.", stamp) | {"lastHeartbeatTime": c.get("lastHeartbeatTime", stamp)}
+                        for c in node["status"]["conditions"]]
+                    self.event(node, "Node", "Normal", "NodeNotReady", "Node %s status is now: NodeNotReady" % name,
+                               "node-controller")
+                elif want == "True":
+                    new["status"]["conditions"] = [
+                        self.condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                                       "kubelet has sufficient memory available", stamp),
+                        self.condition("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                                       "kubelet has no disk pressure", stamp),
+                        self.condition("PIDPressure", "False", "KubeletHasSufficientPID",
+                                       "kubelet has sufficient PID available", stamp),
+                        self.condition("Ready", "True", "KubeletReady", "kubelet is posting ready status", stamp)]
+                    self.event(node, "Node", "Normal", "NodeReady", "Node %s status is now: NodeReady" % name,
+                               "kubelet")
+            # taints the node lifecycle controller keeps
+            taints = [t for t in new["spec"].get("taints") or [] if t.get("key") not in (
+                "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready", "node.kubernetes.io/unschedulable")]
+            old_taints = {(t.get("key"), t.get("effect")): t for t in new["spec"].get("taints") or []}
+            extra = []
+            if want == "Unknown":
+                extra = [("node.kubernetes.io/unreachable", "NoSchedule"), ("node.kubernetes.io/unreachable", "NoExecute")]
+            elif want == "False":
+                extra = [("node.kubernetes.io/not-ready", "NoSchedule")]
+            if new["spec"].get("unschedulable"):
+                extra.append(("node.kubernetes.io/unschedulable", "NoSchedule"))
+            for key, effect in extra:
+                taints.append(old_taints.get((key, effect)) or {"key": key, "effect": effect,
+                                                                "timeAdded": now_iso()})
+            if taints:
+                new["spec"]["taints"] = taints
+            else:
+                new["spec"].pop("taints", None)
+            self.put(nodes, new)
+
+    def etcd_removal(self):
+        nodes = self.R("nodes")
+        for node in self.store.items(nodes):
+            ann = deep(node, "metadata", "annotations") or {}
+            if ann.get("etcd.k3s.cattle.io/remove") == "true" and "etcd.k3s.cattle.io/removed-node-name" not in ann:
+                if deep(node, "metadata", "labels", "node-role.kubernetes.io/etcd") != "true":
+                    continue
+                name = node["metadata"]["name"]
+                new = copy.deepcopy(node)
+                member = "%s-%s" % (name, (self.api.options.get("ca_hash") or "")[:8])
+                new["metadata"]["annotations"]["etcd.k3s.cattle.io/removed-node-name"] = member
+                self.put(nodes, new)
+                self.event(node, "Node", "Normal", "MemberRemoved", "Removed member %s from etcd cluster" % member,
+                           "k3s-supervisor")
+                if self.api.cluster is not None and hasattr(self.api.cluster, "etcd_removed"):
+                    try:
+                        self.api.cluster.etcd_removed(name)
+                    except Exception:
+                        pass
+
+    # -- GPUs (GFD, device plugin, MIG manager) and RDMA ---------------------------
+    def cluster_policy(self):
+        if not self._has("clusterpolicies", "nvidia.com"):
+            return None
+        items = self.store.items(self.R("clusterpolicies", "nvidia.com"))
+        return items[0] if items else None
+
+    def gpu_operator_active(self, policy):
+        if policy is not None:
+            return True
+        cm_name = "bootstrap-device-plugin-config"
+        if self.store.get(self.R("configmaps"), "gpu-operator", cm_name) is not None:
+            return True
+        return bool(self.store.items(self.R("daemonsets", "apps"), "gpu-operator"))
+
+    def mig_layouts(self, policy):
+        name = deep(policy or {}, "spec", "migManager", "config", "name") or "bootstrap-mig-parted-config"
+        cm = self.store.get(self.R("configmaps"), "gpu-operator", name)
+        if cm is None or "config.yaml" not in (cm.get("data") or {}):
+            return dict(BUILTIN_MIG_LAYOUTS), None
+        try:
+            config = load_yaml(cm["data"]["config.yaml"]) or {}
+        except YamlError as exc:
+            return {}, "error parsing config file %s/config.yaml: %s" % (name, exc)
+        layouts = {}
+        for layout, entries in (config.get("mig-configs") or {}).items():
+            devices, enabled = {}, False
+            for entry in entries or []:
+                enabled = enabled or bool(entry.get("mig-enabled"))
+                for profile, count in (entry.get("mig-devices") or {}).items():
+                    devices[str(profile)] = count
+            layouts[layout] = devices if enabled else None
+        return layouts, None
+
+    def devices(self):
+        nodes = self.R("nodes")
+        policy = self.cluster_policy()
+        operator = self.gpu_operator_active(policy)
+        dp_name = deep(policy or {}, "spec", "devicePlugin", "config", "name") or "bootstrap-device-plugin-config"
+        dp_default = deep(policy or {}, "spec", "devicePlugin", "config", "default")
+        dp_cm = self.store.get(self.R("configmaps"), "gpu-operator", dp_name)
+        rdma_cm = self.store.get(self.R("configmaps"), "kube-system", "rdma-devices")
+        rdma_entries = []
+        if rdma_cm is not None:
+            try:
+                rdma_entries = json.loads((rdma_cm.get("data") or {}).get("config.json") or "{}").get("configList") or []
+            except ValueError:
+                rdma_entries = []
+        layouts = None
+        mig_state = self.store.sim.setdefault("mig", {})
+        for node in self.store.items(nodes):
+            name = node["metadata"]["name"]
+            rec = self.records.get(name) or {}
+            hw = rec.get("hardware") or {}
+            gpus = hw.get("gpus") or {}
+            new = copy.deepcopy(node)
+            labels = new["metadata"].setdefault("labels", {})
+            extended = {}
+            count = gpus.get("count") or 0
+            if count:
+                model = gpus.get("model") or "NVIDIA GPU"
+                labels.update(self.gfd_labels(gpus))
+                for key in [k for k in labels if re.fullmatch(r"nvidia\.com/mig-.+\.count", k)]:
+                    del labels[key]
+                for key in ("nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy"):
+                    labels.pop(key, None)
+                mine = mig_state.setdefault(name, {"applied": None, "devices": None})
+                if operator:
+                    want = labels.get("nvidia.com/mig.config")
+                    if want is not None and want != mine.get("target"):
+                        mine.update(target=want, since=time.time(), state="pending", reason=None)
+                    if mine.get("state") == "pending" and time.time() - mine.get("since", 0) >= self.mig_seconds:
+                        if layouts is None:
+                            layouts, layouts_error = self.mig_layouts(policy)
+                        target = mine["target"]
+                        if layouts_error:
+                            reason = layouts_error
+                        elif target not in layouts:
+                            reason = ("error validating configuration: selected mig-config not present: %s "
+                                      "(known: %s)" % (target, ", ".join(sorted(layouts))))
+                        else:
+                            reason = mig_layout_error(target, layouts[target], model) if layouts[target] else None
+                        if reason:
+                            mine.update(state="failed", reason=reason)
+                            self.event(node, "Node", "Warning", "MigConfigFailed", "Failed to apply MIG config %s: %s"
+                                       % (target, reason), "nvidia-mig-manager")
+                        else:
+                            mine.update(state="success", applied=target, devices=layouts[target], reason=None)
+                            self.event(node, "Node", "Normal", "MigConfigApplied", "Applied MIG config %s" % target,
+                                       "nvidia-mig-manager")
+                        self.store.dirty = True
+                    if mine.get("state"):
+                        labels["nvidia.com/mig.config.state"] = mine["state"]
+                    extended, more_labels, error = self.device_plugin(
+                        node, labels, count, model, mine.get("devices"), policy, dp_cm, dp_default)
+                    labels.update(more_labels)
+                    if error:
+                        self.event(node, "Node", "Warning", "DevicePluginConfigError", error, "nvidia-device-plugin")
+            if rdma_entries:
+                for entry in rdma_entries:
+                    if self.rdma_matches(entry, hw.get("rdma") or []):
+                        resource = "%s/%s" % (entry.get("resourcePrefix") or "rdma", entry.get("resourceName"))
+                        extended[resource] = str(entry.get("rdmaHcaMax", 1000))
+            for field in ("capacity", "allocatable"):
+                res = new["status"].setdefault(field, {})
+                for key in [k for k in res if k.startswith(("nvidia.com/", "rdma/")) or
+                            k in self.store.sim.get("extended_names", [])]:
+                    del res[key]
+                res.update(extended)
+            names = set(self.store.sim.get("extended_names", [])) | set(extended)
+            self.store.sim["extended_names"] = sorted(names)
+            self.put(nodes, new)
+
+    def device_plugin(self, node, labels, count, model, mig_devices, policy, dp_cm, dp_default):
+        """-> (extended resources, labels, error)."""
+        key = labels.get("nvidia.com/device-plugin.config") or dp_default
+        config = {}
+        if key:
+            text = (dp_cm or {}).get("data", {}).get(key) if dp_cm else None
+            if text is None:
+                return ({"nvidia.com/gpu": "0"}, {},
+                        "unable to load device plugin config %r: not found in ConfigMap gpu-operator/%s"
+                        % (key, deep(policy or {}, "spec", "devicePlugin", "config", "name")
+                           or "bootstrap-device-plugin-config"))
+            try:
+                config = load_json_or_yaml(text) or {}
+            except (YamlError, ValueError) as exc:
+                return {"nvidia.com/gpu": "0"}, {}, "unable to parse device plugin config %r: %s" % (key, exc)
+        strategy = labels.get("nvidia.com/mig.strategy") or deep(policy or {}, "spec", "mig", "strategy")
+        if not strategy:
+            flag = deep(config, "flags", "migStrategy")
+            strategy = flag if flag in ("single", "mixed") else "single"
+        sharing = config.get("sharing") or {}
+        mode, rename, replicas = "none", False, {}
+        for kind, label in (("timeSlicing", "time-slicing"), ("mps", "mps")):
+            block = sharing.get(kind) or {}
+            for item in block.get("resources") or []:
+                try:
+                    replicas[item.get("name")] = int(item.get("replicas", 1))
+                except (TypeError, ValueError):
+                    continue
+                mode = label
+                rename = bool(block.get("renameByDefault")) or bool(item.get("rename"))
+        out, extra = {}, {}
+        gpu_replicas = replicas.get("nvidia.com/gpu", 1)
+        if mig_devices is not None:
+            if not mig_devices:
+                out["nvidia.com/gpu"] = "0"
+            elif strategy == "single":
+                if len(mig_devices) != 1:
+                    return ({"nvidia.com/gpu": "0"}, {}, "invalid MIG configuration: the single strategy needs all MIG "
+                            "devices of a node to be of one profile, got %s" % ", ".join(sorted(mig_devices)))
+                (profile, per_gpu), = mig_devices.items()
+                out["nvidia.com/gpu"] = str(per_gpu * count * gpu_replicas)
+                extra.update({"nvidia.com/gpu.product": "%s-MIG-%s" % (gpu_product(model), profile),
+                              "nvidia.com/gpu.count": str(per_gpu * count),
+                              "nvidia.com/gpu.memory": str(MIG_MEMORY_MIB.get(profile, 0))})
+            else:
+                for profile, per_gpu in mig_devices.items():
+                    resource = "nvidia.com/mig-" + profile
+                    out[resource] = str(per_gpu * count * replicas.get(resource, 1))
+                    extra["nvidia.com/mig-%s.count" % profile] = str(per_gpu * count)
+                out["nvidia.com/gpu"] = "0"
+            extra["nvidia.com/mig.strategy"] = strategy
+        else:
+            resource = "nvidia.com/gpu.shared" if rename and gpu_replicas > 1 else "nvidia.com/gpu"
+            out[resource] = str(count * gpu_replicas)
+            if resource != "nvidia.com/gpu":
+                out["nvidia.com/gpu"] = "0"
+            if gpu_replicas > 1 and not rename:
+                extra["nvidia.com/gpu.product"] = gpu_product(model) + "-SHARED"
+        extra["nvidia.com/gpu.replicas"] = str(gpu_replicas)
+        extra["nvidia.com/gpu.sharing-strategy"] = mode if gpu_replicas > 1 else "none"
+        return out, extra, None
+
+    @staticmethod
+    def rdma_matches(entry, hcas):
+        selectors = entry.get("selectors") or {}
+        names = set(entry.get("devices") or []) | set(selectors.get("ifNames") or [])
+        vendors = {v.lower().replace("0x", "") for v in selectors.get("vendors") or []}
+        device_ids = {v.lower().replace("0x", "") for v in selectors.get("deviceIDs") or []}
+        for hca in hcas:
+            if names and not names & set(hca.get("netdevs") or []):
+                continue
+            if vendors and hca.get("vendor", "").lower().replace("0x", "") not in vendors:
+                continue
+            if device_ids and hca.get("device", "").lower().replace("0x", "") not in device_ids:
+                continue
+            if names or vendors or device_ids:
+                return True
+        return False
