@@ -94,3 +94,101 @@ def wait_for(what: str, check, timeout_s: float, interval_s: float = 2.0):
                               + (f" (last seen: {last})" if last else ""))
         last = getattr(check, "last", None)
         time.sleep(interval_s)
+
+
+# --- raw REST: one code path for every kind (no discovery, dicts in and out) ------------------
+
+CORE_KINDS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Secret": "secrets", "Pod": "pods",
+              "PersistentVolumeClaim": "persistentvolumeclaims", "Node": "nodes", "Service": "services"}
+CLUSTER_SCOPED = {"Namespace", "Node", "StorageClass", "Queue", "ClusterRole", "ClusterRoleBinding"}
+PLURALS = {"DaemonSet": "daemonsets", "Deployment": "deployments", "StorageClass": "storageclasses",
+           "NetworkAttachmentDefinition": "network-attachment-definitions", "Queue": "queues",
+           "Job": "jobs", "PodGroup": "podgroups", "ServiceAccount": "serviceaccounts",
+           "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}
+
+
+def object_path(api_version: str, kind: str, name: str | None = None, namespace: str | None = None) -> str:
+    plural = CORE_KINDS.get(kind) if api_version == "v1" else PLURALS.get(kind)
+    if plural is None:
+        raise ClusterError(f"the tool does not know the API path of {api_version} {kind}")
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    if kind not in CLUSTER_SCOPED:
+        base += f"/namespaces/{namespace or 'default'}"
+    return f"{base}/{plural}" + (f"/{name}" if name else "")
+
+
+def request(cluster: Cluster, method: str, path: str, body=None, *, query: list | None = None,
+            content_type: str = "application/json", raw: bool = False):
+    """(status, parsed body or text). 404 and other API errors come back as statuses."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = cluster.api_client.call_api(
+            path, method, query_params=query or [], header_params={"Content-Type": content_type,
+                                                                   "Accept": "application/json"},
+            body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30)
+        data = response[0].data if isinstance(response, tuple) else response.data
+        status = response[1] if isinstance(response, tuple) else response.status
+    except ApiException as exc:
+        return exc.status, _parse(exc.body)
+    except Exception as exc:  # connection trouble through the tunnel
+        raise ClusterError(f"API request {method} {path} failed: {exc}") from None
+    text = data.decode() if isinstance(data, bytes) else data
+    return status, text if raw else _parse(text)
+
+
+def _parse(text):
+    import json
+
+    if not text:
+        return {}
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return {"message": str(text)[:300]}
+
+
+def get(cluster: Cluster, path: str) -> dict | None:
+    status, body = request(cluster, "GET", path)
+    if status == 404:
+        return None
+    if status >= 300:
+        raise ClusterError(f"GET {path}: {status} {body.get('message', '')}")
+    return body
+
+
+def apply_object(cluster: Cluster, obj: dict) -> str:
+    """Create, or replace when what we manage differs: 'created' | 'updated' | 'unchanged'."""
+    meta = obj["metadata"]
+    path = object_path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+    current = get(cluster, path)
+    if current is None:
+        status, body = request(cluster, "POST", object_path(obj["apiVersion"], obj["kind"], None,
+                                                            meta.get("namespace")), obj)
+        if status >= 300:
+            raise ClusterError(f"cannot create {obj['kind']} {meta['name']}: {body.get('message', status)}")
+        return "created"
+    if _same(obj, current):
+        return "unchanged"
+    merged = dict(obj, metadata={**meta, "resourceVersion": current.get("metadata", {}).get("resourceVersion")})
+    status, body = request(cluster, "PUT", path, merged)
+    if status >= 300:
+        raise ClusterError(f"cannot update {obj['kind']} {meta['name']}: {body.get('message', status)}")
+    return "updated"
+
+
+def _same(wanted: dict, current: dict) -> bool:
+    """Only the fields we set count: the server adds status, defaults and bookkeeping."""
+    def covered(want, have) -> bool:
+        if isinstance(want, dict):
+            return isinstance(have, dict) and all(covered(v, have.get(k)) for k, v in want.items())
+        return want == have
+    return covered({k: v for k, v in wanted.items() if k != "metadata"}, current) and covered(
+        {k: wanted["metadata"].get(k) for k in ("labels", "annotations") if k in wanted["metadata"]},
+        current.get("metadata", {}))
+
+
+def merge_patch(cluster: Cluster, path: str, patch: dict) -> None:
+    status, body = request(cluster, "PATCH", path, patch, content_type="application/merge-patch+json")
+    if status >= 300:
+        raise ClusterError(f"PATCH {path}: {status} {body.get('message', '')}")

@@ -1,0 +1,157 @@
+"""`up`, cluster side: nodes Ready, labels and taints, the components, MIG settled.
+
+Helm is called only for releases whose version or values changed since the last apply
+(their digests are kept in the cluster, in kube-system/bootstrap-releases).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from bootstrap import components as comp
+from bootstrap import helm
+from bootstrap.cluster.client import Cluster, ClusterError, apply_object, get, merge_patch, object_path, wait_for
+from bootstrap.components import gpu_operator, gpu_sharing
+from bootstrap.facts.model import HostFacts
+from bootstrap.inventory.model import Inventory
+
+DIGESTS = ("kube-system", "bootstrap-releases")
+NODE_TIMEOUT_S = 300
+MIG_TIMEOUT_S = 900
+
+
+def node_ready(node: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions", []))
+
+
+def wait_nodes_ready(cluster: Cluster, names: list[str], timeout_s: float = NODE_TIMEOUT_S) -> dict[str, dict]:
+    def check():
+        nodes = {n["metadata"]["name"]: n for n in (get(cluster, "/api/v1/nodes") or {}).get("items", [])}
+        missing = [n for n in names if n not in nodes or not node_ready(nodes[n])]
+        check.last = f"not Ready: {', '.join(missing)}" if missing else None
+        return nodes if not missing else None
+    check.last = None
+    return wait_for(f"nodes {', '.join(names)} to be Ready", check, timeout_s)
+
+
+def taint_dict(taint: str) -> dict:
+    key_value, effect = taint.rsplit(":", 1)
+    key, _, value = key_value.partition("=")
+    return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
+
+
+def label_and_taint(cluster: Cluster, inventory: Inventory, nodes: dict[str, dict],
+                    labels: dict[str, dict[str, str]]) -> list[str]:
+    changed = []
+    for node in inventory.nodes:
+        current = nodes.get(node.name)
+        if current is None:
+            continue
+        have = current["metadata"].get("labels", {})
+        want = {k: v for k, v in labels.get(node.name, {}).items() if have.get(k) != v}
+        taints = list(current.get("spec", {}).get("taints", []) or [])
+        for taint in map(taint_dict, node.taints):
+            if not any(t.get("key") == taint["key"] and t.get("effect") == taint["effect"] for t in taints):
+                taints.append(taint)
+        patch: dict = {}
+        if want:
+            patch["metadata"] = {"labels": want}
+        if taints != (current.get("spec", {}).get("taints") or []):
+            patch["spec"] = {"taints": taints}
+        if patch:
+            merge_patch(cluster, f"/api/v1/nodes/{node.name}", patch)
+            changed.append(node.name)
+    return changed
+
+
+def read_digests(cluster: Cluster) -> dict[str, str]:
+    found = get(cluster, object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0]))
+    return dict((found or {}).get("data") or {})
+
+
+def record_digest(cluster: Cluster, digests: dict[str, str]) -> None:
+    apply_object(cluster, {"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": DIGESTS[1], "namespace": DIGESTS[0]}, "data": digests})
+
+
+def restart_device_plugin(cluster: Cluster) -> None:
+    """The operator does not watch its device plugin ConfigMap: roll the plugin by hand."""
+    path = "/apis/apps/v1/namespaces/gpu-operator/daemonsets/nvidia-device-plugin-daemonset"
+    if get(cluster, path) is not None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        merge_patch(cluster, path, {"spec": {"template": {"metadata": {"annotations": {
+            "kubectl.kubernetes.io/restartedAt": stamp}}}}})
+
+
+def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TIMEOUT_S) -> None:
+    """MIG Manager reports on the node label nvidia.com/mig.config.state."""
+    if not wanted:
+        return
+
+    def check():
+        states = {}
+        for name in wanted:
+            node = get(cluster, f"/api/v1/nodes/{name}") or {}
+            labels = node.get("metadata", {}).get("labels", {})
+            states[name] = labels.get(gpu_sharing.MIG_STATE_LABEL, "unset")
+            if states[name] == "failed":
+                reason = (node.get("metadata", {}).get("annotations", {}) or {}).get(
+                    "nvidia.com/mig.config.state.reason", "see the nvidia-mig-manager pod's log")
+                raise ClusterError(f"MIG layout {wanted[name]} failed on {name}: {reason}",
+                                   "check the layout fits the GPU (bootstrap facts shows its profiles)")
+        check.last = ", ".join(f"{n}={s}" for n, s in states.items())
+        return all(s == "success" for s in states.values())
+    check.last = None
+    wait_for(f"MIG layouts to apply ({', '.join(f'{n}: {l}' for n, l in wanted.items())})", check, timeout_s)
+
+
+def apply_cluster(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], out=sys.stdout) -> dict:
+    """Converge the cluster side; returns counts of what changed (for the summary)."""
+    summary = {"labelled": [], "objects": [], "releases": []}
+    nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes])
+    labels = comp.node_labels(inventory, facts)
+    summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
+    plugin_config_changed = False
+    for obj in comp.desired_prerequisites(inventory, facts):
+        result = apply_object(cluster, obj)
+        if result != "unchanged":
+            summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
+            plugin_config_changed |= obj["metadata"]["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
+    releases = comp.desired_releases(inventory, facts)
+    digests = read_digests(cluster)
+    todo = helm.releases_to_apply(releases, digests)
+    if todo:
+        helm.check_version()
+    for release in todo:
+        print(f"  helm upgrade --install {release.name} {release.chart} {release.version}", file=out, flush=True)
+        helm.upgrade_install(release, cluster.kubeconfig)
+        digests[release.name] = release.digest()
+        record_digest(cluster, digests)
+        summary["releases"].append(release.name)
+    for obj in comp.desired_manifests(inventory, facts):
+        result = apply_object(cluster, obj)
+        if result != "unchanged":
+            summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
+    for patch in comp.desired_patches(inventory):
+        summary["objects"] += apply_patch(cluster, patch)
+    if plugin_config_changed and "gpu-operator" not in summary["releases"]:
+        restart_device_plugin(cluster)
+    mig = {name: node_labels[gpu_sharing.MIG_LABEL] for name, node_labels in labels.items()
+           if node_labels.get(gpu_sharing.MIG_LABEL, gpu_sharing.MIG_DISABLED) != gpu_sharing.MIG_DISABLED}
+    wait_mig(cluster, mig)
+    return summary
+
+
+def apply_patch(cluster: Cluster, patch) -> list[str]:
+    body = patch.body
+    path = object_path(body["apiVersion"], body["kind"], body["metadata"]["name"], body["metadata"].get("namespace"))
+    current = get(cluster, path)
+    if current is None:
+        return []  # e.g. local-path disabled: nothing to mark
+    wanted = body["metadata"].get("annotations", {})
+    if all(current.get("metadata", {}).get("annotations", {}).get(k) == v for k, v in wanted.items()):
+        return []
+    merge_patch(cluster, path, {"metadata": {"annotations": wanted}})
+    return [f"{body['kind']} {body['metadata']['name']} patched"]
