@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check", "validate an inventory offline; touches no host"),
     "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
     "up": ("up", "check every host, then build or converge the cluster"),
+    "validate": ("validate", "prove the cluster works: GPU pods, capacity, RDMA, a PVC, a gang job"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
+    if name == "validate":
+        cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
     if name == "facts":
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
         cmd.add_argument("--node", action="append", metavar="NAME", help="only these nodes (repeatable)")

@@ -1202,11 +1202,11 @@ class KubeAPI:
             if res.status and res.kind not in ("Node",) and not internal:
                 obj.pop("status", None)
             validate_object(res, obj)
-            self.admit(res, ns, obj)
-            meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = now_iso()
             for key in ("resourceVersion", "deletionTimestamp", "selfLink"):
                 meta.pop(key, None)
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_iso()
+            self.admit(res, ns, obj)
             if "spec" in obj or res.crd:
                 meta["generation"] = 1
             if dry_run:
@@ -1288,7 +1288,7 @@ class KubeAPI:
             spec.setdefault("backoffLimit", 6)
             spec.setdefault("completionMode", "NonIndexed")
             spec.setdefault("suspend", False)
-            uid_label = str(uuid.uuid4())
+            uid_label = meta["uid"]
             labels = spec["template"].setdefault("metadata", {}).setdefault("labels", {})
             labels.update({"batch.kubernetes.io/job-name": meta["name"], "job-name": meta["name"]})
             if spec.get("selector") is None:
@@ -3107,3 +3107,960 @@ class Simulator:
             if names or vendors or device_ids:
                 return True
         return False
+
+    # -- namespaces ------------------------------------------------------------------
+    def namespaces(self):
+        nsres = self.R("namespaces")
+        for ns in self.store.items(nsres):
+            if deep(ns, "status", "phase") != "Terminating":
+                continue
+            since = parse_iso(deep(ns, "metadata", "deletionTimestamp")) or 0
+            if time.time() - since < 0.5:
+                continue
+            name = ns["metadata"]["name"]
+            for res in self.api.resources():
+                if not res.namespaced:
+                    continue
+                for obj in self.store.items(res, name):
+                    gone = self.store.remove(res, name, obj["metadata"]["name"])
+                    if gone:
+                        self.deleted(res, gone, "Background")
+            self.store.remove(nsres, "", name)
+
+    # -- storage ---------------------------------------------------------------------
+    def storage(self):
+        pvcs, pvs = self.R("persistentvolumeclaims"), self.R("persistentvolumes")
+        classes = {sc["metadata"]["name"]: sc for sc in self.store.items(self.R("storageclasses", "storage.k8s.io"))}
+        default = self.default_storage_class()
+        pods = self.store.items(self.R("pods"))
+        used = collections.defaultdict(list)
+        for pod in pods:
+            for vol in deep(pod, "spec", "volumes", default=[]) or []:
+                claim = deep(vol, "persistentVolumeClaim", "claimName")
+                if claim:
+                    used[(pod["metadata"]["namespace"], claim)].append(pod)
+        for pvc in self.store.items(pvcs):
+            ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
+            new = copy.deepcopy(pvc)
+            if deep(pvc, "metadata", "deletionTimestamp"):
+                users = [p for p in used.get((ns, name), []) if deep(p, "status", "phase") not in ("Succeeded", "Failed")]
+                if not users:
+                    new["metadata"]["finalizers"] = [f for f in new["metadata"].get("finalizers") or []
+                                                     if f != "kubernetes.io/pvc-protection"]
+                    if not new["metadata"]["finalizers"]:
+                        gone = self.store.remove(pvcs, ns, name)
+                        self.deleted(pvcs, gone, "Background")
+                        continue
+                self.put(pvcs, new)
+                continue
+            if deep(pvc, "status", "phase") != "Pending":
+                continue
+            spec = new["spec"]
+            if "storageClassName" not in spec and default:
+                spec["storageClassName"] = default  # retroactive default class assignment
+            cls = spec.get("storageClassName")
+            if cls == "":
+                self.bind_static(new)
+            elif cls not in classes:
+                if cls:
+                    self.event(pvc, "PersistentVolumeClaim", "Warning", "ProvisioningFailed",
+                               'storageclass.storage.k8s.io "%s" not found' % cls, "persistentvolume-controller")
+                else:
+                    self.event(pvc, "PersistentVolumeClaim", "Normal", "FailedBinding",
+                               "no persistent volumes available for this claim and no storage class is set",
+                               "persistentvolume-controller")
+            else:
+                sc = classes[cls]
+                selected = deep(new, "metadata", "annotations", "volume.kubernetes.io/selected-node")
+                if sc.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
+                    self.event(pvc, "PersistentVolumeClaim", "Normal", "WaitForFirstConsumer",
+                               "waiting for first consumer to be created before binding", "persistentvolume-controller")
+                else:
+                    self.provision(new, sc, selected)
+            self.put(pvcs, new)
+
+    def provision(self, pvc, sc, node_name):
+        pvs = self.R("persistentvolumes")
+        meta = pvc["metadata"]
+        pv_name = "pvc-" + meta["uid"]
+        size = deep(pvc, "spec", "resources", "requests", "storage") or "1Gi"
+        pv = {"metadata": {"name": pv_name, "annotations": {"pv.kubernetes.io/provisioned-by": sc["provisioner"]},
+                           "finalizers": ["kubernetes.io/pv-protection"]},
+              "spec": {"capacity": {"storage": size}, "accessModes": list(deep(pvc, "spec", "accessModes") or []),
+                       "persistentVolumeReclaimPolicy": sc.get("reclaimPolicy") or "Delete",
+                       "storageClassName": sc["metadata"]["name"], "volumeMode": deep(pvc, "spec", "volumeMode")
+                       or "Filesystem",
+                       "claimRef": {"kind": "PersistentVolumeClaim", "namespace": meta["namespace"],
+                                    "name": meta["name"], "uid": meta["uid"], "apiVersion": "v1"}},
+              "status": {"phase": "Bound"}}
+        if sc["provisioner"] == "rancher.io/local-path":
+            pv["spec"]["hostPath"] = {"path": "/var/lib/rancher/k3s/storage/%s_%s_%s" % (
+                pv_name, meta["namespace"], meta["name"]), "type": "DirectoryOrCreate"}
+            if node_name:
+                pv["spec"]["nodeAffinity"] = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name]}]}]}}
+        else:
+            pv["spec"]["csi"] = {"driver": sc["provisioner"], "volumeHandle": pv_name}
+        if self.store.get(pvs, "", pv_name) is None:
+            self.new(pvs, pv)
+        self.bound(pvc, pv, sc["provisioner"])
+        self.event(pvc, "PersistentVolumeClaim", "Normal", "ProvisioningSucceeded",
+                   "Successfully provisioned volume %s" % pv_name, sc["provisioner"])
+
+    def bound(self, pvc, pv, provisioner=None):
+        pvc["spec"]["volumeName"] = pv["metadata"]["name"]
+        ann = pvc["metadata"].setdefault("annotations", {})
+        ann["pv.kubernetes.io/bind-completed"] = "yes"
+        ann["pv.kubernetes.io/bound-by-controller"] = "yes"
+        if provisioner:
+            ann["volume.beta.kubernetes.io/storage-provisioner"] = provisioner
+            ann["volume.kubernetes.io/storage-provisioner"] = provisioner
+        pvc["status"] = {"phase": "Bound", "accessModes": list(deep(pv, "spec", "accessModes") or []),
+                         "capacity": dict(deep(pv, "spec", "capacity") or {})}
+
+    def bind_static(self, pvc):
+        pvs = self.R("persistentvolumes")
+        want = parse_quantity(deep(pvc, "spec", "resources", "requests", "storage") or "0")
+        for pv in self.store.items(pvs):
+            if deep(pv, "status", "phase") != "Available" or (deep(pv, "spec", "storageClassName") or "") != "":
+                continue
+            if parse_quantity(deep(pv, "spec", "capacity", "storage") or "0") < want:
+                continue
+            if not set(deep(pvc, "spec", "accessModes") or []) <= set(deep(pv, "spec", "accessModes") or []):
+                continue
+            pv = copy.deepcopy(pv)
+            meta = pvc["metadata"]
+            pv["spec"]["claimRef"] = {"kind": "PersistentVolumeClaim", "namespace": meta["namespace"],
+                                      "name": meta["name"], "uid": meta["uid"], "apiVersion": "v1"}
+            pv["status"] = {"phase": "Bound"}
+            self.put(pvs, pv)
+            self.bound(pvc, pv)
+            return
+
+    # -- batch/v1 Jobs, workload status -------------------------------------------------
+    def owned(self, res, ns, uid):
+        return [o for o in self.store.items(res, ns)
+                if any(r.get("uid") == uid for r in deep(o, "metadata", "ownerReferences") or [])]
+
+    def owner_ref(self, res, obj, version=None):
+        return {"apiVersion": res.api_version(version), "kind": res.kind, "name": obj["metadata"]["name"],
+                "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+    def pod_from_template(self, template, ns, name, owner_ref, extra_labels=None, annotations=None):
+        template = copy.deepcopy(template or {})
+        meta = template.get("metadata") or {}
+        pod = {"metadata": {"name": name, "namespace": ns, "labels": dict(meta.get("labels") or {}, **(extra_labels or {})),
+                            "annotations": dict(meta.get("annotations") or {}, **(annotations or {})),
+                            "ownerReferences": [owner_ref]},
+               "spec": template.get("spec") or {}}
+        if not pod["metadata"]["annotations"]:
+            del pod["metadata"]["annotations"]
+        default_pod(pod)
+        return pod
+
+    def batch_jobs(self):
+        jobs, pods = self.R("jobs", "batch"), self.R("pods")
+        for job in self.store.items(jobs):
+            status = job.get("status") or {}
+            if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                   for c in status.get("conditions") or []):
+                ttl = deep(job, "spec", "ttlSecondsAfterFinished")
+                done = parse_iso(status.get("completionTime") or deep(status, "conditions", default=[{}])[-1].get(
+                    "lastTransitionTime"))
+                if ttl is not None and done is not None and time.time() - done >= ttl:
+                    gone = self.store.remove(jobs, job["metadata"]["namespace"], job["metadata"]["name"])
+                    self.deleted(jobs, gone, "Background")
+                continue
+            if deep(job, "metadata", "deletionTimestamp") or deep(job, "spec", "suspend"):
+                continue
+            ns, uid = job["metadata"]["namespace"], job["metadata"]["uid"]
+            mine = self.owned(pods, ns, uid)
+            succeeded = sum(1 for p in mine if deep(p, "status", "phase") == "Succeeded")
+            failed = sum(1 for p in mine if deep(p, "status", "phase") == "Failed")
+            active = [p for p in mine if deep(p, "status", "phase") not in ("Succeeded", "Failed")]
+            spec = job["spec"]
+            new = copy.deepcopy(job)
+            st = new.setdefault("status", {})
+            st.setdefault("startTime", now_iso())
+            stamp = now_iso()
+            if succeeded >= spec.get("completions", 1):
+                st["conditions"] = [
+                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
+                     "message": "Reached expected number of succeeded pods", "lastProbeTime": stamp,
+                     "lastTransitionTime": stamp},
+                    {"type": "Complete", "status": "True", "reason": "CompletionsReached",
+                     "message": "Reached expected number of succeeded pods", "lastProbeTime": stamp,
+                     "lastTransitionTime": stamp}]
+                st["completionTime"] = stamp
+                self.event(job, "Job", "Normal", "Completed", "Job completed", "job-controller", "batch/v1")
+            elif failed > spec.get("backoffLimit", 6):
+                st["conditions"] = [
+                    {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                     "message": "Job has reached the specified backoff limit", "lastProbeTime": stamp,
+                     "lastTransitionTime": stamp},
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                     "message": "Job has reached the specified backoff limit", "lastProbeTime": stamp,
+                     "lastTransitionTime": stamp}]
+                for p in active:
+                    self.remove_pod(p)
+                active = []
+                self.event(job, "Job", "Warning", "BackoffLimitExceeded", "Job has reached the specified backoff "
+                           "limit", "job-controller", "batch/v1")
+            else:
+                want = min(spec.get("parallelism", 1), spec.get("completions", 1) - succeeded) - len(active)
+                for _ in range(max(0, want)):
+                    name = "%s-%s" % (job["metadata"]["name"], rand_suffix())
+                    pod = self.pod_from_template(spec.get("template"), ns, name, self.owner_ref(jobs, job),
+                                                 {"batch.kubernetes.io/job-name": job["metadata"]["name"],
+                                                  "job-name": job["metadata"]["name"]})
+                    self.new(pods, pod)
+                    active.append(pod)
+                    self.event(job, "Job", "Normal", "SuccessfulCreate", "Created pod: %s" % name, "job-controller",
+                               "batch/v1")
+            st.update({"active": len(active), "succeeded": succeeded, "failed": failed, "terminating": 0,
+                       "ready": sum(1 for p in active if deep(p, "status", "phase") == "Running"),
+                       "uncountedTerminatedPods": {}})
+            for key in ("active", "succeeded", "failed"):
+                if not st[key]:
+                    del st[key]
+            self.put(jobs, new)
+
+    def eligible_nodes(self, pod_spec, daemon=False):
+        out = []
+        for node in self.store.items(self.R("nodes")):
+            labels = deep(node, "metadata", "labels", default={}) or {}
+            if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+                continue
+            terms = deep(pod_spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+                         "nodeSelectorTerms")
+            if terms and not node_selector_terms_match(terms, node):
+                continue
+            tolerations = list(pod_spec.get("tolerations") or [])
+            if daemon:
+                tolerations += [{"key": k, "operator": "Exists"} for k in (
+                    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+                    "node.kubernetes.io/unschedulable", "node.kubernetes.io/disk-pressure",
+                    "node.kubernetes.io/memory-pressure", "node.kubernetes.io/pid-pressure")]
+            if any(t.get("effect") in ("NoSchedule", "NoExecute") and not tolerated(tolerations, t)
+                   for t in deep(node, "spec", "taints", default=[]) or []):
+                continue
+            out.append(node)
+        return out
+
+    def workload_status(self):
+        stamp = now_iso()
+        for plural in ("deployments", "statefulsets", "replicasets", "daemonsets"):
+            res = self.R(plural, "apps")
+            for obj in self.store.items(res):
+                new = copy.deepcopy(obj)
+                gen = obj["metadata"].get("generation", 1)
+                if plural == "daemonsets":
+                    nodes = self.eligible_nodes(deep(obj, "spec", "template", "spec", default={}) or {}, daemon=True)
+                    n = len(nodes)
+                    ready = sum(1 for node in nodes if node_ready(node))
+                    new["status"] = {"currentNumberScheduled": n, "desiredNumberScheduled": n, "numberMisscheduled": 0,
+                                     "numberReady": ready, "numberAvailable": ready, "updatedNumberScheduled": n,
+                                     "observedGeneration": gen}
+                    if ready < n:
+                        new["status"]["numberUnavailable"] = n - ready
+                    if not ready:
+                        del new["status"]["numberAvailable"]
+                else:
+                    n = deep(obj, "spec", "replicas")
+                    n = 1 if n is None else n
+                    if plural == "statefulsets":
+                        new["status"] = {"replicas": n, "readyReplicas": n, "currentReplicas": n,
+                                         "updatedReplicas": n, "availableReplicas": n, "observedGeneration": gen,
+                                         "collisionCount": 0}
+                    else:
+                        new["status"] = {"replicas": n, "readyReplicas": n, "availableReplicas": n,
+                                         "observedGeneration": gen}
+                        if plural == "deployments":
+                            new["status"]["updatedReplicas"] = n
+                            old = {c["type"]: c for c in deep(obj, "status", "conditions", default=[]) or []}
+                            new["status"]["conditions"] = [
+                                old.get("Available") or {"type": "Available", "status": "True", "reason":
+                                                         "MinimumReplicasAvailable", "message": "Deployment has "
+                                                         "minimum availability.", "lastUpdateTime": stamp,
+                                                         "lastTransitionTime": stamp},
+                                old.get("Progressing") or {"type": "Progressing", "status": "True", "reason":
+                                                           "NewReplicaSetAvailable", "message": 'ReplicaSet "%s" has '
+                                                           "successfully progressed." % obj["metadata"]["name"],
+                                                           "lastUpdateTime": stamp, "lastTransitionTime": stamp}]
+                    for key in [k for k, v in new["status"].items() if v == 0 and k != "replicas" and
+                                k != "observedGeneration"]:
+                        if plural != "statefulsets" or key not in ("replicas",):
+                            del new["status"][key]
+                self.put(res, new)
+
+    def pdb_numbers(self, pdb):
+        """(disruptions allowed, desired healthy, current healthy)."""
+        reqs = selector_reqs(deep(pdb, "spec", "selector")) or []
+        pods = [p for p in self.store.items(self.R("pods"), pdb["metadata"]["namespace"])
+                if labels_match(reqs, deep(p, "metadata", "labels"))]
+        healthy = sum(1 for p in pods if deep(p, "status", "phase") == "Running")
+        expected = len(pods)
+
+        def amount(value):
+            if isinstance(value, str) and value.endswith("%"):
+                return int(-(-expected * int(value[:-1]) // 100))
+            return int(value)
+        if deep(pdb, "spec", "minAvailable") is not None:
+            desired = amount(pdb["spec"]["minAvailable"])
+        elif deep(pdb, "spec", "maxUnavailable") is not None:
+            desired = expected - amount(pdb["spec"]["maxUnavailable"])
+        else:
+            desired = expected
+        return max(0, healthy - desired), desired, healthy
+
+    # -- Volcano -------------------------------------------------------------------------
+    def admit_vcjob(self, ns, obj):
+        spec = obj.setdefault("spec", {})
+        deny = 'admission webhook "validatejob.volcano.sh" denied the request: '
+        tasks = spec.get("tasks") or []
+        if not tasks:
+            raise ApiError(400, "BadRequest", deny + "No task specified in job spec")
+        seen, total = set(), 0
+        for task in tasks:
+            if task.get("name") in seen:
+                raise ApiError(400, "BadRequest", deny + "duplicated task name %s" % task.get("name"))
+            seen.add(task.get("name"))
+            replicas = task.setdefault("replicas", 1)
+            if not isinstance(replicas, int) or replicas < 0:
+                raise ApiError(400, "BadRequest", deny + "'replicas' < 0 in task: %s" % task.get("name"))
+            total += replicas
+        spec.setdefault("minAvailable", total)
+        if spec["minAvailable"] > total:
+            raise ApiError(400, "BadRequest", deny + "job 'minAvailable' should not be greater than total replicas "
+                           "in tasks")
+        spec.setdefault("queue", "default")
+        spec.setdefault("schedulerName", "volcano")
+        spec.setdefault("maxRetry", 3)
+        if self._has("queues", "scheduling.volcano.sh"):
+            queue = self.store.get(self.R("queues", "scheduling.volcano.sh"), "", spec["queue"])
+            if queue is None:
+                raise ApiError(400, "BadRequest", deny + 'unable to find job queue: queues.scheduling.volcano.sh '
+                               '"%s" not found' % spec["queue"])
+            if deep(queue, "status", "state") not in (None, "Open"):
+                raise ApiError(400, "BadRequest", deny + "can only submit job to queue with state `Open`, queue `%s` "
+                               "status is `%s`" % (spec["queue"], deep(queue, "status", "state")))
+        obj["status"] = {"state": {"phase": "Pending", "lastTransitionTime": now_iso()},
+                         "minAvailable": spec["minAvailable"]}
+
+    def volcano_jobs(self):
+        if not (self._has("jobs", "batch.volcano.sh") and self._has("podgroups", "scheduling.volcano.sh")):
+            return
+        vcjobs, pgs, pods = self.R("jobs", "batch.volcano.sh"), self.R("podgroups", "scheduling.volcano.sh"), \
+            self.R("pods")
+        for job in self.store.items(vcjobs):
+            if deep(job, "metadata", "deletionTimestamp"):
+                continue
+            ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"]["uid"]
+            pg_name = "%s-%s" % (name, uid)
+            if self.store.get(pgs, ns, pg_name) is None and deep(job, "status", "state", "phase") == "Pending":
+                spec = job["spec"]
+                min_res = collections.Counter()
+                taken = 0
+                for task in spec.get("tasks") or []:
+                    for _ in range(task.get("replicas", 1)):
+                        if taken < spec["minAvailable"]:
+                            min_res.update(pod_requests(deep(task, "template", "spec", default={}) or {}))
+                            taken += 1
+                pg = {"metadata": {"name": pg_name, "namespace": ns, "ownerReferences": [self.owner_ref(vcjobs, job)],
+                                   "annotations": {}},
+                      "spec": {"minMember": spec["minAvailable"], "queue": spec["queue"],
+                               "minTaskMember": {t.get("name"): t.get("minAvailable", t.get("replicas", 1))
+                                                 for t in spec.get("tasks") or []},
+                               "minResources": {k: ("%gm" % (v * 1000) if k == "cpu" else str(int(v)))
+                                                for k, v in min_res.items()}},
+                      "status": {"phase": "Pending"}}
+                if spec.get("priorityClassName"):
+                    pg["spec"]["priorityClassName"] = spec["priorityClassName"]
+                self.new(pgs, pg)
+                for task in spec.get("tasks") or []:
+                    for index in range(task.get("replicas", 1)):
+                        pod_name = "%s-%s-%d" % (name, task.get("name"), index)
+                        if self.store.get(pods, ns, pod_name) is not None:
+                            continue
+                        template = copy.deepcopy(task.get("template") or {})
+                        template.setdefault("spec", {}).setdefault("schedulerName", spec.get("schedulerName",
+                                                                                             "volcano"))
+                        pod = self.pod_from_template(
+                            template, ns, pod_name, self.owner_ref(vcjobs, job, "v1alpha1"),
+                            {"volcano.sh/job-name": name, "volcano.sh/job-namespace": ns,
+                             "volcano.sh/queue-name": spec["queue"], "volcano.sh/task-spec": task.get("name"),
+                             "volcano.sh/job-version": "0", "volcano.sh/task-index": str(index)},
+                            {"scheduling.k8s.io/group-name": pg_name, "volcano.sh/job-name": name,
+                             "volcano.sh/task-spec": task.get("name"), "volcano.sh/job-version": "0",
+                             "volcano.sh/queue-name": spec["queue"], "volcano.sh/task-index": str(index)})
+                        pod["spec"]["hostname"] = pod_name
+                        self.new(pods, pod)
+
+    def volcano_status(self):
+        if not (self._has("jobs", "batch.volcano.sh") and self._has("podgroups", "scheduling.volcano.sh")):
+            return
+        vcjobs, pgs, pods = self.R("jobs", "batch.volcano.sh"), self.R("podgroups", "scheduling.volcano.sh"), \
+            self.R("pods")
+        for job in self.store.items(vcjobs):
+            ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"]["uid"]
+            mine = self.owned(pods, ns, uid)
+            if not mine:
+                continue
+            counts = collections.Counter(deep(p, "status", "phase") for p in mine)
+            bound_pending = sum(1 for p in mine if deep(p, "status", "phase") == "Pending" and deep(p, "spec", "nodeName"))
+            running, succeeded, failed = counts["Running"], counts["Succeeded"], counts["Failed"]
+            pending = counts["Pending"]
+            min_available = deep(job, "spec", "minAvailable", default=len(mine))
+            old_phase = deep(job, "status", "state", "phase")
+            if pending + running == 0:
+                phase = "Completed" if succeeded >= min_available and failed == 0 else "Failed"
+            elif running + succeeded + bound_pending >= min_available and (running + bound_pending) > 0:
+                phase = "Running"
+            else:
+                phase = "Pending"
+            if old_phase in ("Completed", "Failed"):
+                phase = old_phase
+            new = copy.deepcopy(job)
+            st = new.setdefault("status", {})
+            tasks = collections.defaultdict(lambda: collections.Counter())
+            for p in mine:
+                tasks[deep(p, "metadata", "labels", "volcano.sh/task-spec") or ""][deep(p, "status", "phase")] += 1
+            st.update({"pending": pending, "running": running, "succeeded": succeeded, "failed": failed,
+                       "minAvailable": min_available, "version": 0, "retryCount": 0,
+                       "taskStatusCount": {t: {"phase": dict(c)} for t, c in tasks.items()}})
+            for key in ("pending", "running", "succeeded", "failed"):
+                if not st[key]:
+                    del st[key]
+            pg = self.store.get(pgs, ns, "%s-%s" % (name, uid))
+            gang = None
+            if pg is not None:
+                gang = next((c.get("message") for c in deep(pg, "status", "conditions", default=[]) or []
+                             if c.get("type") == "Unschedulable" and c.get("status") == "True"), None)
+            state = st.setdefault("state", {})
+            if phase != old_phase:
+                state.update(phase=phase, lastTransitionTime=now_iso())
+                st.setdefault("conditions", []).append({"status": phase, "lastTransitionTime": now_iso()})
+                if phase == "Completed":
+                    self.event(job, "Job", "Normal", "Completed", "Job completed", "vc-controller-manager",
+                               "batch.volcano.sh/v1alpha1")
+            if phase == "Pending" and gang:
+                state.update(reason="Unschedulable", message=gang)
+            else:
+                state.pop("reason", None)
+                state.pop("message", None)
+            self.put(vcjobs, new)
+            if pg is not None:
+                pg = copy.deepcopy(pg)
+                pg_phase = {"Pending": "Pending" if not gang else "Pending", "Running": "Running",
+                            "Completed": "Completed", "Failed": "Completed"}[phase]
+                pg.setdefault("status", {}).update(phase=pg_phase, running=running, succeeded=succeeded, failed=failed)
+                for key in ("running", "succeeded", "failed"):
+                    if not pg["status"][key]:
+                        del pg["status"][key]
+                if phase != "Pending":
+                    pg["status"]["conditions"] = [c for c in pg["status"].get("conditions") or []
+                                                  if c.get("type") != "Unschedulable"]
+                    if not pg["status"]["conditions"]:
+                        del pg["status"]["conditions"]
+                self.put(pgs, pg)
+
+    def volcano_schedule(self):
+        if not self._has("podgroups", "scheduling.volcano.sh"):
+            return
+        pgs, pods = self.R("podgroups", "scheduling.volcano.sh"), self.R("pods")
+        queues = self.R("queues", "scheduling.volcano.sh") if self._has("queues", "scheduling.volcano.sh") else None
+        by_group = collections.defaultdict(list)
+        for pod in self.store.items(pods):
+            group = deep(pod, "metadata", "annotations", "scheduling.k8s.io/group-name")
+            if group and deep(pod, "spec", "schedulerName") == "volcano":
+                by_group[(pod["metadata"]["namespace"], group)].append(pod)
+        for pg in self.store.items(pgs):
+            ns, name = pg["metadata"]["namespace"], pg["metadata"]["name"]
+            members = by_group.get((ns, name), [])
+            waiting = [p for p in members if not deep(p, "spec", "nodeName") and deep(p, "status", "phase") == "Pending"
+                       and not deep(p, "metadata", "deletionTimestamp")]
+            if not waiting:
+                continue
+            placed_before = sum(1 for p in members if deep(p, "spec", "nodeName") and
+                                deep(p, "status", "phase") != "Failed")
+            min_member = deep(pg, "spec", "minMember", default=1)
+            queue_name = deep(pg, "spec", "queue") or "default"
+            queue = self.store.get(queues, "", queue_name) if queues else {}
+            if queue is None or deep(queue or {}, "status", "state") not in (None, "Open"):
+                message = "queue %s is %s" % (queue_name, "not found" if queue is None else
+                                              deep(queue, "status", "state"))
+                self.gang_blocked(pg, waiting, message, message)
+                continue
+            free = self.free_resources()
+            placements, reasons = [], collections.Counter()
+            for pod in sorted(waiting, key=lambda p: p["metadata"]["name"]):
+                node, why = self.place(pod, free)
+                if node:
+                    placements.append((pod, node))
+                    for k, v in pod_requests(pod["spec"]).items():
+                        free[node]["res"][k] = free[node]["res"].get(k, 0) - v
+                    free[node]["pods"] += 1
+                else:
+                    reasons.update(why)
+            if placed_before + len(placements) >= min_member:
+                for pod, node in placements:
+                    self.bind_pod(pod, node, by="volcano")
+                if placements:
+                    pg = copy.deepcopy(pg)
+                    pg["status"]["conditions"] = [c for c in pg["status"].get("conditions") or []
+                                                  if c.get("type") != "Unschedulable"] + [
+                        {"type": "Scheduled", "status": "True", "reason": "tasks in gang are ready to be scheduled",
+                         "transitionID": str(uuid.uuid4()), "lastTransitionTime": now_iso()}]
+                    pg["status"]["phase"] = "Running"
+                    self.put(pgs, pg)
+            else:
+                n_nodes = len(self.store.items(self.R("nodes")))
+                node_msg = "0/%d nodes are unavailable: %s." % (n_nodes, ", ".join(
+                    "%d %s" % (c, r) for r, c in sorted(reasons.items()))) if reasons else \
+                    "0/%d nodes are unavailable" % n_nodes
+                unready = len(waiting)
+                gang = ("%d/%d tasks in gang unschedulable: pod group is not ready, %d Pending, %d minAvailable; "
+                        "Pending: %d Unschedulable" % (unready, len(members), len(waiting), min_member, unready))
+                self.gang_blocked(pg, waiting, gang, node_msg)
+
+    def gang_blocked(self, pg, waiting, gang, node_msg):
+        pgs, pods = self.R("podgroups", "scheduling.volcano.sh"), self.R("pods")
+        new = copy.deepcopy(pg)
+        conds = [c for c in new["status"].get("conditions") or [] if c.get("type") != "Unschedulable"]
+        old = next((c for c in pg["status"].get("conditions") or [] if c.get("type") == "Unschedulable"), None)
+        if old and old.get("message") == gang:
+            conds.append(old)
+        else:
+            conds.append({"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources", "message": gang,
+                          "transitionID": str(uuid.uuid4()), "lastTransitionTime": now_iso()})
+        new["status"]["conditions"] = conds
+        new["status"]["phase"] = "Pending"
+        self.put(pgs, new)
+        self.event(pg, "PodGroup", "Warning", "Unschedulable", gang, "volcano", "scheduling.volcano.sh/v1beta1")
+        for pod in waiting:
+            self.set_unschedulable(pod, node_msg, "volcano")
+
+    # -- the default scheduler -------------------------------------------------------------
+    def free_resources(self):
+        """node name -> {"res": allocatable minus requests of its live pods, "pods": count, "node": obj}."""
+        free = {}
+        for node in self.store.items(self.R("nodes")):
+            alloc = {}
+            for k, v in (deep(node, "status", "allocatable") or {}).items():
+                try:
+                    alloc[k] = parse_quantity(v)
+                except ValueError:
+                    pass
+            free[node["metadata"]["name"]] = {"res": alloc, "pods": 0, "node": node}
+        for pod in self.store.items(self.R("pods")):
+            node = deep(pod, "spec", "nodeName")
+            if node in free and deep(pod, "status", "phase") not in ("Succeeded", "Failed"):
+                for k, v in pod_requests(pod["spec"]).items():
+                    free[node]["res"][k] = free[node]["res"].get(k, 0) - v
+                free[node]["pods"] += 1
+        return free
+
+    def volume_constraints(self, pod):
+        """-> (blocking message or None, required node or None, [pvcs waiting for a first consumer])."""
+        pvcs, pvs = self.R("persistentvolumeclaims"), self.R("persistentvolumes")
+        classes = {sc["metadata"]["name"]: sc for sc in self.store.items(self.R("storageclasses", "storage.k8s.io"))}
+        ns = pod["metadata"]["namespace"]
+        required, wffc = None, []
+        for vol in deep(pod, "spec", "volumes", default=[]) or []:
+            claim = deep(vol, "persistentVolumeClaim", "claimName")
+            if not claim:
+                continue
+            pvc = self.store.get(pvcs, ns, claim)
+            if pvc is None:
+                return 'persistentvolumeclaim "%s" not found' % claim, None, []
+            if deep(pvc, "status", "phase") == "Bound":
+                pv = self.store.get(pvs, "", deep(pvc, "spec", "volumeName") or "")
+                terms = deep(pv or {}, "spec", "nodeAffinity", "required", "nodeSelectorTerms")
+                if terms:
+                    for term in terms:
+                        for expr in term.get("matchExpressions") or []:
+                            if expr.get("key") == "kubernetes.io/hostname" and expr.get("values"):
+                                required = expr["values"][0]
+                continue
+            sc = classes.get(deep(pvc, "spec", "storageClassName") or "")
+            if sc is not None and sc.get("volumeBindingMode") == "WaitForFirstConsumer":
+                wffc.append(pvc)
+                continue
+            return "pod has unbound immediate PersistentVolumeClaims", None, []
+        return None, required, wffc
+
+    def place(self, pod, free):
+        """Best node for pod given free resources -> (name, None) or (None, Counter of reasons)."""
+        spec = pod["spec"]
+        blocked, required, _ = self.volume_constraints(pod)
+        if blocked:
+            return None, collections.Counter({blocked: len(free)})
+        reqs = pod_requests(spec)
+        eligible = {n["metadata"]["name"] for n in self.eligible_nodes(spec)}
+        reasons, fits = collections.Counter(), []
+        for name, slot in sorted(free.items()):
+            node = slot["node"]
+            if spec.get("nodeName") and spec["nodeName"] != name:
+                reasons["node(s) didn't match the requested node name"] += 1
+                continue
+            if required and required != name:
+                reasons["node(s) had volume node affinity conflict"] += 1
+                continue
+            if name not in eligible:
+                labels = deep(node, "metadata", "labels", default={}) or {}
+                selector_ok = all(labels.get(k) == v for k, v in (spec.get("nodeSelector") or {}).items())
+                terms = deep(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+                             "nodeSelectorTerms")
+                if not selector_ok or (terms and not node_selector_terms_match(terms, node)):
+                    reasons["node(s) didn't match Pod's node affinity/selector"] += 1
+                else:
+                    taint = next(t for t in deep(node, "spec", "taints", default=[]) or []
+                                 if t.get("effect") in ("NoSchedule", "NoExecute") and
+                                 not tolerated(spec.get("tolerations"), t))
+                    if taint.get("key") == "node.kubernetes.io/unschedulable":
+                        reasons["node(s) were unschedulable"] += 1
+                    else:
+                        reasons["node(s) had untolerated taint {%s: %s}" % (taint.get("key"),
+                                                                           taint.get("value", ""))] += 1
+                continue
+            short = False
+            if slot["pods"] + 1 > slot["res"].get("pods", 110):
+                reasons["Too many pods"] += 1
+                short = True
+            for k, v in sorted(reqs.items()):
+                if slot["res"].get(k, 0) + 1e-9 < v:
+                    reasons["Insufficient %s" % k] += 1
+                    short = True
+            if not short:
+                fits.append((slot["pods"], name))
+        if fits:
+            return sorted(fits)[0][1], None
+        return None, reasons
+
+    def schedule(self):
+        pods = self.R("pods")
+        free = None
+        for pod in self.store.items(pods):
+            spec = pod.get("spec") or {}
+            if spec.get("nodeName") or deep(pod, "status", "phase") != "Pending" or \
+                    deep(pod, "metadata", "deletionTimestamp") or spec.get("schedulerName") != "default-scheduler":
+                continue
+            if free is None:
+                free = self.free_resources()
+            node, reasons = self.place(pod, free)
+            if node:
+                for k, v in pod_requests(spec).items():
+                    free[node]["res"][k] = free[node]["res"].get(k, 0) - v
+                free[node]["pods"] += 1
+                self.bind_pod(pod, node)
+            else:
+                n = len(free)
+                if len(reasons) == 1 and not next(iter(reasons)).startswith(("node(s)", "Insufficient", "Too many")):
+                    message = "0/%d nodes are available: %s. preemption: 0/%d nodes are available: %d Preemption is " \
+                              "not helpful for scheduling." % (n, next(iter(reasons)), n, n)
+                else:
+                    message = "0/%d nodes are available: %s. preemption: 0/%d nodes are available: %d Preemption is " \
+                              "not helpful for scheduling." % (n, ", ".join("%d %s" % (c, r) for r, c in sorted(
+                                  reasons.items())), n, n) if n else "no nodes available to schedule pods"
+                self.set_unschedulable(pod, message, "default-scheduler")
+
+    def set_unschedulable(self, pod, message, component):
+        new = copy.deepcopy(pod)
+        conds = [c for c in new["status"].get("conditions") or [] if c.get("type") != "PodScheduled"]
+        old = next((c for c in pod["status"].get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+        if old and old.get("message") == message and old.get("status") == "False":
+            return
+        conds.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                      "lastProbeTime": None, "lastTransitionTime": now_iso()})
+        new["status"]["conditions"] = conds
+        self.put(self.R("pods"), new)
+        self.event(pod, "Pod", "Warning", "FailedScheduling", message, component)
+
+    def bind_pod(self, pod, node, by="default-scheduler"):
+        pods = self.R("pods")
+        new = copy.deepcopy(pod)
+        new["spec"]["nodeName"] = node
+        conds = [c for c in new["status"].get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                      "lastTransitionTime": now_iso()})
+        new["status"]["conditions"] = conds
+        _, _, wffc = self.volume_constraints(pod)
+        pvcs = self.R("persistentvolumeclaims")
+        for pvc in wffc:
+            pvc = copy.deepcopy(pvc)
+            pvc["metadata"].setdefault("annotations", {})["volume.kubernetes.io/selected-node"] = node
+            self.put(pvcs, pvc)
+        self.put(pods, new)
+        if by != "binding":
+            self.event(new, "Pod", "Normal", "Scheduled", "Successfully assigned %s/%s to %s" % (
+                pod["metadata"]["namespace"], pod["metadata"]["name"], node), by if by == "volcano" else
+                "default-scheduler")
+        self.wake.set()
+
+    # -- kubelets ----------------------------------------------------------------------------
+    def admit_on_node(self, pod, node):
+        """The kubelet's admission: (reason, message) when the pod does not fit, else None."""
+        free = self.free_resources()
+        slot = free.get(node["metadata"]["name"])
+        if slot is None:
+            return None
+        reqs = pod_requests(pod["spec"])
+        # free_resources already counted this pod on its node: add it back
+        for k, v in sorted(reqs.items()):
+            have = slot["res"].get(k, 0) + v
+            if have + 1e-9 < v:
+                alloc = parse_quantity((deep(node, "status", "allocatable") or {}).get(k, "0"))
+                used = alloc - have
+                return ("OutOf" + k, "Pod was rejected: Node didn't have enough resource: %s, requested: %g, used: "
+                        "%g, capacity: %g" % (k, v, max(0, used), alloc))
+        return None
+
+    def pod_ip(self, node):
+        counters = self.store.sim.setdefault("pod_ip", {})
+        n = counters.get(node["metadata"]["name"], 0) + 1
+        counters[node["metadata"]["name"]] = n
+        cidr = deep(node, "spec", "podCIDR") or "10.42.0.0/24"
+        base = cidr.split("/")[0].rsplit(".", 1)[0]
+        return "%s.%d" % (base, (n - 1) % 250 + 2)
+
+    def container_context(self, pod, container, node):
+        meta, spec = pod["metadata"], pod["spec"]
+        uid = meta["uid"]
+        env = {"HOSTNAME": meta["name"], "KUBERNETES_SERVICE_HOST": "10.43.0.1", "KUBERNETES_SERVICE_PORT": "443",
+               "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"], "metadata.uid": uid,
+                  "spec.nodeName": spec.get("nodeName", ""), "spec.serviceAccountName": spec.get("serviceAccountName"),
+                  "status.podIP": deep(pod, "status", "podIP") or "", "status.hostIP": deep(pod, "status", "hostIP")
+                  or ""}
+        cms, secrets = self.R("configmaps"), self.R("secrets")
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+            elif deep(item, "valueFrom", "fieldRef", "fieldPath"):
+                env[item["name"]] = fields.get(item["valueFrom"]["fieldRef"]["fieldPath"], "") or ""
+            elif deep(item, "valueFrom", "configMapKeyRef"):
+                ref = item["valueFrom"]["configMapKeyRef"]
+                cm = self.store.get(cms, meta["namespace"], ref.get("name"))
+                env[item["name"]] = ((cm or {}).get("data") or {}).get(ref.get("key"), "")
+            elif deep(item, "valueFrom", "secretKeyRef"):
+                ref = item["valueFrom"]["secretKeyRef"]
+                secret = self.store.get(secrets, meta["namespace"], ref.get("name"))
+                value = ((secret or {}).get("data") or {}).get(ref.get("key"), "")
+                env[item["name"]] = base64.b64decode(value).decode(errors="replace") if value else ""
+        hw = (self.records.get(node["metadata"]["name"]) or {}).get("hardware") or {}
+        gpus = hw.get("gpus") or {}
+        requests = pod_requests({"containers": [container]})
+        gpu_lines = []
+        if gpus.get("count"):
+            uuids = gpus.get("uuids") or []
+            for name, amount in sorted(requests.items()):
+                m = GPU_RESOURCE_RE.match(name)
+                if not m or amount <= 0:
+                    continue
+                if m.group(1).startswith("mig-"):
+                    profile = m.group(1)[4:]
+                    for i in range(int(amount)):
+                        gpu_lines.append("GPU %d: %s (UUID: %s)\n  MIG %-14s Device %2d: (UUID: MIG-%s)\n" % (
+                            0, gpus.get("model"), uuids[0] if uuids else "GPU-0", profile, i,
+                            str(uuid.UUID(hashlib.md5(("%s%d" % (uid, i)).encode()).hexdigest()))))
+                else:
+                    for i in range(min(int(amount), gpus["count"])):
+                        gpu_lines.append("GPU %d: %s (UUID: %s)\n" % (i, gpus.get("model"), uuids[i] if i < len(uuids)
+                                                                        else "GPU-%d" % i))
+        if gpu_lines:
+            env.setdefault("NVIDIA_VISIBLE_DEVICES", ",".join(str(i) for i in range(len(gpu_lines))))
+        volumes = self.store.volumes
+        mounts = []
+        pvcs = self.R("persistentvolumeclaims")
+        defs = {v.get("name"): v for v in spec.get("volumes") or []}
+        for mount in container.get("volumeMounts") or []:
+            vol = defs.get(mount.get("name")) or {}
+            path = mount.get("mountPath", "/")
+            sub = mount.get("subPath")
+            if vol.get("persistentVolumeClaim"):
+                pvc = self.store.get(pvcs, meta["namespace"], vol["persistentVolumeClaim"].get("claimName"))
+                volume_id = "pv:%s" % (deep(pvc or {}, "spec", "volumeName") or "unbound")
+            elif vol.get("hostPath"):
+                volume_id = "host:%s:%s" % (node["metadata"]["name"], vol["hostPath"].get("path"))
+            else:
+                volume_id = "pod:%s:%s" % (uid, mount.get("name"))
+                files = volumes.setdefault(volume_id, {})
+                source = None
+                if vol.get("configMap"):
+                    cm = self.store.get(cms, meta["namespace"], vol["configMap"].get("name"))
+                    source = {k: v for k, v in ((cm or {}).get("data") or {}).items()}
+                elif vol.get("secret"):
+                    secret = self.store.get(secrets, meta["namespace"], vol["secret"].get("secretName"))
+                    source = {k: base64.b64decode(v).decode(errors="replace")
+                              for k, v in ((secret or {}).get("data") or {}).items()}
+                if source is not None:
+                    files.update(source)
+            if sub:
+                files = volumes.setdefault(volume_id, {})
+                volume_id = volume_id + "/" + sub
+                volumes.setdefault(volume_id, {})
+            mounts.append((path, volume_id))
+        mounts.sort(key=lambda m: -len(m[0]))
+        return {"pod": meta["name"], "namespace": meta["namespace"], "env": env, "gpus": gpu_lines,
+                "mounts": mounts, "volumes": volumes, "rootfs": "pod:%s:%s:/" % (uid, container.get("name"))}
+
+    def container_status(self, container, state, ready, restarts=0):
+        image = container.get("image", "")
+        digest = hashlib.sha256(image.encode()).hexdigest()
+        status = {"name": container["name"], "image": image if "/" in image.split(":")[0] or "." in image.split(
+                  "/")[0] else "docker.io/library/" + image, "imageID": "docker.io/library/%s@sha256:%s" % (
+                  image.split(":")[0].split("@")[0].rsplit("/", 1)[-1], digest), "ready": ready,
+                  "restartCount": restarts, "started": "running" in state, "state": state, "lastState": {}}
+        if "waiting" not in state:
+            status["containerID"] = "containerd://" + hashlib.sha256((container["name"] + digest + str(
+                time.time())).encode()).hexdigest()
+        return status
+
+    def pod_conditions(self, pod, ready, initialized, started, reason=None):
+        stamp = now_iso()
+        old = {c["type"]: c for c in deep(pod, "status", "conditions", default=[]) or []}
+
+        def cond(ctype, ok, why=None):
+            status = "True" if ok else "False"
+            prev = old.get(ctype)
+            c = {"type": ctype, "status": status, "lastProbeTime": None,
+                 "lastTransitionTime": prev["lastTransitionTime"] if prev and prev.get("status") == status else stamp}
+            if not ok and why:
+                c["reason"] = why
+            return c
+        return [cond("PodReadyToStartContainers", started), cond("Initialized", initialized, "PodCompleted"
+                                                                 if reason == "PodCompleted" else
+                                                                 "ContainersNotInitialized"),
+                cond("Ready", ready, reason or "ContainersNotReady"),
+                cond("ContainersReady", ready, reason or "ContainersNotReady"),
+                old.get("PodScheduled") or cond("PodScheduled", True)]
+
+    def kubelets(self):
+        pods, nodes = self.R("pods"), self.R("nodes")
+        now = time.monotonic()
+        for pod in self.store.items(pods):
+            spec, status = pod["spec"], pod.get("status") or {}
+            node_name, phase = spec.get("nodeName"), status.get("phase")
+            if not node_name or phase not in ("Pending", "Running") or deep(pod, "metadata", "deletionTimestamp"):
+                continue
+            node = self.store.get(nodes, "", node_name)
+            if node is None or not node_ready(node):
+                continue
+            uid = pod["metadata"]["uid"]
+            timer = self.timers.get(uid)
+            new = copy.deepcopy(pod)
+            st = new["status"]
+            containers = spec.get("containers") or []
+            inits = spec.get("initContainers") or []
+            if phase == "Pending" and timer is None:
+                rejected = self.admit_on_node(pod, node)
+                if rejected:
+                    st.update(phase="Failed", reason=rejected[0], message=rejected[1], startTime=now_iso())
+                    self.put(pods, new)
+                    self.event(pod, "Pod", "Warning", rejected[0], rejected[1], "kubelet")
+                    continue
+                address = next((a["address"] for a in deep(node, "status", "addresses", default=[])
+                                if a.get("type") == "InternalIP"), "")
+                st.update(hostIP=address, hostIPs=[{"ip": address}], startTime=now_iso())
+                st["containerStatuses"] = [self.container_status(c, {"waiting": {
+                    "reason": "PodInitializing" if inits else "ContainerCreating"}}, False) for c in containers]
+                if inits:
+                    st["initContainerStatuses"] = [self.container_status(c, {"waiting": {"reason": "PodInitializing"}},
+                                                                         False) for c in inits]
+                st["conditions"] = self.pod_conditions(new, False, not inits, False)
+                self.timers[uid] = {"start": now + self.start_delay}
+                self.put(pods, new)
+                continue
+            if phase == "Pending" and now >= timer["start"]:
+                ip = self.pod_ip(node)
+                st.update(podIP=ip, podIPs=[{"ip": ip}])
+                started = now_iso()
+                failed_init = None
+                init_statuses = []
+                for c in inits:
+                    out, code, _ = run_container(c, self.container_context(new, c, node))
+                    self.store.logs["%s/%s/%s" % (pod["metadata"]["namespace"], pod["metadata"]["name"], c["name"])] = out
+                    init_statuses.append(self.container_status(c, {"terminated": {
+                        "exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": started,
+                        "finishedAt": started}}, code == 0))
+                    if code != 0:
+                        failed_init = c["name"]
+                        break
+                if inits:
+                    st["initContainerStatuses"] = init_statuses + [
+                        self.container_status(c, {"waiting": {"reason": "PodInitializing"}}, False)
+                        for c in inits[len(init_statuses):]]
+                if failed_init:
+                    st["phase"] = "Failed"
+                    st["conditions"] = self.pod_conditions(new, False, False, True)
+                    self.timers[uid] = {"done": True}
+                    self.put(pods, new)
+                    continue
+                ends, codes = {}, {}
+                for c in containers:
+                    out, code, seconds = run_container(c, self.container_context(new, c, node))
+                    self.store.logs["%s/%s/%s" % (pod["metadata"]["namespace"], pod["metadata"]["name"], c["name"])] = out
+                    ends[c["name"]] = None if seconds is None else now + seconds
+                    codes[c["name"]] = code
+                self.store.dirty = True
+                self.timers[uid] = {"ends": ends, "codes": codes, "started": started}
+                st["phase"] = "Running"
+                st["containerStatuses"] = [self.container_status(c, {"running": {"startedAt": started}}, True)
+                                           for c in containers]
+                st["conditions"] = self.pod_conditions(new, True, True, True)
+                self.put(pods, new)
+                self.event(pod, "Pod", "Normal", "Started", "Started container %s" % containers[0]["name"], "kubelet")
+                continue
+            if phase == "Running":
+                if timer is None or "ends" not in timer:  # after a restart of the server: run out from now
+                    base = env_float("K3S_STANDIN_POD_SECONDS", 1.0)
+                    timer = self.timers[uid] = {"ends": {c["name"]: now + base for c in containers},
+                                                "codes": {c["name"]: 0 for c in containers},
+                                                "started": deep(st, "startTime") or now_iso()}
+                if spec.get("restartPolicy", "Always") == "Always":
+                    continue
+                done = {n for n, end in timer["ends"].items() if end is not None and end <= now}
+                if not done:
+                    continue
+                finished = now_iso()
+                statuses = []
+                for c in containers:
+                    cs = next((s for s in st.get("containerStatuses") or [] if s["name"] == c["name"]), None) or \
+                        self.container_status(c, {"running": {"startedAt": timer["started"]}}, True)
+                    if c["name"] in done and "terminated" not in cs["state"]:
+                        code = timer["codes"][c["name"]]
+                        cs = dict(cs, ready=False, started=False, state={"terminated": {
+                            "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                            "startedAt": timer["started"], "finishedAt": finished, "containerID": cs.get(
+                                "containerID", "")}})
+                    statuses.append(cs)
+                st["containerStatuses"] = statuses
+                if all("terminated" in s["state"] for s in statuses):
+                    ok = all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses)
+                    st["phase"] = "Succeeded" if ok else "Failed"
+                    st["conditions"] = self.pod_conditions(new, False, True, False, "PodCompleted")
+                    timer["done"] = True
+                self.put(pods, new)
+
+    # -- garbage collection ---------------------------------------------------------------
+    def garbage_collect(self):
+        if not self.gc_uids:
+            return
+        deleted, self.gc_uids = self.gc_uids, set()
+        alive = set()
+        for table in self.store.objects.values():
+            for obj in table.values():
+                alive.add(obj["metadata"].get("uid"))
+        for res in self.api.resources():
+            for obj in self.store.items(res):
+                refs = deep(obj, "metadata", "ownerReferences") or []
+                if not refs or not any(r.get("uid") in deleted for r in refs):
+                    continue
+                if any(r.get("uid") in alive for r in refs):
+                    continue
+                if res.kind == "Pod" and not res.crd:
+                    self.remove_pod(obj)
+                    continue
+                gone = self.store.remove(res, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+                if gone:
+                    self.deleted(res, gone, "Background")

@@ -1,0 +1,265 @@
+"""`bootstrap validate`: prove the cluster does GPU work. Each check ends PASS, FAIL or SKIP
+with a reason; everything it creates lives in one namespace, deleted at the end."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request
+from bootstrap.components import gpu_sharing
+from bootstrap.components.rdma import resource_key
+from bootstrap.facts.model import HostFacts
+from bootstrap.inventory.model import Inventory
+from bootstrap.preflight import is_gpu_node
+from bootstrap.rules import mig
+
+NAMESPACE = "bootstrap-validate"
+DEFAULT_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
+BUSYBOX = "busybox:1.36"
+TOLERATE_ALL = [{"operator": "Exists"}]
+
+
+@dataclass
+class CheckResult:
+    check: str
+    status: str  # PASS | FAIL | SKIP
+    reason: str
+    node: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def expected_gpu_resources(inventory: Inventory, node, facts: HostFacts) -> dict[str, int]:
+    """What the device plugin should advertise on this node, from the sharing setup and
+    the GPUs the host really has."""
+    gpus = len(facts.gpus) or 1
+    sharing = inventory.sharing_for(node)
+    if sharing.mig:
+        per_gpu = mig.check_layout(sharing.mig, facts.mig_profiles) if facts.mig_profiles else Counter()
+        if gpu_sharing.mig_strategy(inventory) == "mixed":
+            return {f"nvidia.com/mig-{name}": count * gpus for name, count in per_gpu.items()}
+        return {"nvidia.com/gpu": sum(per_gpu.values()) * gpus}
+    if sharing.time_slicing:
+        name = "nvidia.com/gpu.shared" if sharing.time_slicing.rename_by_default else "nvidia.com/gpu"
+        return {name: gpus * sharing.time_slicing.replicas}
+    if sharing.mps:
+        return {"nvidia.com/gpu": gpus * sharing.mps.replicas}
+    return {"nvidia.com/gpu": gpus}
+
+
+def _pod(name: str, node: str | None, image: str, resources: dict | None = None,
+         command: list[str] | None = None, volumes=None, mounts=None) -> dict:
+    container: dict = {"name": "main", "image": image}
+    if command:
+        container["command"] = command
+    if resources:
+        container["resources"] = {"limits": {k: str(v) for k, v in resources.items()}}
+    if mounts:
+        container["volumeMounts"] = mounts
+    spec: dict = {"restartPolicy": "Never", "tolerations": TOLERATE_ALL, "containers": [container]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if volumes:
+        spec["volumes"] = volumes
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE,
+                                                           "labels": {"app.kubernetes.io/part-of": "bootstrap-validate"}},
+            "spec": spec}
+
+
+def _create(cluster: Cluster, obj: dict) -> None:
+    meta = obj["metadata"]
+    status, body = request(cluster, "POST", object_path(obj["apiVersion"], obj["kind"], None, meta.get("namespace")),
+                           obj)
+    if status >= 300:
+        raise ClusterError(f"cannot create {obj['kind']} {meta['name']}: {body.get('message', status)}")
+
+
+def _pod_outcome(cluster: Cluster, name: str, timeout_s: float) -> tuple[str, str, str]:
+    """(phase, log, why) once the pod ends, or ('Pending'/'Running', '', why) at the time-out."""
+    path = object_path("v1", "Pod", name, NAMESPACE)
+    deadline = time.monotonic() + timeout_s
+    why = ""
+    while True:
+        pod = get(cluster, path) or {}
+        status = pod.get("status", {})
+        phase = status.get("phase", "Pending")
+        if phase in ("Succeeded", "Failed"):
+            code, log = request(cluster, "GET", path + "/log", raw=True)
+            return phase, log if code < 300 and isinstance(log, str) else "", status.get("message", "")
+        for condition in status.get("conditions", []):
+            if condition.get("status") == "False" and condition.get("message"):
+                why = f"{condition.get('reason', '')}: {condition['message']}"
+        if time.monotonic() > deadline:
+            return phase, "", why or f"still {phase} after {timeout_s:.0f}s"
+        time.sleep(1)
+
+
+def check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout_s) -> list[CheckResult]:
+    if not inventory.validate.gpu_pod:
+        return [CheckResult("gpu-pod", "SKIP", "validate.gpu_pod is false")]
+    if not gpu_nodes:
+        return [CheckResult("gpu-pod", "SKIP", "no GPU nodes")]
+    image = inventory.validate.image or DEFAULT_IMAGE
+    started = {}
+    for node in gpu_nodes:
+        resource = sorted(expected_gpu_resources(inventory, node, facts[node.name]))[0]
+        name = f"gpu-test-{node.name}"[:63]
+        _create(cluster, _pod(name, node.name, image, {resource: 1}))
+        started[node.name] = name
+    results = []
+    for node in gpu_nodes:
+        phase, log, why = _pod_outcome(cluster, started[node.name], timeout_s)
+        if phase == "Succeeded" and "Test PASSED" in log:
+            results.append(CheckResult("gpu-pod", "PASS", "CUDA vectorAdd: Test PASSED", node.name))
+        elif phase == "Succeeded":
+            results.append(CheckResult("gpu-pod", "FAIL", f"pod ended without 'Test PASSED': {_last(log)}", node.name))
+        elif phase == "Failed":
+            results.append(CheckResult("gpu-pod", "FAIL", f"pod failed: {_last(log) or why}", node.name))
+        else:
+            results.append(CheckResult("gpu-pod", "FAIL", f"pod never ran: {why}", node.name))
+    return results
+
+
+def _last(log: str) -> str:
+    lines = [line for line in (log or "").splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def check_capacity(cluster, inventory, gpu_nodes, facts) -> list[CheckResult]:
+    if not gpu_nodes:
+        return [CheckResult("gpu-capacity", "SKIP", "no GPU nodes")]
+    results = []
+    for node in gpu_nodes:
+        wanted = expected_gpu_resources(inventory, node, facts[node.name])
+        allocatable = (get(cluster, f"/api/v1/nodes/{node.name}") or {}).get("status", {}).get("allocatable", {})
+        wrong = {k: (v, allocatable.get(k, "0")) for k, v in wanted.items() if str(allocatable.get(k, "0")) != str(v)}
+        if wrong:
+            text = ", ".join(f"{k}={have} (expected {want})" for k, (want, have) in wrong.items())
+            results.append(CheckResult("gpu-capacity", "FAIL", text, node.name))
+        else:
+            results.append(CheckResult("gpu-capacity", "PASS", ", ".join(f"{k}={v}" for k, v in wanted.items()),
+                                       node.name))
+    return results
+
+
+def check_rdma(cluster, inventory, gpu_nodes) -> list[CheckResult]:
+    if not inventory.network.rdma:
+        return [CheckResult("rdma", "SKIP", "no network.rdma in the inventory")]
+    key = resource_key(inventory)
+    results = []
+    for node in gpu_nodes:
+        allocatable = (get(cluster, f"/api/v1/nodes/{node.name}") or {}).get("status", {}).get("allocatable", {})
+        count = int(str(allocatable.get(key, "0")) or 0)
+        results.append(CheckResult("rdma", "PASS" if count > 0 else "FAIL",
+                                   f"{key}={count}" if count else f"{key} is not allocatable", node.name))
+    return results
+
+
+def check_pvc(cluster, inventory, timeout_s) -> CheckResult:
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": "validate-pvc", "namespace": NAMESPACE},
+             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    _create(cluster, claim)
+    _create(cluster, _pod("pvc-writer", None, BUSYBOX, command=["sh", "-c", "echo bootstrap-ok > /data/probe && cat /data/probe"],
+                          volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "validate-pvc"}}],
+                          mounts=[{"name": "data", "mountPath": "/data"}]))
+    phase, log, why = _pod_outcome(cluster, "pvc-writer", timeout_s)
+    pvc = get(cluster, object_path("v1", "PersistentVolumeClaim", "validate-pvc", NAMESPACE)) or {}
+    bound = pvc.get("status", {}).get("phase") == "Bound"
+    if bound and phase == "Succeeded" and "bootstrap-ok" in log:
+        cls = pvc.get("spec", {}).get("storageClassName", "the default class")
+        return CheckResult("pvc", "PASS", f"bound on {cls}; a pod wrote and read it")
+    if not bound:
+        return CheckResult("pvc", "FAIL", f"claim not Bound ({pvc.get('status', {}).get('phase', 'missing')}); "
+                                          "is there a default StorageClass?")
+    return CheckResult("pvc", "FAIL", f"writer pod {phase}: {_last(log) or why}")
+
+
+def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
+    if not inventory.volcano.enabled:
+        return CheckResult("volcano-gang", "SKIP", "volcano is disabled")
+    if not gpu_nodes:
+        return CheckResult("volcano-gang", "SKIP", "no GPU nodes")
+    size = len(gpu_nodes)
+    resource = sorted(expected_gpu_resources(inventory, gpu_nodes[0], facts[gpu_nodes[0].name]))[0]
+    template = _pod("x", None, BUSYBOX, {resource: 1}, command=["sh", "-c", "echo member-ok"])
+    job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+           "metadata": {"name": "gang", "namespace": NAMESPACE},
+           "spec": {"minAvailable": size, "schedulerName": "volcano",
+                    "queue": inventory.volcano.queues[0].name if inventory.volcano.queues else "default",
+                    "tasks": [{"name": "member", "replicas": size,
+                               "template": {"spec": template["spec"]}}]}}
+    _create(cluster, job)
+    path = object_path("batch.volcano.sh/v1alpha1", "Job", "gang", NAMESPACE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = (get(cluster, path) or {}).get("status", {}).get("state", {})
+        phase = state.get("phase", "Pending")
+        if phase == "Completed":
+            return CheckResult("volcano-gang", "PASS", f"all {size} members ran (minAvailable={size})")
+        if phase in ("Failed", "Aborted", "Terminated"):
+            return CheckResult("volcano-gang", "FAIL", f"job {phase}: {state.get('message', '')}")
+        if time.monotonic() > deadline:
+            pods = (get(cluster, f"/api/v1/namespaces/{NAMESPACE}/pods") or {}).get("items", [])
+            running = [p for p in pods if p["metadata"]["name"].startswith("gang-")]
+            partial = f"; {len(running)} of {size} members started: gang scheduling broken" if running else ""
+            return CheckResult("volcano-gang", "FAIL",
+                               f"job still {phase} after {timeout_s:.0f}s ({state.get('message', 'not schedulable')})"
+                               + partial)
+        time.sleep(1)
+
+
+NCCL_BUSBW = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+)")
+
+
+def parse_busbw(log: str) -> float | None:
+    match = NCCL_BUSBW.search(log or "")
+    return float(match.group(1)) if match else None
+
+
+def check_nccl(inventory, gpu_nodes) -> CheckResult:
+    nccl = inventory.validate.nccl
+    if not nccl or not nccl.enabled:
+        return CheckResult("nccl", "SKIP", "validate.nccl is not set")
+    if len(gpu_nodes) < 2:
+        return CheckResult("nccl", "SKIP", "needs two or more GPU nodes")
+    return CheckResult("nccl", "SKIP", "multi-node NCCL all-reduce is not implemented yet")
+
+
+def cleanup(cluster: Cluster) -> None:
+    request(cluster, "DELETE", f"/api/v1/namespaces/{NAMESPACE}")
+    # Objects a stand-in or a slow namespace finaliser may leave: remove them by name too.
+    for path in (object_path("v1", "Pod", None, NAMESPACE),):
+        for item in (get(cluster, path) or {}).get("items", []):
+            request(cluster, "DELETE", f"{path}/{item['metadata']['name']}")
+
+
+def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]) -> list[CheckResult]:
+    timeout = inventory.validate.timeout_s
+    gpu_nodes = [n for n in inventory.nodes if n.name in facts and is_gpu_node(inventory, n, facts[n.name])]
+    request(cluster, "POST", "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    results: list[CheckResult] = []
+    try:
+        results += check_capacity(cluster, inventory, gpu_nodes, facts)
+        results += check_rdma(cluster, inventory, gpu_nodes)
+        results += check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout)
+        results.append(check_pvc(cluster, inventory, timeout))
+        results.append(check_gang(cluster, inventory, gpu_nodes, facts, timeout))
+        results.append(check_nccl(inventory, gpu_nodes))
+    finally:
+        cleanup(cluster)
+    return results
+
+
+def render_table(results: list[CheckResult]) -> str:
+    width = max(len(r.check) + (len(r.node) + 1 if r.node else 0) for r in results)
+    lines = []
+    for r in results:
+        label = f"{r.check}:{r.node}" if r.node else r.check
+        lines.append(f"{r.status:<4}  {label:<{width}}  {r.reason}")
+    return "\n".join(lines)
