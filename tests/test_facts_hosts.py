@@ -85,3 +85,16 @@ def test_broken_driver_is_a_clean_gpu_error(lab, tmp_path):
     assert result.returncode == 0, result.stderr
     facts = data["hosts"]["ft-broken"]
     assert facts["gpus"] == [] and "couldn't communicate with the NVIDIA driver" in facts["gpu_error"]
+
+
+def test_sudo_that_wants_a_password_is_one_clear_line(lab, tmp_path):
+    hosts = lab.start(["ft-sudo", "ft-fine"])
+    lab["ft-sudo"].ssh("echo 'ubuntu ALL=(ALL) ALL' > /etc/sudoers.d/90-bootstrap-lab", user="root")
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts)
+    result, data = facts_json(inventory)
+    assert result.returncode == 0, result.stderr  # facts need no root
+    assert data["hosts"]["ft-sudo"]["sudo_ok"] is False and data["hosts"]["ft-fine"]["sudo_ok"] is True
+    up = run_bootstrap("up", inventory)
+    assert up.returncode == 1 and "no host was changed" in up.stderr
+    sudo_lines = [l for l in up.stdout.splitlines() if "sudo" in l and l.startswith("FAIL")]
+    assert len(sudo_lines) == 1 and "ft-sudo" in sudo_lines[0] and "password" in sudo_lines[0]
