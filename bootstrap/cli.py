@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
+    if name == "up":
+        cmd.add_argument("--hosts-only", action="store_true", help="converge the hosts, skip the cluster side")
+        cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
     if name == "validate":
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
     if name == "facts":

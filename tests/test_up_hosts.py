@@ -54,7 +54,7 @@ def test_one_server_two_agents_up_is_idempotent_and_keeps_the_token_secret(lab, 
     assert f"https://{cp.address}:6443" in (state / "kubeconfig").read_text().replace("http://", "https://")
     second = up(inventory)
     assert second.returncode == 0, second.stderr
-    assert "no change: 3 hosts already converged" in second.stdout
+    assert "hosts: no change, 3 hosts already converged" in second.stdout
     # The token is in no output and no run log.
     outputs = first.stdout + first.stderr + second.stdout + second.stderr
     logs = "".join(p.read_text() for p in (state / "logs").glob("*.log"))
@@ -193,7 +193,7 @@ def test_gpu_node_gets_the_container_toolkit_and_k3s_detects_the_nvidia_runtime(
         assert "'nvidia'" in config or '"nvidia"' in config
         assert "nvidia" not in cp.ssh("sudo cat /var/lib/rancher/k3s/agent/etc/containerd/config.toml").stdout
         again = up(inventory)
-        assert again.returncode == 0 and "no change: 2 hosts already converged" in again.stdout, again.stdout
+        assert again.returncode == 0 and "hosts: no change, 2 hosts already converged" in again.stdout, again.stdout
         down = run_bootstrap("down", inventory, "--yes")
         assert down.returncode == 0, down.stdout + down.stderr
     assert gpu.ssh("dpkg -l nvidia-container-toolkit 2>/dev/null | grep -c '^.i'", check=False).stdout.strip() in ("", "0")

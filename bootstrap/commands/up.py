@@ -48,15 +48,41 @@ def run(args) -> int:
             if not any(p.changed for p in plans.plans.values()):
                 if not (state.path / "kubeconfig").exists():
                     flow.fetch_kubeconfig(session, inventory, state)
-                print(f"no change: {len(plans.plans)} hosts already converged ({time.monotonic() - started:.1f}s)")
-                return 0
-            from bootstrap.hosts.executor import execute
+                print(f"hosts: no change, {len(plans.plans)} hosts already converged "
+                      f"({time.monotonic() - started:.1f}s)")
+            else:
+                from bootstrap.hosts.executor import execute
 
-            results = execute(session, flow.converge_steps(inventory, plans.plans, set(session.failures)))
-            flow.fetch_kubeconfig(session, inventory, state)
-            summarise(results, started)
-            report_failures(session.failures)
+                results = execute(session, flow.converge_steps(inventory, plans.plans, set(session.failures)))
+                flow.fetch_kubeconfig(session, inventory, state)
+                summarise(results, started)
+                report_failures(session.failures)
+        if args.hosts_only:
+            return 0
+        cluster_phase(inventory, state, facts, validate=not args.no_validate)
     return 0
+
+
+def cluster_phase(inventory, state, facts, *, validate: bool) -> None:
+    """Components through the API tunnel, then the checks (raises when one fails)."""
+    from bootstrap.cluster.apply import apply_cluster
+    from bootstrap.cluster.client import connect
+    from bootstrap.commands.validate import validate as run_validate
+    from bootstrap.errors import HostsFailed
+
+    started = time.monotonic()
+    with connect(inventory, state) as cluster:
+        summary = apply_cluster(cluster, inventory, facts)
+    changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
+    if changes:
+        for line in summary["objects"]:
+            print(f"  {line}")
+        print(f"cluster: {len(summary['releases'])} release(s) applied, {len(summary['objects'])} object(s) "
+              f"changed, {len(summary['labelled'])} node(s) relabelled ({time.monotonic() - started:.1f}s)")
+    else:
+        print(f"cluster: no change ({time.monotonic() - started:.1f}s)")
+    if validate and run_validate(inventory, state, facts) != 0:
+        raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
 
 
 def summarise(results, started) -> None:

@@ -33,6 +33,11 @@ random bytes in PEM armour). It speaks plain HTTP (not TLS) on the supervisor po
                               mismatch; 200 records the node in server/standin-nodes.json
   GET  /v1-standin/nodes      the recorded nodes (for tests)
   GET  /v1-standin/info       version, CA hash, datastore (for tests)
+  POST /v1-standin/heartbeat  {name}, same token as a join: the node's k3s is alive (agents
+                              and joined servers send one every K3S_STANDIN_HEARTBEAT s, 3)
+  /version, /api..., /apis... the stand-in Kubernetes API server and cluster simulator
+                              (kubeapi.py, embedded by the builder): the kubeconfig's
+                              server is http://127.0.0.1:<port>, its user a bearer token
 Agent: needs server + token; checks the CA hash (K10 token) against /cacerts, joins,
 then listens on 10250 (kubelet-arg port=N moves it) with GET /healthz -> "ok".
 Both: node footprint that `down` must undo (agent/etc/containerd/config.toml in the
@@ -79,6 +84,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -87,6 +93,10 @@ import urllib.request
 # {"version": "v1.33.5+k3s1", "commit": "1a2b3c4d", "go": "go1.24.6",
 #  "flags": {"server": [...], "agent": [...]}}
 EMBEDDED = None
+
+# The builder also embeds tests/standins/kubeapi.py (the stand-in Kubernetes API server and
+# cluster simulator) on the next line; unbuilt, it is loaded from beside this file.
+KUBEAPI_SOURCE = None
 
 PROGRAM = "k3s"
 
@@ -184,6 +194,26 @@ def read_text(path, default=None):
             return fh.read()
     except FileNotFoundError:
         return default
+
+
+_KUBEAPI = []
+
+
+def kubeapi():
+    """The stand-in Kubernetes API module (kubeapi.py), loaded once."""
+    if not _KUBEAPI:
+        source, origin = KUBEAPI_SOURCE, "<k3s stand-in: kubeapi.py>"
+        if source is None:
+            origin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kubeapi.py")
+            source = read_text(origin)
+            if source is None:
+                fatal("kubeapi.py not found beside %s (build the stand-in with tests/standins/airgap.py)" % __file__)
+        module = types.ModuleType("k3s_standin_kubeapi")
+        module.__file__ = origin
+        sys.modules[module.__name__] = module
+        exec(compile(source, origin, "exec"), module.__dict__)
+        _KUBEAPI.append(module)
+    return _KUBEAPI[0]
 
 
 # =============================================================================
@@ -1436,6 +1466,8 @@ def node_record(opts, role, name, address, etcd):
         "labels": list(opts.get("node-label", [])), "taints": list(opts.get("node-taint", [])),
         "external_ip": (opts.get("node-external-ip") or [None])[0], "version": EMBEDDED["version"],
         "password_sha256": hashlib.sha256(password.encode()).hexdigest() if password else None,
+        # for the API simulator: host facts (CPUs, memory, GPUs, RDMA) and this start's stamp
+        "hardware": kubeapi().probe_hardware(host), "registered_at": "%.6f" % time.time(),
     }
 
 
@@ -1443,7 +1475,47 @@ def make_supervisor_handler(state):
     """The server's HTTP endpoints; `state` carries the CA, passwords, cluster."""
 
     class SupervisorHandler(QuietHandler):
+        def api(self, method):
+            """Serve a Kubernetes API request (True), or leave it to the stand-in's own paths."""
+            api = state.get("api")
+            if api is None or not api.handles(self.path):
+                return False
+            api.serve(self, method)
+            return True
+
+        def do_PUT(self):
+            if not self.api("PUT"):
+                self.reply(404, {"error": "not found"})
+
+        def do_PATCH(self):
+            if not self.api("PATCH"):
+                self.reply(404, {"error": "not found"})
+
+        def do_DELETE(self):
+            if not self.api("DELETE"):
+                self.reply(404, {"error": "not found"})
+
+        def authorized(self, role):
+            """(ok, peer): the join token check (CA hash, then password; agent token for agents)."""
+            peer = "%s:%d" % self.client_address[:2]
+            auth = self.headers.get("Authorization", "")
+            token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+            m = re.fullmatch(r"K10([0-9a-f]{64})::([^:]+):(.+)", token.strip())
+            hash_given, password = (m.group(1), m.group(3)) if m else (None, token.strip())
+            if hash_given and hash_given != state["ca_hash"]:
+                error("Failed to authenticate request from %s: token CA hash does not match the Cluster CA certificate hash" % peer)
+                self.reply(401, {"error": "token CA hash does not match the Cluster CA certificate hash"})
+                return False
+            allowed = [state["password"]] + ([state["agent_password"]] if role == "agent" and state["agent_password"] else [])
+            if not password or not any(hmac.compare_digest(password, p) for p in allowed):
+                error("Failed to authenticate request from %s: invalid username/password combination" % peer)
+                self.reply(401, {"error": "invalid username/password combination"})
+                return False
+            return True
+
         def do_GET(self):
+            if self.api("GET"):
+                return
             path = urllib.parse.urlparse(self.path).path
             if path == "/ping":
                 self.reply(200, "pong", "text/plain")
@@ -1455,15 +1527,15 @@ def make_supervisor_handler(state):
                 self.reply(200, {"version": EMBEDDED["version"], "ca_hash": state["ca_hash"],
                                  "datastore": "etcd" if state["etcd"] else "sqlite", "node": state["name"]})
             else:
-                self.reply(404, {"error": "not found (k3s stand-in: no Kubernetes API here)"})
+                self.reply(404, {"error": "not found"})
 
         def do_POST(self):
-            if urllib.parse.urlparse(self.path).path != "/v1-standin/join":
+            if self.api("POST"):
+                return
+            path = urllib.parse.urlparse(self.path).path
+            if path not in ("/v1-standin/join", "/v1-standin/heartbeat"):
                 self.reply(404, {"error": "not found"})
                 return
-            peer = "%s:%d" % self.client_address[:2]
-            auth = self.headers.get("Authorization", "")
-            token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
@@ -1471,16 +1543,12 @@ def make_supervisor_handler(state):
                 self.reply(400, {"error": "bad join request"})
                 return
             role = body.get("role")
-            m = re.fullmatch(r"K10([0-9a-f]{64})::([^:]+):(.+)", token.strip())
-            hash_given, password = (m.group(1), m.group(3)) if m else (None, token.strip())
-            if hash_given and hash_given != state["ca_hash"]:
-                error("Failed to authenticate request from %s: token CA hash does not match the Cluster CA certificate hash" % peer)
-                self.reply(401, {"error": "token CA hash does not match the Cluster CA certificate hash"})
+            if not self.authorized(role):
                 return
-            allowed = [state["password"]] + ([state["agent_password"]] if role == "agent" and state["agent_password"] else [])
-            if not password or not any(hmac.compare_digest(password, p) for p in allowed):
-                error("Failed to authenticate request from %s: invalid username/password combination" % peer)
-                self.reply(401, {"error": "invalid username/password combination"})
+            if path == "/v1-standin/heartbeat":
+                if state.get("api") is not None and body.get("name"):
+                    state["api"].sim.heartbeat(body["name"])
+                self.reply(200, {"ok": True})
                 return
             if role not in ("agent", "server") or not body.get("name"):
                 self.reply(400, {"error": "join request needs name and role"})
@@ -1498,8 +1566,11 @@ def make_supervisor_handler(state):
                     self.reply(400, {"error": "critical configuration value mismatch between servers: %s" % ", ".join(diff)})
                     return
             node = {k: body.get(k) for k in ("name", "role", "address", "labels", "taints", "etcd", "roles",
-                                              "external_ip", "version", "password_sha256")}
+                                              "external_ip", "version", "password_sha256", "hardware",
+                                              "registered_at")}
             node = state["cluster"].record(node)
+            if state.get("api") is not None:
+                state["api"].sim.joined(node)
             info("Node %s joined as %s from %s" % (node["name"], role, node.get("address")))
             reply = {"node": {k: v for k, v in node.items() if k != "password_sha256"}}
             if role == "server":
@@ -1588,11 +1659,53 @@ def join_cluster(server_url, token, body):
             time.sleep(1)
 
 
+def start_heartbeats(server_url, token, name, role):
+    """Tell the server every K3S_STANDIN_HEARTBEAT seconds (3) that this node's k3s runs; its
+    API simulator marks a node without heartbeats NotReady (Unknown), as the node controller
+    does for a kubelet that stopped posting status."""
+    parsed = urllib.parse.urlparse(server_url)
+    hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
+    base = "http://%s:%d" % (hostpart, parsed.port or 443)
+    interval = float(os.environ.get("K3S_STANDIN_HEARTBEAT", "3"))
+    body = json.dumps({"name": name, "role": role}).encode()
+    headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+
+    def loop():
+        while True:
+            try:
+                http_call(base, "/v1-standin/heartbeat", server_url, body, headers, timeout=5)
+            except NotReady as exc:
+                log("debug", "heartbeat: %s" % exc)
+            time.sleep(interval)
+
+    threading.Thread(target=loop, name="heartbeat", daemon=True).start()
+
+
+class ClusterView:
+    """What the API simulator reads of the join records (and the one thing it changes)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def records(self):
+        with self.cluster.lock:
+            return self.cluster.load().get("nodes", {})
+
+    def etcd_removed(self, name):
+        with self.cluster.lock:
+            state = self.cluster.load()
+            node = state.get("nodes", {}).get(name)
+            if node and node.get("etcd"):
+                node["etcd"] = False
+                node["removed_from_etcd"] = True
+                self.cluster.save(state)
+
+
 # =============================================================================
 # Kubeconfig and packaged manifests (server).
 # =============================================================================
 
-def write_kubeconfig(opts, ca_pem, port):
+def write_kubeconfig(opts, port, token):
     path = opts.get("write-kubeconfig") or host(DEFAULT_KUBECONFIG)
     mode_text = opts.get("write-kubeconfig-mode")
     mode = 0o600
@@ -1601,13 +1714,13 @@ def write_kubeconfig(opts, ca_pem, port):
             mode = int(str(mode_text), 8)
         except ValueError:
             fatal("failed to parse write-kubeconfig-mode %r: not an octal file mode" % mode_text)
-    b64 = lambda text: base64.b64encode(text.encode()).decode()
+    # The stand-in's API speaks plain HTTP, so no TLS data; real k3s writes https:// with a
+    # CA and a client certificate.
     text = (
         "apiVersion: v1\n"
         "clusters:\n"
         "- cluster:\n"
-        "    certificate-authority-data: %s\n"
-        "    server: https://127.0.0.1:%d\n"
+        "    server: http://127.0.0.1:%d\n"
         "  name: default\n"
         "contexts:\n"
         "- context:\n"
@@ -1620,9 +1733,8 @@ def write_kubeconfig(opts, ca_pem, port):
         "users:\n"
         "- name: default\n"
         "  user:\n"
-        "    client-certificate-data: %s\n"
-        "    client-key-data: %s\n"
-    ) % (b64(ca_pem), port, b64(fake_pem("CERTIFICATE")), b64(fake_pem("EC PRIVATE KEY", 48)))
+        "    token: %s\n"
+    ) % (port, token)
     write_file(path, text, mode)
     group = opts.get("write-kubeconfig-group")
     if group:
@@ -1766,7 +1878,8 @@ def cmd_server(argv):
     disabled = set(opts.get("disable", []))
     packaged_manifests(server_dir, disabled)
     port = opts.get("https-listen-port") or 6443
-    write_kubeconfig(opts, ca.decode(), port)
+    token_for_api = kubeapi().admin_token(password)
+    write_kubeconfig(opts, port, token_for_api)
     registries = opts.get("private-registry") or host("/etc/rancher/k3s/registries.yaml")
     if os.path.exists(registries):  # real k3s reads it; the stand-in only notes it
         info("Using private registry config file at %s" % registries)
@@ -1776,10 +1889,15 @@ def cmd_server(argv):
     if run_agent_part:
         mine = cluster.record(node_record(opts, "server", name, address, etcd))
         pod_cidr = mine["pod_cidr"]
+    api = kubeapi().KubeAPI(server_dir, EMBEDDED["version"], token_for_api, name if run_agent_part else None,
+                            cluster=ClusterView(cluster),
+                            options={"disable": sorted(disabled), "ca": ca.decode(), "ca_hash": digest}).start()
     state = {"ca": ca, "ca_hash": digest, "password": password, "agent_password": agent_password,
-             "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name}
+             "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name, "api": api}
     bind = opts.get("bind-address") or ""
     listen_http(bind, port, make_supervisor_handler(state), "Supervisor (k3s stand-in API)")
+    if opts.get("server"):  # a server that joined another one reports to it, as agents do
+        start_heartbeats(opts["server"], token, name, "server")
     if run_agent_part:
         node_footprint(opts, data_dir, address, pod_cidr.replace(".0/24", ".1/24"))
         kport, explicit = kubelet_port(opts)
@@ -1789,7 +1907,10 @@ def cmd_server(argv):
         listen_aux(aux_bind, aux_port)
     info("k3s is up and running")
     sd_notify("READY=1\nSTATUS=k3s stand-in server running")
-    return wait_for_signal()
+    try:
+        return wait_for_signal()
+    finally:
+        api.stop()
 
 
 # =============================================================================
@@ -1833,6 +1954,7 @@ def cmd_agent(argv):
         listen_http(bind, kport, KubeletHandler, "Kubelet")
     for aux_bind, aux_port in aux_ports(opts, "agent", address, False):
         listen_aux(aux_bind, aux_port)
+    start_heartbeats(server_url, token, name, "agent")
     info("k3s agent is up and running")
     sd_notify("READY=1\nSTATUS=k3s stand-in agent running")
     return wait_for_signal()
@@ -1911,7 +2033,8 @@ def cmd_etcd_snapshot(argv):
         ca = read_text(os.path.join(server_dir, "tls", "server-ca.crt"), "")
         snapshot = {"kind": "k3s-standin-etcd-snapshot", "version": EMBEDDED["version"], "ca": ca,
                     "ca_hash": ca_hash(ca.encode()), "token_check": token_check(stored_password(server_dir) or ""),
-                    "nodes": cluster.load().get("nodes", {}), "created": int(time.time())}
+                    "nodes": cluster.load().get("nodes", {}), "created": int(time.time()),
+                    "api": kubeapi().read_state(server_dir)}
         mkdirs(directory, 0o700)
         write_file(os.path.join(directory, name), json.dumps(snapshot, indent=2) + "\n", 0o600)
         info("Snapshot %s saved." % name)
@@ -1971,6 +2094,10 @@ def cluster_reset(opts, data_dir):
         ca = ensure_ca(server_dir, snapshot["ca"].encode())
         write_tokens(server_dir, ca_hash(ca), password, parse_token(token_from(opts, "agent-token"))[1])
         cluster.save({"nodes": snapshot.get("nodes", {})})
+        if snapshot.get("api"):  # the Kubernetes objects, as etcd holds them
+            kubeapi().write_state(server_dir, snapshot["api"])
+        elif os.path.exists(os.path.join(server_dir, kubeapi().STATE_FILE)):
+            os.unlink(os.path.join(server_dir, kubeapi().STATE_FILE))
         info("Restored the cluster state from %s" % restore)
     else:
         if not os.path.isdir(os.path.join(db, "etcd", "member")):
