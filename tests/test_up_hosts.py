@@ -26,7 +26,8 @@ def airgap(tmp_path):
 
 
 def up(inventory, *extra):
-    return run_bootstrap("up", inventory, *extra)
+    # Host side only: the cluster side has its own tests (test_cluster_hosts.py).
+    return run_bootstrap("up", inventory, "--hosts-only", *extra)
 
 
 def standin_nodes(server):

@@ -2,8 +2,9 @@
 """Build a k3s air-gap folder around the k3s stand-in, shaped like a k3s release.
 
     build_airgap(dest, version="v1.33.5+k3s1") -> dest
-        dest/k3s                              the stand-in (k3s_standin.py) with the version
-                                              and the valid server/agent flag names embedded
+        dest/k3s                              the stand-in (k3s_standin.py) with the version,
+                                              the valid server/agent flag names and the
+                                              stand-in Kubernetes API (kubeapi.py) embedded
         dest/k3s-airgap-images-amd64.tar.zst  a small, valid .tar.zst placeholder
         dest/sha256sum-amd64.txt              "<sha256>  <file>" lines, as in a release
 
@@ -27,10 +28,12 @@ import tarfile
 from pathlib import Path
 
 STANDIN_SOURCE = Path(__file__).resolve().parent / "k3s_standin.py"
+KUBEAPI_SOURCE = Path(__file__).resolve().parent / "kubeapi.py"
 FLAGS_NAME = "k3s/flags-docs-0243496.txt"
 DEFAULT_VERSION = "v1.33.5+k3s1"
 GO_VERSION = "go1.24.6"
 EMBED_LINE = "EMBEDDED = None\n"
+KUBEAPI_LINE = "KUBEAPI_SOURCE = None\n"
 VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+(-rc\d+)?\+k3s\d+$")
 # What a release's airgap image list starts with (k3s-images.txt); only names here.
 PLACEHOLDER_IMAGES = (
@@ -98,7 +101,11 @@ def standin_program(version: str = DEFAULT_VERSION, flags: dict[str, list[str]] 
         "go": GO_VERSION,
         "flags": {k: sorted(set(v)) for k, v in flags.items()},
     }
-    return source.replace(EMBED_LINE, f"EMBEDDED = {embedded!r}\n")
+    program = source.replace(EMBED_LINE, f"EMBEDDED = {embedded!r}\n")
+    if program.count(KUBEAPI_LINE) != 1:
+        raise RuntimeError(f"{STANDIN_SOURCE}: expected exactly one line {KUBEAPI_LINE.strip()!r}")
+    # The stand-in Kubernetes API (kubeapi.py) travels inside the one file, as k3s is one binary.
+    return program.replace(KUBEAPI_LINE, f"KUBEAPI_SOURCE = {KUBEAPI_SOURCE.read_text()!r}\n")
 
 
 def _zstd_raw_frame(payload: bytes) -> bytes:

@@ -1984,7 +1984,8 @@ def wait_for_signal():
 
 # =============================================================================
 # etcd snapshots and cluster reset (server data dir, etcd mode). A snapshot is
-# JSON: the recorded nodes, the CA (so a restore onto a new host keeps the token
+# JSON: the recorded nodes, the API's objects (kubeapi.py's state file, as etcd
+# holds them for real k3s), the CA (so a restore onto a new host keeps the token
 # hash) and a hash that recognises the token (k3s encrypts bootstrap data with
 # it, so a restore needs the same token).
 # =============================================================================
