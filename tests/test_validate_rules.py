@@ -42,3 +42,36 @@ def test_nccl_bus_bandwidth_is_read_from_all_reduce_perf_output():
 def test_table_has_one_row_per_check():
     table = render_table([CheckResult("gpu-pod", "PASS", "ok", "g"), CheckResult("pvc", "FAIL", "not bound")])
     assert table.splitlines()[0].startswith("PASS  gpu-pod:g") and "FAIL  pvc" in table
+
+
+def test_nccl_job_has_one_worker_per_gpu_node_and_a_launcher(tmp_path):
+    from bootstrap.cluster.validate import nccl_job
+
+    inventory = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}, "
+                                "{name: a, address: 10.0.0.2}, {name: b, address: 10.0.0.3}]\n"
+                                "validate: {nccl: {min_busbw_gbps: 150}}\n")
+    gpu_nodes = [inventory.node("a"), inventory.node("b")]
+    job = nccl_job(inventory, gpu_nodes, {"a": EIGHT, "b": EIGHT})
+    tasks = {t["name"]: t for t in job["spec"]["tasks"]}
+    assert job["spec"]["minAvailable"] == 3 and tasks["worker"]["replicas"] == 2
+    worker = tasks["worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert "-np 16 -npernode 8" in tasks["launcher"]["template"]["spec"]["containers"][0]["command"][2]
+
+
+def test_volcano_jobs_validate_against_the_upstream_crd():
+    import jsonschema
+    import yaml
+    from upstream import upstream
+
+    from bootstrap.cluster.validate import gang_job, nccl_job
+
+    crd = yaml.safe_load(upstream("volcano/1.15.1/crd/bases/batch.volcano.sh_jobs.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    inventory = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}, "
+                                "{name: a, address: 10.0.0.2}, {name: b, address: 10.0.0.3}]\n"
+                                "validate: {nccl: {min_busbw_gbps: 150}}\n")
+    gpu_nodes, facts = [inventory.node("a"), inventory.node("b")], {"a": H200, "b": H200}
+    for job in (nccl_job(inventory, gpu_nodes, facts), gang_job(inventory, gpu_nodes, facts)):
+        jsonschema.validate(job, schema)
+    assert gang_job(inventory, gpu_nodes, facts)["spec"]["minAvailable"] == 2

@@ -179,21 +179,25 @@ def check_pvc(cluster, inventory, timeout_s) -> CheckResult:
     return CheckResult("pvc", "FAIL", f"writer pod {phase}: {_last(log) or why}")
 
 
+def gang_job(inventory: Inventory, gpu_nodes, facts) -> dict:
+    """One member per GPU node, each wanting a GPU; minAvailable = all of them."""
+    size = len(gpu_nodes)
+    resource = sorted(expected_gpu_resources(inventory, gpu_nodes[0], facts[gpu_nodes[0].name]))[0]
+    template = _pod("x", None, BUSYBOX, {resource: 1}, command=["sh", "-c", "echo member-ok"])
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": "gang", "namespace": NAMESPACE},
+            "spec": {"minAvailable": size, "schedulerName": "volcano",
+                     "queue": inventory.volcano.queues[0].name if inventory.volcano.queues else "default",
+                     "tasks": [{"name": "member", "replicas": size, "template": {"spec": template["spec"]}}]}}
+
+
 def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
     if not inventory.volcano.enabled:
         return CheckResult("volcano-gang", "SKIP", "volcano is disabled")
     if not gpu_nodes:
         return CheckResult("volcano-gang", "SKIP", "no GPU nodes")
     size = len(gpu_nodes)
-    resource = sorted(expected_gpu_resources(inventory, gpu_nodes[0], facts[gpu_nodes[0].name]))[0]
-    template = _pod("x", None, BUSYBOX, {resource: 1}, command=["sh", "-c", "echo member-ok"])
-    job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-           "metadata": {"name": "gang", "namespace": NAMESPACE},
-           "spec": {"minAvailable": size, "schedulerName": "volcano",
-                    "queue": inventory.volcano.queues[0].name if inventory.volcano.queues else "default",
-                    "tasks": [{"name": "member", "replicas": size,
-                               "template": {"spec": template["spec"]}}]}}
-    _create(cluster, job)
+    _create(cluster, gang_job(inventory, gpu_nodes, facts))
     path = object_path("batch.volcano.sh/v1alpha1", "Job", "gang", NAMESPACE)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -221,13 +225,50 @@ def parse_busbw(log: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def check_nccl(inventory, gpu_nodes) -> CheckResult:
+NCCL_IMAGE = "ghcr.io/coreweave/nccl-tests:12.4.1-cudnn-devel-ubuntu22.04-nccl2.21.5-1-85f9143"
+
+
+def nccl_job(inventory: Inventory, gpu_nodes, facts) -> dict:
+    """all_reduce_perf across the GPU nodes with Volcano's MPI plugin: one launcher, one
+    worker per node (the svc/ssh plugins give the hostfile and keys)."""
+    nccl = inventory.validate.nccl
+    per_node = nccl.gpus_per_node or min(len(facts[n.name].gpus) or 1 for n in gpu_nodes)
+    workers, ranks = len(gpu_nodes), len(gpu_nodes) * per_node
+    image = nccl.image or NCCL_IMAGE
+    launcher = ("mpirun --allow-run-as-root --hostfile /etc/volcano/worker.host "
+                f"-np {ranks} -npernode {per_node} -x NCCL_DEBUG=WARN "
+                "all_reduce_perf -b 512M -e 8G -f 2 -g 1")
+    worker_pod = _pod("w", None, image, {"nvidia.com/gpu": per_node},
+                      command=["/bin/sh", "-c", "mkdir -p /var/run/sshd && /usr/sbin/sshd -D"])["spec"]
+    worker_pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"volcano.sh/task-spec": "worker"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    launcher_pod = _pod("l", None, image, command=["/bin/sh", "-c", launcher])["spec"]
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": "nccl", "namespace": NAMESPACE},
+            "spec": {"minAvailable": workers + 1, "schedulerName": "volcano",
+                     "plugins": {"ssh": [], "svc": []},
+                     "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                     "tasks": [{"name": "launcher", "replicas": 1, "template": {"spec": launcher_pod}},
+                               {"name": "worker", "replicas": workers, "template": {"spec": worker_pod}}]}}
+
+
+def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
     nccl = inventory.validate.nccl
     if not nccl or not nccl.enabled:
         return CheckResult("nccl", "SKIP", "validate.nccl is not set")
     if len(gpu_nodes) < 2:
         return CheckResult("nccl", "SKIP", "needs two or more GPU nodes")
-    return CheckResult("nccl", "SKIP", "multi-node NCCL all-reduce is not implemented yet")
+    _create(cluster, nccl_job(inventory, gpu_nodes, facts))
+    launcher = "nccl-launcher-0"
+    phase, log, why = _pod_outcome(cluster, launcher, timeout_s)
+    busbw = parse_busbw(log)
+    if phase != "Succeeded" or busbw is None:
+        return CheckResult("nccl", "FAIL", f"all_reduce_perf {phase.lower()}: {_last(log) or why}")
+    floor = nccl.min_busbw_gbps
+    if floor is not None and busbw < floor:
+        return CheckResult("nccl", "FAIL", f"bus bandwidth {busbw:.1f} GB/s is below the floor of {floor:g} GB/s")
+    return CheckResult("nccl", "PASS", f"bus bandwidth {busbw:.1f} GB/s across {len(gpu_nodes)} nodes"
+                       + (f" (floor {floor:g})" if floor is not None else ""))
 
 
 def cleanup(cluster: Cluster) -> None:
@@ -250,7 +291,7 @@ def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFact
         results += check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout)
         results.append(check_pvc(cluster, inventory, timeout))
         results.append(check_gang(cluster, inventory, gpu_nodes, facts, timeout))
-        results.append(check_nccl(inventory, gpu_nodes))
+        results.append(check_nccl(cluster, inventory, gpu_nodes, facts, timeout))
     finally:
         cleanup(cluster)
     return results

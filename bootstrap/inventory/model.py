@@ -185,6 +185,8 @@ class RegistrySettings:
 class Nccl:
     enabled: bool = True
     min_busbw_gbps: float | None = None
+    image: str | None = None  # nccl-tests with MPI and sshd (default: see bootstrap.cluster.validate)
+    gpus_per_node: int | None = None  # default: every GPU of the node
 
 
 @dataclass(frozen=True)

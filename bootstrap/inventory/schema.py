@@ -266,7 +266,9 @@ VALIDATE = Record(
     fields={
         "gpu_pod": Field(Bool()),
         "image": Field(Str(pattern=r"\S+", expected="an image reference")),
-        "nccl": Field(Record(fields={"enabled": Field(Bool()), "min_busbw_gbps": Field(Number(min=0))},
+        "nccl": Field(Record(fields={"enabled": Field(Bool()), "min_busbw_gbps": Field(Number(min=0)),
+                                     "image": Field(Str(pattern=r"\S+", expected="an image reference")),
+                                     "gpus_per_node": Field(Int(min=1, max=64))},
                              build=m.Nccl, shorthand=lambda v: {"enabled": v} if isinstance(v, bool) else None)),
         "timeout_s": Field(Int(min=10, max=7200)),
     },

@@ -1910,6 +1910,12 @@ def probe_hardware(host=lambda path: path):
             rdma.append({"hca": hca, "netdevs": sorted(os.listdir(netdir)) if os.path.isdir(netdir) else [],
                          "vendor": read(dev, "vendor"), "device": read(dev, "device"),
                          "link_layer": read(ib, hca, "ports", "1", "link_layer")})
+    # Test hosts cannot fake /sys: a stand-in file may list RDMA devices instead (same shape).
+    try:
+        with open(host("/etc/bootstrap-standin/infiniband.json")) as fh:
+            rdma += json.load(fh)
+    except (OSError, ValueError):
+        pass
     if rdma:
         hw["rdma"] = rdma
     return hw
@@ -2382,20 +2388,22 @@ class Simulator:
             etcd.k3s.cattle.io/remove=true gets etcd.k3s.cattle.io/removed-node-name.
     GPUs    Nodes whose host reported GPUs (`nvidia-smi -L`) carry GFD's labels
             (nvidia.com/gpu.present, .product, .count, .memory, .family, mig.capable).
-            Once the GPU Operator is there (a ClusterPolicy, the ConfigMap
-            gpu-operator/bootstrap-device-plugin-config, or any DaemonSet in namespace
-            gpu-operator) the device plugin advertises nvidia.com/gpu = GPUs x replicas
+            The device plugin (see gpu_operator_active for K3S_STANDIN_DEVICE_PLUGIN)
+            advertises nvidia.com/gpu = GPUs x replicas
             of the node's config (label nvidia.com/device-plugin.config=<key>, else the
             ClusterPolicy's default, else 1), time-slicing or MPS, renameByDefault ->
             nvidia.com/gpu.shared, product label -SHARED; and MIG manager applies
             nvidia.com/mig.config=<layout> (pending, then success or failed after
-            K3S_STANDIN_MIG_SECONDS, 1.5, with a Warning event giving the reason), from
+            K3S_STANDIN_MIG_SECONDS, 1.5; a failure's reason in the node annotation
+            nvidia.com/mig.config.state.reason and a Warning event), from
             gpu-operator/bootstrap-mig-parted-config (config.yaml) when it exists, else
             mig-parted's built-in H200 layouts; MIG strategy from the node label
             nvidia.com/mig.strategy, else the ClusterPolicy, else single.
     RDMA    ConfigMap kube-system/rdma-devices (config.json of the RDMA shared device
             plugin): <resourcePrefix|rdma>/<resourceName> = rdmaHcaMax on nodes whose
-            reported RDMA netdevs match the entry's devices / selectors.ifNames.
+            reported RDMA netdevs match the entry's devices / selectors.ifNames (hosts
+            report /sys/class/infiniband, plus /etc/bootstrap-standin/infiniband.json:
+            [{"hca": "mlx5_0", "netdevs": ["ib0"], "vendor": "0x15b3", ...}]).
     Pods    default-scheduler: nodeName, nodeSelector, required node affinity, taints
             and tolerations, cordons, requests against allocatable minus the pods on the
             node (extended resources default to their limits), PVC binding and volume
@@ -2924,7 +2932,11 @@ class Simulator:
         return items[0] if items else None
 
     def gpu_operator_active(self, policy):
-        if policy is not None:
+        """K3S_STANDIN_DEVICE_PLUGIN=always (default): the device plugin and MIG manager run on
+        every GPU node (tests record Helm instead of installing the GPU Operator); =operator:
+        only once the operator shows (a ClusterPolicy, the device plugin ConfigMap, or a
+        DaemonSet in namespace gpu-operator)."""
+        if os.environ.get("K3S_STANDIN_DEVICE_PLUGIN", "always") != "operator" or policy is not None:
             return True
         cm_name = "bootstrap-device-plugin-config"
         if self.store.get(self.R("configmaps"), "gpu-operator", cm_name) is not None:
@@ -2998,11 +3010,14 @@ class Simulator:
                                       "(known: %s)" % (target, ", ".join(sorted(layouts))))
                         else:
                             reason = mig_layout_error(target, layouts[target], model) if layouts[target] else None
+                        annotations = new["metadata"].setdefault("annotations", {})
                         if reason:
+                            annotations["nvidia.com/mig.config.state.reason"] = reason
                             mine.update(state="failed", reason=reason)
                             self.event(node, "Node", "Warning", "MigConfigFailed", "Failed to apply MIG config %s: %s"
                                        % (target, reason), "nvidia-mig-manager")
                         else:
+                            annotations.pop("nvidia.com/mig.config.state.reason", None)
                             mine.update(state="success", applied=target, devices=layouts[target], reason=None)
                             self.event(node, "Node", "Normal", "MigConfigApplied", "Applied MIG config %s" % target,
                                        "nvidia-mig-manager")
@@ -3815,6 +3830,17 @@ class Simulator:
                         "%g, capacity: %g" % (k, v, max(0, used), alloc))
         return None
 
+    def volumes_ready(self, pod):
+        """The kubelet mounts a claim only once it is Bound (the pod stays ContainerCreating)."""
+        pvcs = self.R("persistentvolumeclaims")
+        for vol in deep(pod, "spec", "volumes", default=[]) or []:
+            claim = deep(vol, "persistentVolumeClaim", "claimName")
+            if claim:
+                pvc = self.store.get(pvcs, pod["metadata"]["namespace"], claim)
+                if pvc is None or deep(pvc, "status", "phase") != "Bound":
+                    return False
+        return True
+
     def pod_ip(self, node):
         counters = self.store.sim.setdefault("pod_ip", {})
         n = counters.get(node["metadata"]["name"], 0) + 1
@@ -3972,6 +3998,8 @@ class Simulator:
                 self.put(pods, new)
                 continue
             if phase == "Pending" and now >= timer["start"]:
+                if not self.volumes_ready(pod):
+                    continue
                 ip = self.pod_ip(node)
                 st.update(podIP=ip, podIPs=[{"ip": ip}])
                 started = now_iso()
