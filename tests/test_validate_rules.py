@@ -75,3 +75,17 @@ def test_volcano_jobs_validate_against_the_upstream_crd():
     for job in (nccl_job(inventory, gpu_nodes, facts), gang_job(inventory, gpu_nodes, facts)):
         jsonschema.validate(job, schema)
     assert gang_job(inventory, gpu_nodes, facts)["spec"]["minAvailable"] == 2
+
+
+def test_validation_pods_and_claim_are_valid_kubernetes_objects():
+    import kubernetes_validate
+
+    from bootstrap.cluster.validate import _pod
+
+    pod = _pod("gpu-test-g", "g", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", {"nvidia.com/gpu": 1})
+    writer = _pod("pvc-writer", None, "busybox:1.36", command=["sh", "-c", "true"],
+                  volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "validate-pvc"}}],
+                  mounts=[{"name": "data", "mountPath": "/data"}])
+    for obj in (pod, writer):
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "g"}
