@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
     "up": ("up", "check every host, then build or converge the cluster"),
     "validate": ("validate", "prove the cluster works: GPU pods, capacity, RDMA, a PVC, a gang job"),
+    "snapshot": ("snapshot", "take an etcd snapshot now and copy it (with its token) to the state folder"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),

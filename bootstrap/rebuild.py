@@ -1,0 +1,72 @@
+"""What `rebuild` must do, from the inventory, the cluster's Node objects and which hosts
+answer over SSH. Pure; the command carries it out.
+
+- lost: a Node that is not Ready and whose machine is gone (no answer over SSH, or the
+  inventory's host under that name is a fresh machine without k3s, i.e. a replacement);
+- replacements: inventory nodes that answer but are not (healthy) cluster members;
+- a lost control plane: no server answers; the first server in the inventory is restored
+  from the newest snapshot, with the old token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bootstrap.facts.model import HostFacts
+from bootstrap.inventory.model import Inventory
+
+
+@dataclass
+class RebuildPlan:
+    lost: list[str] = field(default_factory=list)  # Node objects to remove
+    lost_servers: list[str] = field(default_factory=list)  # of `lost`: etcd members to remove first
+    join: list[str] = field(default_factory=list)  # inventory nodes to prepare and join
+    healthy: list[str] = field(default_factory=list)
+    restore_on: str | None = None  # the server to restore the control plane onto
+    unreachable: list[str] = field(default_factory=list)  # inventory hosts not answering
+
+
+def node_ready(node: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions", []))
+
+
+def is_server(node: dict) -> bool:
+    labels = node.get("metadata", {}).get("labels", {})
+    return "node-role.kubernetes.io/control-plane" in labels or "node-role.kubernetes.io/etcd" in labels
+
+
+def fresh(facts: HostFacts | None) -> bool:
+    return facts is not None and facts.k3s is None
+
+
+def classify(inventory: Inventory, cluster_nodes: dict[str, dict] | None,
+             facts: dict[str, HostFacts]) -> RebuildPlan:
+    """`cluster_nodes` is None when no API could be reached (control plane lost)."""
+    plan = RebuildPlan(unreachable=[n.name for n in inventory.nodes if n.name not in facts])
+    if cluster_nodes is None:
+        first = inventory.servers[0]
+        plan.restore_on = first.name if first.name in facts else None
+        plan.join = [n.name for n in inventory.nodes if n.name in facts]
+        return plan
+    for name, node in sorted(cluster_nodes.items()):
+        in_inventory = any(n.name == name for n in inventory.nodes)
+        gone = name not in facts or fresh(facts.get(name))
+        if not node_ready(node) and (gone or not in_inventory):
+            plan.lost.append(name)
+            if is_server(node):
+                plan.lost_servers.append(name)
+    for node in inventory.nodes:
+        if node.name not in facts:
+            continue
+        member = node.name in cluster_nodes and node.name not in plan.lost
+        if member and node_ready(cluster_nodes[node.name]):
+            plan.healthy.append(node.name)
+        else:
+            plan.join.append(node.name)
+    return plan
+
+
+def quorum_after(inventory: Inventory, lost_servers: list[str]) -> bool:
+    total = len(inventory.servers)
+    return total - len(lost_servers) > total // 2

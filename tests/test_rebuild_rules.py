@@ -1,0 +1,56 @@
+"""Rebuild's classification: lost, replacement, healthy, control plane lost."""
+
+from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.inventory.loader import parse_inventory
+from bootstrap.rebuild import classify, quorum_after
+
+INV = parse_inventory("""\
+cluster: t
+nodes:
+  - {name: cp-1, address: 10.0.0.1, role: server}
+  - {name: a1, address: 10.0.0.2}
+  - {name: a2, address: 10.0.0.3}
+  - {name: a4, address: 10.0.0.9}
+""")
+K3S = HostFacts(k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
+                               [SystemdUnit("k3s-agent.service", "loaded", "active", "enabled")]))
+FRESH = HostFacts()
+
+
+def node(ready: bool, server: bool = False) -> dict:
+    labels = {"node-role.kubernetes.io/control-plane": "true"} if server else {}
+    return {"metadata": {"labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}]}}
+
+
+def test_lost_agent_with_a_replacement_under_a_new_name():
+    cluster = {"cp-1": node(True, True), "a1": node(True), "a2": node(True), "a3": node(False)}
+    facts = {"cp-1": K3S, "a1": K3S, "a2": K3S, "a4": FRESH}
+    plan = classify(INV, cluster, facts)
+    assert plan.lost == ["a3"] and plan.lost_servers == []
+    assert plan.join == ["a4"] and plan.healthy == ["cp-1", "a1", "a2"]
+
+
+def test_replacement_reusing_the_name_at_a_new_address():
+    cluster = {"cp-1": node(True, True), "a1": node(True), "a2": node(False), "a4": node(True)}
+    facts = {"cp-1": K3S, "a1": K3S, "a2": FRESH, "a4": K3S}
+    plan = classify(INV, cluster, facts)
+    assert plan.lost == ["a2"] and plan.join == ["a2"]
+
+
+def test_not_ready_but_answering_is_not_lost():
+    cluster = {"cp-1": node(True, True), "a1": node(False), "a2": node(True), "a4": node(True)}
+    facts = {"cp-1": K3S, "a1": K3S, "a2": K3S, "a4": K3S}
+    plan = classify(INV, cluster, facts)
+    assert plan.lost == [] and plan.join == ["a1"]  # repaired like `up` would
+
+
+def test_control_plane_lost():
+    plan = classify(INV, None, {"cp-1": FRESH, "a1": K3S, "a2": K3S})
+    assert plan.restore_on == "cp-1" and plan.unreachable == ["a4"]
+
+
+def test_quorum():
+    ha = parse_inventory("cluster: t\nnodes:\n" + "".join(
+        f"  - {{name: s{i}, address: 10.0.0.{i}, role: server}}\n" for i in range(1, 4)))
+    assert quorum_after(ha, ["s3"]) and not quorum_after(ha, ["s2", "s3"])
