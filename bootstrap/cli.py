@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
     "up": ("up", "check every host, then build or converge the cluster"),
     "validate": ("validate", "prove the cluster works: GPU pods, capacity, RDMA, a PVC, a gang job"),
+    "rebuild": ("rebuild", "after spot loss: remove lost nodes, join replacements, restore a lost control plane"),
     "snapshot": ("snapshot", "take an etcd snapshot now and copy it (with its token) to the state folder"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
     if name == "up":
         cmd.add_argument("--hosts-only", action="store_true", help="converge the hosts, skip the cluster side")
+        cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
+    if name == "rebuild":
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
     if name == "validate":
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")

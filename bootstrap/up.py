@@ -72,7 +72,7 @@ class Plans:
 
 
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
-               artifacts: dict[str, art.K3sArtifacts]) -> Plans:
+               artifacts: dict[str, art.K3sArtifacts], join_via=None) -> Plans:
     plans, gpu_nodes = {}, set()
     for node in inventory.nodes:
         host = facts.get(node.name)
@@ -82,7 +82,7 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
         if gpu:
             gpu_nodes.add(node.name)
         packages = driver_packages(inventory, host) if gpu else []
-        want = d.desired_state(inventory, node, token, artifacts[host.arch], gpu, packages)
+        want = d.desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via)
         plans[node.name] = plan_host(node, want, host)
     return Plans(plans, gpu_nodes)
 
@@ -92,12 +92,17 @@ def print_findings(findings: list[Finding], out=sys.stdout) -> None:
         print(finding.render(), file=out)
 
 
-def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set[str]):
+def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set[str],
+                   restore: tuple[str, Path] | None = None):
+    """`restore`: (server name, local snapshot) to restore the control plane from before
+    that server first starts (`rebuild` after the only server was lost)."""
     from bootstrap.deploys import converge as c
     from bootstrap.hosts.executor import Step
 
     prepare = Step("prepare host", {n: c.placement_commands(p) for n, p in plans.items()})
     steps = [prepare]
+    if restore:
+        steps.append(Step(f"restore etcd snapshot on {restore[0]}", {restore[0]: c.restore_commands(restore[1])}))
     first = inventory.servers[0].name
     for server in inventory.servers:
         plan = plans.get(server.name)
@@ -122,9 +127,11 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
 def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
     """Read k3s.yaml from the first server (never printed), point it at that server's
     address, name it bootstrap-<cluster>, keep it 0600 in the state folder."""
-    first = inventory.servers[0]
-    if first.name in session.failures:
+    answering = [s for s in inventory.servers if s.name not in session.failures
+                 and s in session.nodes]
+    if not answering:
         return
+    first = answering[0]
     host = session.pyinfra_state.inventory.get_host(first.name)
     ok, output = host.run_shell_command(f"cat {d.KUBECONFIG}", _sudo=host.data.get("_sudo", False),
                                         print_output=False, print_input=False)
@@ -133,4 +140,4 @@ def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
         return
     from bootstrap.cluster.kubeconfig import rewrite
 
-    state.write_secret("kubeconfig", rewrite(output.stdout, inventory))
+    state.write_secret("kubeconfig", rewrite(output.stdout, inventory, address=first.address))

@@ -78,3 +78,23 @@ def verify_nvidia_runtime_command() -> StringCommand:
 
 def refuse(message: str) -> StringCommand:
     return StringCommand(f"echo {shlex.quote(message)} >&2; exit 1", _sudo=False)
+
+
+def restore_commands(snapshot) -> list:
+    """Put a local snapshot on the new server and reset the datastore from it. The token in
+    config.yaml (the old cluster's) decrypts it; k3s refuses a wrong one."""
+    stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
+    remote = f"/var/lib/rancher/k3s/server/db/snapshots/{snapshot.name}"
+    return [
+        StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False),
+        FileUploadCommand(str(snapshot), f"{stage}/snapshot", _sudo=False),
+        StringCommand("\n".join([
+            "set -e",
+            f"install -D -m 0600 -o root -g root {stage}/snapshot {remote}",
+            f"rm -rf {stage}",
+            "systemctl stop k3s 2>/dev/null || true",
+            f"out=$(k3s server --cluster-reset --cluster-reset-restore-path={remote} 2>&1) || "
+            "{ echo \"$out\" | grep -iv token | tail -n 5 >&2; exit 1; }",
+            "echo \"$out\" | grep -iv token | tail -n 2",
+        ])),
+    ]

@@ -130,3 +130,10 @@ def test_host_driver_packages_per_os(os_id, version, branch, expected):
     assert driver_packages(inv, no_driver) == expected
     with_driver = parse_host_facts(h200_probe_output())
     assert driver_packages(inv, with_driver) == []  # a working driver is left alone
+
+
+def test_replacement_first_server_joins_a_healthy_one_instead_of_starting_a_new_cluster():
+    config = k3sconfig.node_config(INV, INV.node("cp-1"), "tok", join_via=INV.node("cp-2"))
+    assert "cluster-init" not in config and config["server"] == "https://203.0.113.11:6443"
+    agent = k3sconfig.node_config(INV, INV.node("gpu-1"), "tok", join_via=INV.node("cp-2"))
+    assert agent["server"] == "https://203.0.113.11:6443"

@@ -17,12 +17,13 @@ def context_name(inventory: Inventory) -> str:
     return f"bootstrap-{inventory.cluster}"
 
 
-def rewrite(text: str, inventory: Inventory, server: str | None = None) -> str:
-    """k3s writes https://127.0.0.1:6443 and names everything `default`: point it at the first
-    server (or `server`) and name cluster, user and context bootstrap-<cluster>."""
+def rewrite(text: str, inventory: Inventory, server: str | None = None, address: str | None = None) -> str:
+    """k3s writes https://127.0.0.1:6443 and names everything `default`: point it at the
+    server it came from (`address`, default the first) or at `server` (host:port), and name
+    cluster, user and context bootstrap-<cluster>."""
     config = yaml.safe_load(text)
     name = context_name(inventory)
-    address = inventory.servers[0].address
+    address = address or inventory.servers[0].address
     host = f"[{address}]" if ":" in address else address
     for cluster in config.get("clusters", []):
         scheme = cluster["cluster"]["server"].split("://", 1)[0]

@@ -14,28 +14,35 @@ from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
-def gather_and_plan(session, inventory, state, *, create_token: bool):
-    """Facts in one round trip per host, preflight, then each host's plan. Raises when
-    preflight fails or a host cannot be reached: then nothing has been changed."""
+def gather_facts(session, inventory) -> dict:
+    """Facts in one round trip per host, including the state of every file the tool manages."""
     from bootstrap.facts.host_facts import HostFactsFact
 
     paths = sorted(set(flow.managed_paths(inventory, {})) | set(flow.local_images_candidates(inventory)))
     facts = session.gather(HostFactsFact, paths=tuple(paths))
-    for node in inventory.nodes:
+    for node in session.nodes:
         if node.name not in facts and node.name not in session.failures:
             session.fail(node.name, "the facts probe returned no output")
+    return facts
+
+
+def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None, tolerate_unreachable=False,
+                    join_via=None):
+    """Facts, preflight, then each host's plan. Raises when preflight fails or (unless
+    tolerated, as `rebuild` does) a host cannot be reached: then nothing has been changed."""
+    facts = facts if facts is not None else gather_facts(session, inventory)
     findings = flow.preflight(inventory, facts)
     flow.print_findings(findings)
     errors = [f for f in findings if f.severity == "error"]
-    if errors or session.failures:
+    if errors or (session.failures and not tolerate_unreachable):
         for failure in sorted(session.failures.values(), key=lambda f: f.node):
             print(f"FAILED {failure.render()}", file=sys.stderr)
         problems = len(errors) + len(session.failures)
         raise flow.PreflightFailed(f"preflight found {problems} problem(s); no host was changed",
                                    "fix the problems above and run the command again")
-    artifacts = art.k3s_artifacts(inventory, {facts[n.name].arch for n in inventory.nodes})
+    artifacts = art.k3s_artifacts(inventory, {f.arch for f in facts.values()})
     token = flow.load_or_create_token(state, facts, inventory, create=create_token)
-    return facts, flow.make_plans(inventory, facts, token, artifacts)
+    return facts, flow.make_plans(inventory, facts, token, artifacts, join_via)
 
 
 def run(args) -> int:

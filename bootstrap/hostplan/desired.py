@@ -95,9 +95,9 @@ def component_packages(inventory: Inventory, gpu: bool) -> list[str]:
 
 
 def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sArtifacts,
-                  gpu: bool, driver_packages: list[str]) -> Desired:
+                  gpu: bool, driver_packages: list[str], join_via: Node | None = None) -> Desired:
     desired = Desired(gpu=gpu)
-    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token))
+    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via))
     desired.files += [
         text_file(MODULES_FILE, templates.render("host/modules-k3s.conf")),
         text_file(SYSCTL_FILE, templates.render("host/sysctl-k3s.conf.j2", sysctls=SYSCTLS)),

@@ -29,14 +29,15 @@ def cluster_address(node: Node) -> str:
     return node.node_ip or node.address
 
 
-def server_url(inventory: Inventory) -> str:
-    """Every joining node registers with the first server."""
-    address = cluster_address(inventory.servers[0])
+def server_url(inventory: Inventory, via: Node | None = None) -> str:
+    """Every joining node registers with the first server (or `via`, a healthy server when
+    the first one is being replaced)."""
+    address = cluster_address(via or inventory.servers[0])
     host = f"[{address}]" if ":" in address else address
     return f"https://{host}:{SUPERVISOR_PORT}"
 
 
-def node_config(inventory: Inventory, node: Node, token: str) -> dict:
+def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | None = None) -> dict:
     config: dict = {"token": token, "node-name": node.name}
     if node.node_ip:
         config["node-ip"] = node.node_ip
@@ -54,14 +55,14 @@ def node_config(inventory: Inventory, node: Node, token: str) -> dict:
     first = inventory.servers[0]
     if node.role == "server":
         config.update(server_settings(inventory))
-        if node.name == first.name:
+        if node.name == first.name and join_via is None:
             # Embedded etcd even for one server: it is what makes snapshots, restore after a
             # lost server, and growing to three servers possible.
             config["cluster-init"] = True
         else:
-            config["server"] = server_url(inventory)
+            config["server"] = server_url(inventory, join_via)
     else:
-        config["server"] = server_url(inventory)
+        config["server"] = server_url(inventory, join_via)
     extra = inventory.k3s.server_config if node.role == "server" else inventory.k3s.agent_config
     for key, value in extra.items():
         # Repeatable flags the tool also sets (kubelet-arg, node-label, tls-san...) add up.

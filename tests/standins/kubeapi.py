@@ -1031,6 +1031,7 @@ class Disconnect(Exception):
 # =============================================================================
 
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")  # strconv.ParseBool, as the API server reads ?watch=
 STATE_FILE = "standin-api.json"
 
 
@@ -1570,7 +1571,7 @@ class KubeAPI:
                 lines = lines[-int(query["tailLines"]):] if int(query["tailLines"]) > 0 else []
             except ValueError:
                 pass
-        if query.get("timestamps") in ("true", "1"):
+        if query.get("timestamps") in GO_TRUE:
             stamp = deep(status, "state", "running", "startedAt") or deep(status, "state", "terminated", "startedAt") \
                 or now_iso()
             lines = ["%s %s" % (stamp.replace("Z", ".000000000Z"), line) for line in lines]
@@ -1734,7 +1735,7 @@ class KubeAPI:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if method == "GET":
             if name is None:
-                if query.get("watch") in ("true", "1"):
+                if query.get("watch") in GO_TRUE:
                     self.watch(handler, res, ns, query, version)
                     return 200, STREAMED
                 return 200, self.list(res, ns, query, version)
@@ -2437,6 +2438,7 @@ class Simulator:
         self.last_seen = {}
         self.timers = {}
         self.gc_uids = set()
+        self.terminating_since = {}
         self.wake = threading.Event()
         self.records_at = 0.0
         self.records = {}
@@ -2643,6 +2645,8 @@ class Simulator:
         self.wake.set()
 
     def terminating(self, res, obj, policy):
+        if res.kind == "Namespace" and not res.crd:
+            self.terminating_since[obj["metadata"]["name"]] = time.monotonic()
         self.wake.set()
 
     def deleted(self, res, gone, policy):
@@ -3129,10 +3133,11 @@ class Simulator:
         for ns in self.store.items(nsres):
             if deep(ns, "status", "phase") != "Terminating":
                 continue
-            since = parse_iso(deep(ns, "metadata", "deletionTimestamp")) or 0
-            if time.time() - since < 0.5:
-                continue
             name = ns["metadata"]["name"]
+            since = self.terminating_since.setdefault(name, time.monotonic())
+            if time.monotonic() - since < 1.0:  # what the namespace controller takes, about
+                continue
+            self.terminating_since.pop(name, None)
             for res in self.api.resources():
                 if not res.namespaced:
                     continue

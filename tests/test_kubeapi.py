@@ -1,0 +1,854 @@
+"""The stand-in Kubernetes API server and cluster simulator (tests/standins/kubeapi.py),
+served by the built k3s stand-in on its supervisor port and driven by the official
+`kubernetes` Python client, as the tool drives a real cluster.
+
+Fast tests run the built stand-in on this machine in a sandbox (K3S_STANDIN_ROOT, free
+ports on 127.0.0.1) with short simulator timings; the `hosts` test runs it on two test
+hosts under systemd and reaches the API through an SSH local port forward.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS / "standins"))
+import airgap  # noqa: E402
+
+kubernetes = pytest.importorskip("kubernetes", reason="the official kubernetes client (pip install "
+                                 "'kubernetes>=33,<37') drives the stand-in API")
+from kubernetes import client, config, watch  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
+VERSION = "v1.33.5+k3s1"
+TOKEN = "ka-Secret-3c9e"
+FAST = {"K3S_STANDIN_NODE_GRACE": "3", "K3S_STANDIN_HEARTBEAT": "0.5", "K3S_STANDIN_NODE_READY_SECONDS": "0.3",
+        "K3S_STANDIN_POD_SECONDS": "0.3", "K3S_STANDIN_POD_START_SECONDS": "0.1", "K3S_STANDIN_MIG_SECONDS": "0.5"}
+TS4 = "version: v1\nflags:\n  migStrategy: none\nsharing:\n  timeSlicing:\n    renameByDefault: false\n" \
+      "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+
+needs_upstream = pytest.mark.skipif(airgap.upstream_missing() is not None, reason=airgap.upstream_missing() or "")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def k3s(tmp_path_factory) -> Path:
+    if airgap.upstream_missing():
+        pytest.skip(airgap.upstream_missing())
+    return airgap.build_airgap(tmp_path_factory.mktemp("airgap"), VERSION) / "k3s"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(what, check, timeout=15.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except ApiException as exc:
+            last = exc
+            if exc.status != 404:
+                raise
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Proc:
+    """A stand-in process in the background; its log in a file."""
+
+    def __init__(self, k3s: Path, args, root: Path, env: dict | None = None):
+        self.root = root
+        self.logfile = tempfile.NamedTemporaryFile("w+", prefix="k3s-", suffix=".log", delete=False)
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("K3S_", "NOTIFY_SOCKET"))}
+        full.update(FAST, K3S_STANDIN_ROOT=str(root), **(env or {}))
+        self.proc = subprocess.Popen([sys.executable, str(k3s)] + list(args), stdout=self.logfile,
+                                     stderr=subprocess.STDOUT, env=full)
+
+    def log(self) -> str:
+        self.logfile.flush()
+        return Path(self.logfile.name).read_text()
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.log()
+
+
+class Cluster:
+    """A sandboxed stand-in server (and agents) with an official-client connection."""
+
+    def __init__(self, k3s: Path, base: Path):
+        self.k3s, self.base, self.procs, self.port = k3s, base, [], None
+
+    def server(self, config_text: str = "", env=None, name="cp-1", root=None):
+        root = root or self.base / name
+        cfg = root / "etc/rancher/k3s/config.yaml"
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(f"token: {TOKEN}\ncluster-init: true\n" + config_text)
+        self.port = free_port()
+        p = Proc(self.k3s, ["server", "--https-listen-port", str(self.port), "--bind-address", "127.0.0.1",
+                            "--node-name", name], root, env)
+        self.procs.append(p)
+        self.root = root
+        kubeconfig = root / "etc/rancher/k3s/k3s.yaml"
+        wait("the server's API", lambda: kubeconfig.exists() and self._ping(), 20)
+        self.connect(kubeconfig)
+        return p
+
+    def _ping(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ping", timeout=2) as resp:
+                return resp.read() == b"pong"
+        except OSError:
+            return False
+
+    def connect(self, kubeconfig: Path):
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        self.api = client.ApiClient(configuration)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.storage = client.StorageV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+
+    def agent(self, name, gpus: int = 0, labels=(), taints=(), rdma=None, env=None):
+        root = self.base / name
+        cfg = root / "etc/rancher/k3s/config.yaml"
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(yaml.safe_dump({"server": f"https://127.0.0.1:{self.port}", "token": TOKEN,
+                                       "node-label": list(labels), "node-taint": list(taints)}))
+        path = os.environ.get("PATH", "")
+        if gpus:
+            bindir = root / "fakebin"
+            bindir.mkdir(parents=True, exist_ok=True)
+            lines = "".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-0cb55614-f19b-b5ec-e96f-134d60bf42{i:02d})\\n"
+                            for i in range(gpus))
+            (bindir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+            (bindir / "nvidia-smi").chmod(0o755)
+            path = f"{bindir}:{path}"
+        if rdma:
+            (root / "etc/bootstrap-standin").mkdir(parents=True, exist_ok=True)
+            (root / "etc/bootstrap-standin/infiniband.json").write_text(json.dumps(rdma))
+        p = Proc(self.k3s, ["agent", "--node-name", name], root, dict(env or {}, PATH=path))
+        self.procs.append(p)
+        return p
+
+    def node(self, name):
+        return self.core.read_node(name)
+
+    def ready(self, name):
+        try:
+            node = self.node(name)
+        except ApiException:
+            return None
+        return next((c.status for c in node.status.conditions if c.type == "Ready"), None)
+
+    def wait_ready(self, *names, timeout=20):
+        for name in names:
+            wait(f"node {name} Ready", lambda: self.ready(name) == "True", timeout)
+
+    def raw(self, method, path, body=None, content_type="application/json", auth=True):
+        """(status, text) of one request, as the tool's raw client sends it."""
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = self.api.configuration.get_api_key_with_prefix("BearerToken")
+        data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def log(self, pod, ns="default", **kw):
+        resp = self.core.read_namespaced_pod_log(pod, ns, _preload_content=False, **kw)
+        return resp.data.decode()
+
+    def pod_done(self, name, ns="default", timeout=15):
+        return wait(f"pod {name} to finish", lambda: (lambda p: p if p.status.phase in ("Succeeded", "Failed")
+                                                      else None)(self.core.read_namespaced_pod(name, ns)), timeout)
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.stop()
+
+
+@pytest.fixture
+def cluster(k3s, tmp_path):
+    c = Cluster(k3s, tmp_path)
+    yield c
+    c.stop()
+
+
+def pod(name, image="busybox:1.36", command=None, resources=None, **spec):
+    container = {"name": "main", "image": image}
+    if command:
+        container["command"] = command
+    if resources:
+        container["resources"] = {"limits": resources}
+    return {"metadata": {"name": name}, "spec": {"restartPolicy": "Never", "containers": [container], **spec}}
+
+
+# --------------------------------------------------------------------------- connection and API surface
+
+
+@needs_upstream
+def test_kubeconfig_is_plain_http_with_a_token_and_the_api_checks_it(cluster):
+    cluster.server()
+    kubeconfig = yaml.safe_load((cluster.root / "etc/rancher/k3s/k3s.yaml").read_text())
+    (entry,) = kubeconfig["clusters"]
+    assert entry["cluster"] == {"server": f"http://127.0.0.1:{cluster.port}"}
+    token = kubeconfig["users"][0]["user"]["token"]
+    assert set(kubeconfig["users"][0]["user"]) == {"token"} and TOKEN not in token
+    status, body = cluster.raw("GET", "/api/v1/nodes", auth=False)
+    assert status == 401 and json.loads(body)["reason"] == "Unauthorized"
+    status, body = cluster.raw("GET", "/version", auth=False)
+    assert status == 200 and json.loads(body)["gitVersion"] == VERSION
+    assert client.VersionApi(cluster.api).get_code().minor == "33"
+    # discovery knows the built-in groups, k3s's CRDs and the add-on presets
+    groups = {g.name for g in client.ApisApi(cluster.api).get_api_versions().groups}
+    assert {"apps", "batch", "storage.k8s.io", "helm.cattle.io", "batch.volcano.sh", "scheduling.volcano.sh",
+            "k8s.cni.cncf.io", "nvidia.com"} <= groups
+    resources = {r.name for r in cluster.core.get_api_resources().resources}
+    assert {"pods", "pods/log", "pods/status", "pods/eviction", "nodes", "configmaps", "secrets"} <= resources
+    # k3s's own objects
+    assert {n.metadata.name for n in cluster.core.list_namespace().items} >= {
+        "default", "kube-system", "kube-public", "kube-node-lease"}
+    (sc,) = cluster.storage.list_storage_class().items
+    assert (sc.metadata.name, sc.provisioner, sc.volume_binding_mode) == (
+        "local-path", "rancher.io/local-path", "WaitForFirstConsumer")
+    assert sc.metadata.annotations["storageclass.kubernetes.io/is-default-class"] == "true"
+    assert "nvidia" in {r.metadata.name for r in client.NodeV1Api(cluster.api).list_runtime_class().items}
+    assert client.AppsV1Api(cluster.api).read_namespaced_deployment("coredns", "kube-system").status.ready_replicas == 1
+    assert cluster.core.read_namespaced_service_account("default", "kube-system").metadata.name == "default"
+
+
+@needs_upstream
+def test_config_disabling_local_storage_drops_the_class(cluster):
+    cluster.server("disable:\n- local-storage\n- traefik\n")
+    assert cluster.storage.list_storage_class().items == []
+    names = {d.metadata.name for d in client.AppsV1Api(cluster.api).list_namespaced_deployment("kube-system").items}
+    assert "traefik" not in names and "coredns" in names
+
+
+@needs_upstream
+def test_crud_patches_selectors_and_real_error_replies(cluster):
+    cluster.server()
+    core = cluster.core
+    created = core.create_namespaced_config_map("default", {"metadata": {"name": "cfg", "labels": {"app": "a"}},
+                                                            "data": {"k": "v"}})
+    assert created.metadata.uid and created.metadata.resource_version and created.metadata.creation_timestamp
+    core.create_namespaced_config_map("default", {"metadata": {"name": "other", "labels": {"app": "b"}}})
+    names = lambda sel: sorted(c.metadata.name for c in core.list_namespaced_config_map("default", label_selector=sel).items)  # noqa: E731
+    assert names("app=a") == ["cfg"]
+    assert names("app in (a,b)") == ["cfg", "other"]
+    assert names("app!=a") == ["kube-root-ca.crt", "other"]
+    assert names("!app") == ["kube-root-ca.crt"]
+    assert [c.metadata.name for c in core.list_config_map_for_all_namespaces(
+        field_selector="metadata.name=cfg").items] == ["cfg"]
+    # the three patch types the client sends
+    core.patch_namespaced_config_map("cfg", "default", {"metadata": {"labels": {"tier": "x"}}, "data": {"k2": "v2"}})
+    core.patch_namespaced_config_map("cfg", "default", [{"op": "remove", "path": "/metadata/labels/tier"}])
+    status, _ = cluster.raw("PATCH", "/api/v1/namespaces/default/configmaps/cfg", {"data": {"k": None}},
+                            "application/merge-patch+json")
+    assert status == 200
+    got = core.read_namespaced_config_map("cfg", "default")
+    assert got.data == {"k2": "v2"} and got.metadata.labels == {"app": "a"}
+    # optimistic concurrency, conflicts, validation
+    stale = created.metadata.resource_version
+    with pytest.raises(ApiException) as exc:
+        core.replace_namespaced_config_map("cfg", "default", {"metadata": {"name": "cfg", "resourceVersion": stale},
+                                                              "data": {}})
+    assert exc.value.status == 409 and "the object has been modified" in json.loads(exc.value.body)["message"]
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "cfg"}})
+    assert exc.value.status == 409 and json.loads(exc.value.body)["reason"] == "AlreadyExists"
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "Bad_Name"}})
+    assert exc.value.status == 422 and "RFC 1123 subdomain" in json.loads(exc.value.body)["message"]
+    status, body = cluster.raw("POST", "/api/v1/namespaces/default/configmaps",
+                               {"metadata": {"name": "n"}, "data": {"count": 3}})
+    assert status == 400 and "cannot unmarshal" in json.loads(body)["message"]
+    with pytest.raises(ApiException) as exc:
+        core.patch_node("cp-1", {"metadata": {"labels": {"gpu": "NVIDIA H200"}}})
+    assert exc.value.status == 422 and "a valid label must be" in json.loads(exc.value.body)["message"]
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map("missing-ns", {"metadata": {"name": "x"}})
+    assert exc.value.status == 404 and json.loads(exc.value.body)["message"] == 'namespaces "missing-ns" not found'
+    # delete, then 404 with the API server's message
+    assert core.delete_namespaced_config_map("cfg", "default").status == "Success"
+    with pytest.raises(ApiException) as exc:
+        core.read_namespaced_config_map("cfg", "default")
+    assert exc.value.status == 404 and json.loads(exc.value.body)["message"] == 'configmaps "cfg" not found'
+    # secrets: stringData becomes base64 data
+    core.create_namespaced_secret("default", {"metadata": {"name": "s"}, "stringData": {"pw": "hunter2"}})
+    assert base64.b64decode(core.read_namespaced_secret("s", "default").data["pw"]) == b"hunter2"
+    # server-side apply creates, then updates
+    for value in ("1", "2"):
+        status, body = cluster.raw("PATCH", "/api/v1/namespaces/default/configmaps/applied?fieldManager=t",
+                                   {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"},
+                                    "data": {"v": value}}, "application/apply-patch+yaml")
+        assert status in (200, 201), body
+    assert core.read_namespaced_config_map("applied", "default").data == {"v": "2"}
+
+
+@needs_upstream
+def test_watch_streams_changes(cluster):
+    cluster.server()
+    seen = []
+
+    def make():
+        time.sleep(0.5)
+        cluster.core.create_namespaced_config_map("default", {"metadata": {"name": "watched"}})
+        cluster.core.delete_namespaced_config_map("watched", "default")
+
+    threading.Thread(target=make, daemon=True).start()
+    w = watch.Watch()
+    t0 = time.monotonic()
+    for event in w.stream(cluster.core.list_namespaced_config_map, "default", timeout_seconds=5):
+        seen.append((event["type"], event["object"].metadata.name))
+        if event["type"] == "DELETED":
+            w.stop()
+    assert ("ADDED", "kube-root-ca.crt") in seen  # the current objects first
+    assert seen[-2:] == [("ADDED", "watched"), ("DELETED", "watched")]
+    assert time.monotonic() - t0 < 4  # events arrive as they happen, not at the end of the stream
+    # a resourceVersion from long ago: 410 Gone, as the real API server says it
+    status, body = cluster.raw("GET", "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1"
+                                      "&timeoutSeconds=1")
+    assert status == 200
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@needs_upstream
+def test_joined_nodes_become_ready_with_roles_labels_taints_and_capacity(cluster):
+    cluster.server("node-label:\n- site=lab\n")
+    cluster.agent("gpu-1", gpus=2, labels=["pool=a"], taints=["dedicated=gpu:NoSchedule"])
+    cluster.wait_ready("cp-1", "gpu-1")
+    cp, gpu = cluster.node("cp-1"), cluster.node("gpu-1")
+    assert cp.metadata.labels["node-role.kubernetes.io/control-plane"] == "true"
+    assert cp.metadata.labels["node-role.kubernetes.io/etcd"] == "true" and cp.metadata.labels["site"] == "lab"
+    assert "node-role.kubernetes.io/control-plane" not in gpu.metadata.labels
+    assert gpu.metadata.labels["pool"] == "a" and gpu.metadata.labels["kubernetes.io/hostname"] == "gpu-1"
+    assert [(t.key, t.value, t.effect) for t in gpu.spec.taints] == [("dedicated", "gpu", "NoSchedule")]
+    assert {(a.type, a.address) for a in gpu.status.addresses} >= {("InternalIP", "127.0.0.1"), ("Hostname", "gpu-1")}
+    assert gpu.status.node_info.kubelet_version == VERSION
+    assert int(gpu.status.allocatable["cpu"]) >= 1 and gpu.status.allocatable["pods"] == "110"
+    labels = gpu.metadata.labels
+    assert (labels["nvidia.com/gpu.present"], labels["nvidia.com/gpu.product"], labels["nvidia.com/gpu.count"]) == (
+        "true", "NVIDIA-H200", "2")
+    assert gpu.status.allocatable["nvidia.com/gpu"] == "2" and gpu.status.capacity["nvidia.com/gpu"] == "2"
+    assert "nvidia.com/gpu.present" not in cp.metadata.labels and "nvidia.com/gpu" not in cp.status.allocatable
+    secrets = {s.metadata.name for s in cluster.core.list_namespaced_secret("kube-system").items}
+    assert {"cp-1.node-password.k3s", "gpu-1.node-password.k3s"} <= secrets
+
+
+@needs_upstream
+def test_an_agent_that_stops_goes_unknown_and_comes_back(cluster):
+    cluster.server()
+    agent = cluster.agent("w-1")
+    cluster.wait_ready("cp-1", "w-1")
+    agent.stop(signal.SIGKILL)  # no heartbeat any more
+    t0 = time.monotonic()
+    wait("w-1 Unknown", lambda: cluster.ready("w-1") == "Unknown", 10)
+    assert 2.5 < time.monotonic() - t0 < 8  # K3S_STANDIN_NODE_GRACE=3 here (20 by default)
+    node = cluster.node("w-1")
+    assert {(t.key, t.effect) for t in node.spec.taints} == {("node.kubernetes.io/unreachable", "NoSchedule"),
+                                                             ("node.kubernetes.io/unreachable", "NoExecute")}
+    assert next(c for c in node.status.conditions if c.type == "Ready").reason == "NodeStatusUnknown"
+    assert cluster.ready("cp-1") == "True"  # the server's own node stays Ready
+    cluster.agent("w-1")
+    cluster.wait_ready("w-1")
+    assert not cluster.node("w-1").spec.taints
+
+
+@needs_upstream
+def test_cordon_delete_node_and_etcd_member_removal(cluster):
+    cluster.server()
+    cluster.agent("w-1")
+    cluster.wait_ready("cp-1", "w-1")
+    cluster.core.patch_node("w-1", {"spec": {"unschedulable": True}})
+    wait("the cordon taint", lambda: any(t.key == "node.kubernetes.io/unschedulable"
+                                         for t in cluster.node("w-1").spec.taints or []))
+    cluster.core.create_namespaced_pod("default", pod("on-w1", command=["sleep", "infinity"],
+                                                      nodeSelector={"kubernetes.io/hostname": "w-1"}))
+    msg = wait("unschedulable", lambda: next((c.message for c in cluster.core.read_namespaced_pod(
+        "on-w1", "default").status.conditions or [] if c.type == "PodScheduled"), None))
+    assert msg.startswith("0/2 nodes are available: ") and "1 node(s) were unschedulable" in msg
+    cluster.core.patch_node("w-1", {"spec": {"unschedulable": None}})
+    wait("on-w1 running", lambda: cluster.core.read_namespaced_pod("on-w1", "default").status.phase == "Running")
+    # deleting the node removes it, its pods and its node-password secret
+    assert cluster.core.delete_node("w-1").status == "Success"
+    wait("w-1 gone", lambda: "w-1" not in {n.metadata.name for n in cluster.core.list_node().items})
+    time.sleep(1)
+    assert "w-1" not in {n.metadata.name for n in cluster.core.list_node().items}  # stays deleted
+    assert "on-w1" not in {p.metadata.name for p in cluster.core.list_namespaced_pod("default").items}
+    assert "w-1.node-password.k3s" not in {s.metadata.name for s in cluster.core.list_namespaced_secret(
+        "kube-system").items}
+    # k3s's etcd member removal by annotation
+    cluster.core.patch_node("cp-1", {"metadata": {"annotations": {"etcd.k3s.cattle.io/remove": "true"}}})
+    removed = wait("removed-node-name", lambda: (cluster.node("cp-1").metadata.annotations or {}).get(
+        "etcd.k3s.cattle.io/removed-node-name"))
+    assert re.fullmatch(r"cp-1-[0-9a-f]{8}", removed)
+
+
+# --------------------------------------------------------------------------- pods
+
+
+@needs_upstream
+def test_pods_schedule_run_and_log(cluster):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=1)
+    cluster.wait_ready("cp-1", "gpu-1")
+    core = cluster.core
+    core.create_namespaced_pod("default", pod("echo", command=["sh", "-c", "echo x > /data/f && cat /data/f"]))
+    core.create_namespaced_pod("default", pod("cuda", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+                                              resources={"nvidia.com/gpu": "1"}))
+    core.create_namespaced_pod("default", pod("cuda-no-gpu", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"))
+    core.create_namespaced_pod("default", pod("broken", "example.com/fail-on-purpose:1"))
+    core.create_namespaced_pod("default", pod("smi", "nvcr.io/nvidia/cuda:12.5.0-base-ubuntu22.04",
+                                              command=["nvidia-smi", "-L"], resources={"nvidia.com/gpu": "1"}))
+    core.create_namespaced_pod("default", pod("greedy", resources={"nvidia.com/gpu": "2"}))
+    # a pod that has not started has no log yet
+    with pytest.raises(ApiException) as exc:
+        cluster.log("echo")
+    assert exc.value.status == 400 and "is waiting to start: ContainerCreating" in json.loads(exc.value.body)["message"]
+    p = cluster.pod_done("echo")
+    assert p.status.phase == "Succeeded" and cluster.log("echo") == "x\n"
+    assert p.spec.node_name in ("cp-1", "gpu-1") and p.status.pod_ip.startswith("10.42.")
+    assert p.status.container_statuses[0].state.terminated.exit_code == 0
+    p = cluster.pod_done("cuda")
+    assert p.spec.node_name == "gpu-1" and p.status.phase == "Succeeded"
+    log = cluster.log("cuda")
+    assert log.startswith("[Vector addition of 50000 elements]\n") and "Test PASSED" in log
+    p = cluster.pod_done("cuda-no-gpu")
+    assert p.status.phase == "Failed" and "no CUDA-capable device is detected" in cluster.log("cuda-no-gpu")
+    p = cluster.pod_done("broken")
+    assert p.status.phase == "Failed" and p.status.container_statuses[0].state.terminated.exit_code == 1
+    cluster.pod_done("smi")
+    assert re.fullmatch(r"GPU 0: NVIDIA H200 \(UUID: GPU-[0-9a-f-]+\)\n", cluster.log("smi"))
+    greedy = core.read_namespaced_pod("greedy", "default")
+    assert greedy.status.phase == "Pending"
+    cond = next(c for c in greedy.status.conditions if c.type == "PodScheduled")
+    assert (cond.status, cond.reason) == ("False", "Unschedulable")
+    assert cond.message.startswith("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=greedy").items
+    assert any(e.reason == "FailedScheduling" and "Insufficient nvidia.com/gpu" in e.message for e in events)
+    # a pod bound by nodeName that does not fit is rejected by the kubelet
+    core.create_namespaced_pod("default", pod("pinned", resources={"nvidia.com/gpu": "3"}, nodeName="gpu-1"))
+    p = cluster.pod_done("pinned")
+    assert p.status.reason == "OutOfnvidia.com/gpu" and "Node didn't have enough resource" in p.status.message
+    # deleting a pod removes it at once; a running pod stays running until then
+    core.create_namespaced_pod("default", pod("server", command=["sh", "-c", "echo up; sleep infinity"]))
+    wait("server running", lambda: core.read_namespaced_pod("server", "default").status.phase == "Running")
+    time.sleep(1)
+    assert core.read_namespaced_pod("server", "default").status.phase == "Running" and cluster.log("server") == "up\n"
+    core.delete_namespaced_pod("server", "default")
+    assert "server" not in {x.metadata.name for x in core.list_namespaced_pod("default").items}
+
+
+@needs_upstream
+def test_eviction_respects_pod_disruption_budgets(cluster):
+    cluster.server()
+    cluster.wait_ready("cp-1")
+    core = cluster.core
+    p = pod("guarded", command=["sleep", "infinity"])
+    p["metadata"]["labels"] = {"app": "guarded"}
+    core.create_namespaced_pod("default", p)
+    wait("running", lambda: core.read_namespaced_pod("guarded", "default").status.phase == "Running")
+    cluster.policy.create_namespaced_pod_disruption_budget("default", {
+        "metadata": {"name": "pdb"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "guarded", "namespace": "default"}}
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod_eviction("guarded", "default", eviction)
+    assert exc.value.status == 429 and "disruption budget" in json.loads(exc.value.body)["message"]
+    cluster.policy.delete_namespaced_pod_disruption_budget("pdb", "default")
+    core.create_namespaced_pod_eviction("guarded", "default", eviction)
+    assert core.list_namespaced_pod("default").items == []
+
+
+# --------------------------------------------------------------------------- GPUs, MIG, RDMA
+
+
+@needs_upstream
+def test_time_slicing_and_mps_configs_multiply_the_gpus(cluster):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=2)
+    cluster.wait_ready("gpu-1")
+    core = cluster.core
+    core.create_namespace({"metadata": {"name": "gpu-operator"}})
+    core.create_namespaced_config_map("gpu-operator", {
+        "metadata": {"name": "bootstrap-device-plugin-config"},
+        "data": {"ts-4": TS4, "ts-3-renamed": TS4.replace("false", "true").replace("replicas: 4", "replicas: 3"),
+                 "mps-2": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"}})
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-4"}}})
+    node = wait("8 GPUs", lambda: (lambda n: n if n.status.allocatable.get("nvidia.com/gpu") == "8" else None)(
+        cluster.node("gpu-1")))
+    assert node.status.capacity["nvidia.com/gpu"] == "8"
+    labels = node.metadata.labels
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"],
+            labels["nvidia.com/gpu.product"]) == ("4", "time-slicing", "NVIDIA-H200-SHARED")
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-3-renamed"}}})
+    node = wait("gpu.shared", lambda: (lambda n: n if n.status.allocatable.get("nvidia.com/gpu.shared") == "6"
+                                       else None)(cluster.node("gpu-1")))
+    assert node.status.allocatable["nvidia.com/gpu"] == "0" and labels["nvidia.com/gpu.product"]
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "mps-2"}}})
+    wait("mps", lambda: cluster.node("gpu-1").metadata.labels.get("nvidia.com/gpu.sharing-strategy") == "mps")
+    assert cluster.node("gpu-1").status.allocatable["nvidia.com/gpu"] == "4"
+    # a config name the ConfigMap lacks: the plugin advertises nothing and says why
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "nope"}}})
+    wait("no GPUs", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "0")
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-1").items
+    assert any(e.reason == "DevicePluginConfigError" and "'nope'" in e.message for e in events)
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": None}}})
+    wait("back to 2", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "2")
+
+
+@needs_upstream
+def test_mig_manager_applies_layouts_per_strategy(cluster):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=2)
+    cluster.wait_ready("gpu-1")
+    core = cluster.core
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.18gb",
+                                                      "nvidia.com/mig.strategy": "mixed"}}})
+    assert wait("pending", lambda: cluster.node("gpu-1").metadata.labels.get("nvidia.com/mig.config.state")) == "pending"
+    node = wait("success", lambda: (lambda n: n if n.metadata.labels.get("nvidia.com/mig.config.state") == "success"
+                                    else None)(cluster.node("gpu-1")))
+    assert node.status.allocatable["nvidia.com/mig-1g.18gb"] == "14"
+    assert node.status.allocatable["nvidia.com/gpu"] == "0" and node.metadata.labels["nvidia.com/mig-1g.18gb.count"] == "14"
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/mig.config": "all-3g.71gb",
+                                                      "nvidia.com/mig.strategy": "single"}}})
+    wait("single", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "4")
+    node = cluster.node("gpu-1")
+    assert "nvidia.com/mig-1g.18gb" not in node.status.allocatable
+    assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200-MIG-3g.71gb"
+    # a MIG pod runs on a slice
+    core.create_namespaced_pod("default", pod("on-mig", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+                                              resources={"nvidia.com/gpu": "1"}))
+    assert cluster.pod_done("on-mig").status.phase == "Succeeded"
+    # an unknown layout fails, with MIG manager's reason on the node
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/mig.config": "all-9g.999gb"}}})
+    node = wait("failed", lambda: (lambda n: n if n.metadata.labels.get("nvidia.com/mig.config.state") == "failed"
+                                   else None)(cluster.node("gpu-1")))
+    assert "all-9g.999gb" in node.metadata.annotations["nvidia.com/mig.config.state.reason"]
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-1").items
+    assert any(e.reason == "MigConfigFailed" for e in events)
+    # the tool's own mig-parted config (profiles per node) replaces the built-in layouts
+    core.create_namespace({"metadata": {"name": "gpu-operator"}})
+    core.create_namespaced_config_map("gpu-operator", {"metadata": {"name": "bootstrap-mig-parted-config"}, "data": {
+        "config.yaml": yaml.safe_dump({"version": "v1", "mig-configs": {
+            "all-disabled": [{"devices": "all", "mig-enabled": False}],
+            "custom-1a2b3c4d": [{"devices": "all", "mig-enabled": True, "mig-devices": {"2g.35gb": 1, "3g.71gb": 1}}],
+            "custom-toobig": [{"devices": "all", "mig-enabled": True, "mig-devices": {"7g.141gb": 1, "1g.18gb": 1}}],
+        }}, sort_keys=False)}})
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/mig.config": "custom-1a2b3c4d",
+                                                      "nvidia.com/mig.strategy": "mixed"}}})
+    node = wait("custom", lambda: (lambda n: n if n.metadata.labels.get("nvidia.com/mig.config.state") == "success"
+                                   else None)(cluster.node("gpu-1")))
+    assert (node.status.allocatable["nvidia.com/mig-2g.35gb"], node.status.allocatable["nvidia.com/mig-3g.71gb"]) == (
+        "2", "2")
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/mig.config": "custom-toobig"}}})
+    node = wait("too big", lambda: (lambda n: n if n.metadata.labels.get("nvidia.com/mig.config.state") == "failed"
+                                    else None)(cluster.node("gpu-1")))
+    assert "7 and 8" in node.metadata.annotations["nvidia.com/mig.config.state.reason"]
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}})
+    wait("whole GPUs", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "2")
+
+
+@needs_upstream
+def test_rdma_shared_device_plugin_resources(cluster):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=1, rdma=[{"hca": "mlx5_0", "netdevs": ["ib0"], "vendor": "0x15b3",
+                                          "device": "0x1021", "link_layer": "InfiniBand"}])
+    cluster.agent("gpu-2", gpus=1)
+    cluster.wait_ready("gpu-1", "gpu-2")
+    cluster.core.create_namespaced_config_map("kube-system", {"metadata": {"name": "rdma-devices"}, "data": {
+        "config.json": json.dumps({"periodicUpdateInterval": 300, "configList": [
+            {"resourceName": "hca", "rdmaHcaMax": 63, "selectors": {"ifNames": ["ib0", "ib1"]}}]})}})
+    wait("rdma/hca", lambda: cluster.node("gpu-1").status.allocatable.get("rdma/hca") == "63")
+    assert "rdma/hca" not in cluster.node("gpu-2").status.allocatable
+    cluster.core.create_namespaced_pod("default", pod("ib", resources={"rdma/hca": "1", "nvidia.com/gpu": "1"}))
+    assert cluster.pod_done("ib").spec.node_name == "gpu-1"
+
+
+# --------------------------------------------------------------------------- storage
+
+
+@needs_upstream
+def test_pvcs_bind_through_local_path_and_keep_their_files(cluster):
+    cluster.server()
+    cluster.agent("w-1")
+    cluster.wait_ready("cp-1", "w-1")
+    core = cluster.core
+    claim = {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                                                   "resources": {"requests": {"storage": "1Gi"}}}}
+    core.create_namespaced_persistent_volume_claim("default", claim)
+    time.sleep(0.5)
+    pvc = core.read_namespaced_persistent_volume_claim("data", "default")
+    assert pvc.spec.storage_class_name == "local-path" and pvc.status.phase == "Pending"  # WaitForFirstConsumer
+    mount = {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}
+    writer = pod("writer", command=["sh", "-c", "echo bootstrap-ok > /data/probe && cat /data/probe"], **mount)
+    writer["spec"]["containers"][0]["volumeMounts"] = [{"name": "d", "mountPath": "/data"}]
+    core.create_namespaced_pod("default", writer)
+    p = cluster.pod_done("writer")
+    assert p.status.phase == "Succeeded" and cluster.log("writer") == "bootstrap-ok\n"
+    pvc = core.read_namespaced_persistent_volume_claim("data", "default")
+    assert pvc.status.phase == "Bound" and pvc.status.capacity == {"storage": "1Gi"}
+    pv = core.read_persistent_volume(pvc.spec.volume_name)
+    assert pv.spec.claim_ref.name == "data" and pv.spec.host_path.path.startswith("/var/lib/rancher/k3s/storage/")
+    # a second pod lands on the same node (local volumes are pinned) and reads the file
+    reader = pod("reader", command=["cat", "/mnt/probe"], **mount)
+    reader["spec"]["containers"][0]["volumeMounts"] = [{"name": "d", "mountPath": "/mnt"}]
+    core.create_namespaced_pod("default", reader)
+    r = cluster.pod_done("reader")
+    assert r.spec.node_name == p.spec.node_name and cluster.log("reader") == "bootstrap-ok\n"
+    # a claim for a class that does not exist stays Pending, with the provisioner's event
+    core.create_namespaced_persistent_volume_claim("default", dict(claim, metadata={"name": "nfs"}, spec=dict(
+        claim["spec"], storageClassName="nfs-csi")))
+    time.sleep(0.5)
+    assert core.read_namespaced_persistent_volume_claim("nfs", "default").status.phase == "Pending"
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=nfs").items
+    assert any(e.reason == "ProvisioningFailed" and '"nfs-csi" not found' in e.message for e in events)
+    # ... until the class appears (Immediate binding)
+    cluster.storage.create_storage_class({"metadata": {"name": "nfs-csi"}, "provisioner": "nfs.csi.k8s.io"})
+    wait("bound", lambda: core.read_namespaced_persistent_volume_claim("nfs", "default").status.phase == "Bound")
+    # deleting a claim with reclaimPolicy Delete removes its volume
+    core.delete_namespaced_pod("writer", "default")
+    core.delete_namespaced_pod("reader", "default")
+    core.delete_namespaced_persistent_volume_claim("data", "default")
+    wait("pv gone", lambda: pv.metadata.name not in {v.metadata.name for v in core.list_persistent_volume().items})
+
+
+# --------------------------------------------------------------------------- Jobs, Volcano, namespaces
+
+
+@needs_upstream
+def test_batch_jobs_complete_or_fail(cluster):
+    cluster.server()
+    cluster.wait_ready("cp-1")
+    ok = {"metadata": {"name": "ok"}, "spec": {"completions": 2, "template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox", "command": ["echo", "done"]}]}}}}
+    cluster.batch.create_namespaced_job("default", ok)
+    bad = {"metadata": {"name": "bad"}, "spec": {"backoffLimit": 1, "template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox", "command": ["false"]}]}}}}
+    cluster.batch.create_namespaced_job("default", bad)
+    done = wait("ok complete", lambda: (lambda j: j if any(c.type == "Complete" for c in j.status.conditions or [])
+                                        else None)(cluster.batch.read_namespaced_job("ok", "default")), 20)
+    assert done.status.succeeded == 2
+    failed = wait("bad failed", lambda: (lambda j: j if any(c.type == "Failed" for c in j.status.conditions or [])
+                                         else None)(cluster.batch.read_namespaced_job("bad", "default")), 20)
+    assert failed.status.failed == 2 and failed.status.conditions[-1].reason == "BackoffLimitExceeded"
+    pods = cluster.core.list_namespaced_pod("default", label_selector="job-name=ok").items
+    assert len(pods) == 2 and cluster.log(pods[0].metadata.name) == "done\n"
+    cluster.batch.delete_namespaced_job("ok", "default", propagation_policy="Background")
+    wait("job pods gone", lambda: not cluster.core.list_namespaced_pod("default", label_selector="job-name=ok").items)
+
+
+@needs_upstream
+def test_volcano_gang_jobs_run_all_or_nothing(cluster):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=2)
+    cluster.wait_ready("gpu-1")
+    custom = cluster.custom
+    custom.create_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues",
+                                        {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+                                         "metadata": {"name": "train"}, "spec": {"weight": 2}})
+    assert custom.get_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues", "train")["status"] == {
+        "state": "Open"}
+
+    def job(name, replicas, min_available, queue="train"):
+        return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": name},
+                "spec": {"minAvailable": min_available, "schedulerName": "volcano", "queue": queue, "tasks": [
+                    {"name": "member", "replicas": replicas, "template": {"spec": {
+                        "restartPolicy": "Never", "tolerations": [{"operator": "Exists"}], "containers": [
+                            {"name": "c", "image": "busybox:1.36", "command": ["sh", "-c", "echo member-ok"],
+                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}}
+
+    get = lambda name: custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", name)  # noqa: E731
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", job("fits", 2, 2))
+    done = wait("fits completed", lambda: (lambda j: j if j["status"]["state"]["phase"] == "Completed" else None)(
+        get("fits")), 20)
+    assert done["status"]["succeeded"] == 2
+    assert cluster.log("fits-member-0") == "member-ok\n"
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", job("toobig", 3, 3))
+    blocked = wait("gang message", lambda: (lambda j: j if j["status"]["state"].get("message") else None)(
+        get("toobig")))
+    assert blocked["status"]["state"]["phase"] == "Pending"
+    assert "3/3 tasks in gang unschedulable" in blocked["status"]["state"]["message"]
+    time.sleep(1)
+    pods = cluster.core.list_namespaced_pod("default", label_selector="volcano.sh/job-name=toobig").items
+    assert len(pods) == 3 and {p.status.phase for p in pods} == {"Pending"} and not any(p.spec.node_name for p in pods)
+    cond = next(c for c in pods[0].status.conditions if c.type == "PodScheduled")
+    assert "Insufficient nvidia.com/gpu" in cond.message
+    (pg,) = [g for g in custom.list_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", "default",
+                                                              "podgroups")["items"]
+             if g["metadata"]["name"].startswith("toobig-")]
+    assert pg["spec"]["minMember"] == 3 and pg["status"]["phase"] == "Pending"
+    with pytest.raises(ApiException) as exc:
+        custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs",
+                                               job("nowhere", 1, 1, queue="missing"))
+    assert exc.value.status == 400
+    assert json.loads(exc.value.body)["message"] == ('admission webhook "validatejob.volcano.sh" denied the request: '
+                                                     'unable to find job queue: queues.scheduling.volcano.sh "missing" '
+                                                     'not found')
+    # deleting the job takes its pods and podgroup
+    custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "default", "jobs", "toobig")
+    wait("gang pods gone", lambda: not cluster.core.list_namespaced_pod(
+        "default", label_selector="volcano.sh/job-name=toobig").items)
+    # NetworkAttachmentDefinitions are stored as they are
+    nad = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition", "metadata": {"name": "ib"},
+           "spec": {"config": json.dumps({"cniVersion": "0.3.1", "type": "ib-sriov"})}}
+    custom.create_namespaced_custom_object("k8s.cni.cncf.io", "v1", "default", "network-attachment-definitions", nad)
+    got = custom.get_namespaced_custom_object("k8s.cni.cncf.io", "v1", "default", "network-attachment-definitions", "ib")
+    assert got["spec"] == nad["spec"] and got["kind"] == "NetworkAttachmentDefinition"
+
+
+@needs_upstream
+def test_deleting_a_namespace_removes_what_is_in_it(cluster):
+    cluster.server()
+    core = cluster.core
+    core.create_namespace({"metadata": {"name": "scratch"}})
+    core.create_namespaced_config_map("scratch", {"metadata": {"name": "c"}})
+    assert core.read_namespace("scratch").status.phase == "Active"
+    # (the API server answers with the Namespace, which this client reads as a V1Status)
+    status, body = cluster.raw("DELETE", "/api/v1/namespaces/scratch")
+    assert status == 200 and json.loads(body)["status"] == {"phase": "Terminating"}
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map("scratch", {"metadata": {"name": "d"}})
+    assert exc.value.status == 403 and "being terminated" in json.loads(exc.value.body)["message"]
+    wait("namespace gone", lambda: "scratch" not in {n.metadata.name for n in core.list_namespace().items})
+    assert core.list_namespaced_config_map("scratch").items == []
+
+
+# --------------------------------------------------------------------------- persistence
+
+
+@needs_upstream
+def test_objects_survive_restarts_and_travel_in_snapshots(cluster, k3s, tmp_path):
+    server = cluster.server()
+    cluster.core.create_namespaced_config_map("default", {"metadata": {"name": "keep"}, "data": {"a": "1"}})
+    server.stop()
+    state = cluster.root / "var/lib/rancher/k3s/server/standin-api.json"
+    assert oct(state.stat().st_mode & 0o777) == "0o600"
+    cluster.server(root=cluster.root)
+    assert cluster.core.read_namespaced_config_map("keep", "default").data == {"a": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K3S_")}
+    proc = subprocess.run([sys.executable, str(k3s), "etcd-snapshot", "save", "--name", "snap"], capture_output=True,
+                          text=True, env=dict(env, K3S_STANDIN_ROOT=str(cluster.root)), timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    (snapshot,) = (cluster.root / "var/lib/rancher/k3s/server/db/snapshots").iterdir()
+    assert "keep" in snapshot.read_text()
+    cluster.stop()
+    token = (cluster.root / "var/lib/rancher/k3s/server/token").read_text().strip()
+    new_host = tmp_path / "new"
+    proc = subprocess.run([sys.executable, str(k3s), "server", "--cluster-reset",
+                           f"--cluster-reset-restore-path={snapshot}", "--token", token], capture_output=True,
+                          text=True, env=dict(env, K3S_STANDIN_ROOT=str(new_host)), timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    cluster.server(root=new_host)
+    assert cluster.core.read_namespaced_config_map("keep", "default").data == {"a": "1"}
+
+
+# --------------------------------------------------------------------------- on test hosts
+
+UNIT = """\
+[Unit]
+Description=Lightweight Kubernetes (k3s stand-in)
+After=network-online.target
+
+[Service]
+Type=notify
+KillMode=process
+Restart=always
+RestartSec=5s
+ExecStart=/usr/local/bin/k3s {command}
+"""
+
+
+@pytest.mark.hosts
+def test_api_through_an_ssh_tunnel_on_two_test_hosts(lab, tmp_path):
+    if airgap.upstream_missing():
+        pytest.skip(airgap.upstream_missing())
+    folder = airgap.build_airgap(tmp_path / "airgap", VERSION)
+    files = {"/usr/local/bin/k3s": (folder / "k3s", 0o755),
+             "/etc/systemd/system/k3s.service": (UNIT.format(command="server"), 0o644),
+             "/etc/systemd/system/k3s-agent.service": (UNIT.format(command="agent"), 0o644)}
+    t0 = time.monotonic()
+    server, gpu = lab.start(["ka-server", "ka-gpu"], gpu=["ka-gpu"], extra_files=files)
+    server.ssh("mkdir -p /etc/rancher/k3s && cat > /etc/rancher/k3s/config.yaml", user="root",
+               input=yaml.safe_dump({"token": TOKEN, "cluster-init": True}))
+    server.ssh("systemctl daemon-reload && systemctl start k3s", user="root", timeout=60)
+    gpu.ssh("mkdir -p /etc/rancher/k3s && cat > /etc/rancher/k3s/config.yaml", user="root", input=yaml.safe_dump(
+        {"server": f"https://{server.address}:6443", "token": TOKEN}))
+    gpu.ssh("systemctl daemon-reload && systemctl start k3s-agent", user="root", timeout=60)
+    kubeconfig = yaml.safe_load(server.ssh("cat /etc/rancher/k3s/k3s.yaml", user="root").stdout)
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == "http://127.0.0.1:6443"
+
+    # the tool's path: an SSH local forward to the server's 127.0.0.1:6443, same kubeconfig otherwise
+    port = free_port()
+    tunnel = subprocess.Popen(server.ssh_command("root")[:-1] + ["-N", "-o", "ExitOnForwardFailure=yes", "-L",
+                                                                 f"127.0.0.1:{port}:127.0.0.1:6443",
+                                                                 server.ssh_command("root")[-1]],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+        local = tmp_path / "kubeconfig"
+        local.write_text(yaml.safe_dump(kubeconfig))
+        local.chmod(0o600)
+        c = Cluster(None, tmp_path)
+        c.port = port
+        wait("the tunnel", lambda: c._ping(), 20)
+        c.connect(local)
+        c.wait_ready("ka-server", "ka-gpu", timeout=30)
+        node = c.node("ka-gpu")
+        assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"  # from the nvidia-smi stand-in
+        assert {(a.type, a.address) for a in node.status.addresses} >= {("InternalIP", gpu.address)}
+        c.core.create_namespace({"metadata": {"name": "gpu-operator"}})
+        c.core.create_namespaced_config_map("gpu-operator", {"metadata": {"name": "bootstrap-device-plugin-config"},
+                                                             "data": {"ts-4": TS4}})
+        c.core.patch_node("ka-gpu", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-4"}}})
+        wait("4 GPU slices", lambda: c.node("ka-gpu").status.allocatable.get("nvidia.com/gpu") == "4")
+        # the agent's heartbeats keep it Ready; stopping its k3s turns it Unknown (20 s grace)
+        gpu.ssh("systemctl stop k3s-agent", user="root")
+        t1 = time.monotonic()
+        wait("ka-gpu Unknown", lambda: c.ready("ka-gpu") == "Unknown", 40, 0.5)
+        assert 15 < time.monotonic() - t1 < 35
+        print(f"\nhosts and API up, then NotReady detection: {time.monotonic() - t0:.1f}s")
+    finally:
+        tunnel.terminate()
+        tunnel.wait(10)
