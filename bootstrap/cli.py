@@ -17,12 +17,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("up", "check every host, then build or converge the cluster"),
     "validate": ("validate", "prove the cluster works: GPU pods, capacity, RDMA, a PVC, a gang job"),
     "rebuild": ("rebuild", "after spot loss: remove lost nodes, join replacements, restore a lost control plane"),
+    "scale-down": ("scale_down", "drain, delete and uninstall nodes (--node NAME..., or --idle GPU nodes)"),
     "snapshot": ("snapshot", "take an etcd snapshot now and copy it (with its token) to the state folder"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),
     "forget-host": ("forget_host", "forget the pinned SSH host key of a replaced machine"),
 }
+
+
+OFFLINE = {"check", "forget-host"}  # never touch a host: keep them fast
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +49,12 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
     if name == "up":
         cmd.add_argument("--hosts-only", action="store_true", help="converge the hosts, skip the cluster side")
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
+    if name == "scale-down":
+        cmd.add_argument("--node", action="append", metavar="NAME", help="a node to remove (repeatable)")
+        cmd.add_argument("--idle", action="store_true", help="every GPU agent with no GPU pods")
+        cmd.add_argument("--timeout", type=int, default=300, help="seconds to wait for evictions (default 300)")
+        cmd.add_argument("--force", action="store_true", help="delete pods still blocked after the time-out")
+        cmd.add_argument("--purge-drivers", action="store_true", help="also remove drivers the tool installed")
     if name == "rebuild":
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
     if name == "validate":
@@ -77,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command not in OFFLINE:
+        # pyinfra runs on gevent: patch before paramiko, sockets or threads are first used.
+        from gevent import monkey
+
+        monkey.patch_all()
     module = importlib.import_module(f"bootstrap.commands.{COMMANDS[args.command][0]}")
     return run_command(module.run, args, debug=args.debug)
 

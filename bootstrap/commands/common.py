@@ -24,12 +24,7 @@ def select_nodes(inventory: Inventory, names: list[str] | None) -> list[Node]:
 @contextlib.contextmanager
 def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
     """Connect to `nodes` in parallel; the run log goes to the cluster's state folder."""
-    # gevent must patch before paramiko/pyinfra import sockets; done only for commands that
-    # touch hosts, so `check` and `--help` stay fast.
-    from gevent import monkey
-
-    monkey.patch_all()
-    from bootstrap.hosts.session import HostSession
+    from bootstrap.hosts.session import HostSession  # (gevent is patched by bootstrap.cli)
 
     state = StateDir(inventory)
     log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"

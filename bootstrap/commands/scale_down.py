@@ -1,0 +1,107 @@
+"""`bootstrap scale-down INVENTORY --node NAME... | --idle`: drain, delete, uninstall.
+
+Refuses to remove the last server or to break etcd quorum. Ends by printing the inventory
+edit to make, so the next `up` does not bring the node back.
+"""
+
+from __future__ import annotations
+
+from bootstrap.errors import HostsFailed, UsageError
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
+from bootstrap.rebuild import quorum_after
+from bootstrap.statedir import StateDir
+
+
+def choose(inventory, args, cluster) -> list:
+    from bootstrap.cluster.drain import gpu_pods_on
+
+    if args.idle:
+        chosen = []
+        for node in inventory.agents:
+            labels = ((cluster and _node(cluster, node.name)) or {}).get("metadata", {}).get("labels", {})
+            if labels.get("nvidia.com/gpu.present") == "true" and not gpu_pods_on(cluster, node.name):
+                chosen.append(node)
+        return chosen
+    names = args.node or []
+    unknown = [n for n in names if n not in {x.name for x in inventory.nodes}]
+    if unknown:
+        raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}")
+    return [inventory.node(n) for n in names]
+
+
+def _node(cluster, name):
+    from bootstrap.cluster.client import get
+
+    return get(cluster, f"/api/v1/nodes/{name}")
+
+
+def run(args) -> int:
+    from bootstrap.cluster.client import connect, request
+    from bootstrap.cluster.drain import cordon, drain
+
+    inventory = load_inventory(args.inventory)
+    if not args.node and not args.idle:
+        raise UsageError("name the nodes to remove with --node NAME (repeatable), or use --idle")
+    state = StateDir(inventory)
+    with cluster_lock(state, "scale-down"):
+        with connect(inventory, state) as cluster:
+            nodes = choose(inventory, args, cluster)
+            if not nodes:
+                print("nothing to remove: no idle GPU node" if args.idle else "nothing to remove")
+                return 0
+            servers = [n.name for n in nodes if n.role == "server"]
+            if servers and len(servers) >= len(inventory.servers):
+                raise UsageError(f"refusing to remove {', '.join(servers)}: the cluster would have no server left",
+                                 "remove agents, or tear the whole cluster down with `bootstrap down`")
+            if servers and not quorum_after(inventory, servers):
+                raise UsageError(f"refusing to remove {', '.join(servers)}: etcd would lose quorum",
+                                 "remove one server at a time, and keep a majority")
+            blocked = {}
+            for node in nodes:
+                cordon(cluster, node.name)
+                result = drain(cluster, node.name, args.timeout, args.force)
+                print(f"{node.name}: cordoned; evicted {len(result.evicted)} pod(s)"
+                      + (f", deleted {len(result.forced)} after the time-out" if result.forced else ""))
+                if not result.complete:
+                    blocked[node.name] = result.blocked
+                    continue
+                if node.role == "server":
+                    from bootstrap.commands.rebuild import remove_lost
+
+                    remove_lost(inventory, state, [node.name], [node.name])
+                else:
+                    request(cluster, "DELETE", f"/api/v1/nodes/{node.name}")
+                    request(cluster, "DELETE", f"/api/v1/namespaces/kube-system/secrets/{node.name}.node-password.k3s")
+        if blocked:
+            lines = [f"{name}: {pod} ({why})" for name, pods in blocked.items() for pod, why in pods.items()]
+            raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
+                              "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
+        removed = [n for n in nodes if n.name not in blocked]
+        uninstall(inventory, removed, args.purge_drivers)
+    print("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
+    for node in removed:
+        print(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
+    return 0
+
+
+def uninstall(inventory, nodes, purge_drivers: bool) -> None:
+    """What `down` does, for these hosts only."""
+    from bootstrap.commands.common import open_hosts
+    from bootstrap.commands.facts import report_failures
+    from bootstrap.teardown import teardown_script
+    from bootstrap.up import managed_paths
+
+    with open_hosts(inventory, nodes, "scale-down") as session:
+        from pyinfra.api import StringCommand
+
+        from bootstrap.facts.host_facts import HostFactsFact
+        from bootstrap.hosts.executor import Step, execute
+
+        facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory, {})))
+        source = inventory.gpu.container_toolkit.apt_source
+        step = Step("uninstall k3s", {name: [StringCommand(teardown_script(f.manifest, purge_drivers=purge_drivers,
+                                                                         toolkit_source=source))]
+                                      for name, f in facts.items()})
+        execute(session, [step])
+    report_failures(session.failures)
