@@ -516,7 +516,6 @@ def test_gpu_without_driver_is_seen_on_pci():
 def test_held_packages_count_as_installed():
     from bootstrap.facts.parsers import parse_held, parse_packages
 
-    lines = ["hi  nvidia-container-toolkit 1.17.8-1", "ii  nfs-common 1:2.6.2-4", "rc  old-thing 1.0",
-             "held: nvidia-container-toolkit "]
+    lines = ["hi  nvidia-container-toolkit 1.17.8-1", "ii  nfs-common 1:2.6.2-4", "rc  old-thing 1.0"]
     assert parse_packages(lines) == {"nvidia-container-toolkit": "1.17.8-1", "nfs-common": "1:2.6.2-4"}
     assert parse_held(lines) == ["nvidia-container-toolkit"]

@@ -459,10 +459,13 @@ def parse_packages(lines: Iterable[str] | None) -> dict[str, str]:
 
 
 def parse_held(lines: Iterable[str] | None) -> list[str]:
+    """Installed packages whose selection is `hold` (status abbreviation `hi`)."""
+    held = []
     for line in _clean(lines):
-        if line.startswith("held:"):
-            return sorted(line[len("held:"):].split())
-    return []
+        parts = line.split()
+        if len(parts) >= 3 and parts[0][:2] == "hi":
+            held.append(parts[1].split(":")[0])
+    return sorted(held)
 
 
 def parse_containerd(lines: Iterable[str] | None) -> ContainerdConfig | None:

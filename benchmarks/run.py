@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Benchmarks: remote commands per host and wall time of `bootstrap up` on the test hosts.
+
+    python benchmarks/run.py [--agents 3 10 20] [--rtt 0 100] [--json out.json] [--budget 25]
+
+Every remote command is counted by a logging login shell on the test hosts (each SSH
+exec, SFTP session included, starts it once). Needs root and the test-host tools (see
+tests/testhosts.py). Exits 1 when a no-op `up` runs more than --budget commands on a host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import testhosts  # noqa: E402
+from delayproxy import DelayProxy  # noqa: E402
+from labinv import write_inventory  # noqa: E402
+from standins.airgap import build_airgap  # noqa: E402
+
+COUNTING_SHELL = """#!/bin/sh
+# Benchmark login shell: one line per remote command, then the real shell.
+echo x >> /var/log/bench-commands.log 2>/dev/null
+exec /bin/sh "$@"
+"""
+BOOTSTRAP = Path(sys.executable).parent / "bootstrap"
+
+
+def count(host) -> int:
+    out = host.ssh("wc -l < /var/log/bench-commands.log 2>/dev/null || echo 0", user="root").stdout.strip()
+    return int(out or 0)
+
+
+def reset_counts(hosts) -> None:
+    for host in hosts:
+        host.ssh(": > /var/log/bench-commands.log", user="root")
+
+
+def bootstrap(*args, env=None) -> tuple[int, float, str]:
+    started = time.monotonic()
+    result = subprocess.run([str(BOOTSTRAP), *map(str, args)], capture_output=True, text=True,
+                            env={**__import__("os").environ, **(env or {})}, timeout=1800)
+    return result.returncode, time.monotonic() - started, result.stdout + result.stderr
+
+
+def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path) -> dict:
+    lab = testhosts.Lab()
+    proxies = []
+    try:
+        names = ["bm-cp"] + [f"bm-a{i}" for i in range(1, agents + 1)]
+        hosts = lab.start(names, extra_files={"/usr/local/bin/bench-sh": (COUNTING_SHELL, 0o755)}, timeout=180)
+        for host in hosts:
+            host.ssh("touch /var/log/bench-commands.log && chmod 666 /var/log/bench-commands.log && "
+                     "usermod -s /usr/local/bin/bench-sh ubuntu", user="root")
+        node_extra = {}
+        if rtt_ms:
+            for host in hosts:
+                proxy = DelayProxy(host.address, 22, rtt_ms)
+                proxies.append(proxy)
+                node_extra[host.name] = {"address": proxy.bind, "node_ip": host.address, "ssh": {"port": proxy.port}}
+        inventory = write_inventory(workdir / f"inv-{agents}-{rtt_ms}.yaml", hosts, cluster=f"bm{agents}x{rtt_ms}",
+                                    extra={"k3s": {"airgap": str(airgap)}}, node_extra=node_extra)
+        results = {"agents": agents, "rtt_ms": rtt_ms}
+        for label in ("fresh_up", "noop_up"):
+            reset_counts(hosts)
+            rc, seconds, output = bootstrap("up", inventory, "--hosts-only")
+            if rc != 0:
+                raise RuntimeError(f"{label} failed ({rc}):\n{output[-2000:]}")
+            per_host = [count(h) for h in hosts]
+            results[label] = {"seconds": round(seconds, 2), "max_commands_per_host": max(per_host),
+                              "mean_commands_per_host": round(sum(per_host) / len(per_host), 1)}
+        return results
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        lab.cleanup()
+
+
+def help_time() -> float:
+    best = 9.0
+    for _ in range(5):
+        started = time.monotonic()
+        subprocess.run([str(BOOTSTRAP), "--help"], capture_output=True, check=True)
+        best = min(best, time.monotonic() - started)
+    return round(best, 3)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, nargs="+", default=[3])
+    parser.add_argument("--rtt", type=int, nargs="+", default=[0], help="added round-trip ms (0 = direct)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--budget", type=int, default=25, help="max remote commands per host for a no-op up")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bootstrap-bench-") as tmp:
+        workdir = Path(tmp)
+        airgap = build_airgap(workdir / "airgap")
+        rows = [scenario(n, rtt, workdir, airgap) for rtt in args.rtt for n in args.agents]
+    report = {"machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
+              "date": time.strftime("%Y-%m-%d"), "help_seconds": help_time(), "rows": rows}
+    print(f"{'agents':>6} {'rtt':>5} {'fresh up s':>10} {'cmds/host':>9} {'no-op up s':>10} {'cmds/host':>9}")
+    for r in rows:
+        print(f"{r['agents']:>6} {r['rtt_ms']:>5} {r['fresh_up']['seconds']:>10} "
+              f"{r['fresh_up']['max_commands_per_host']:>9} {r['noop_up']['seconds']:>10} "
+              f"{r['noop_up']['max_commands_per_host']:>9}")
+    print(f"bootstrap --help: {report['help_seconds']}s")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    over = [r for r in rows if r["noop_up"]["max_commands_per_host"] > args.budget]
+    if over:
+        print(f"FAIL: a no-op up ran more than {args.budget} remote commands on a host", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
