@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rebuild": ("rebuild", "after spot loss: remove lost nodes, join replacements, restore a lost control plane"),
     "scale-down": ("scale_down", "drain, delete and uninstall nodes (--node NAME..., or --idle GPU nodes)"),
     "snapshot": ("snapshot", "take an etcd snapshot now and copy it (with its token) to the state folder"),
+    "status": ("status", "nodes, GPUs, advertised resources, components and snapshots at a glance"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),
@@ -57,7 +58,7 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--purge-drivers", action="store_true", help="also remove drivers the tool installed")
     if name == "rebuild":
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
-    if name == "validate":
+    if name in ("validate", "status"):
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
     if name == "facts":
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")

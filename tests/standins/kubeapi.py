@@ -1076,6 +1076,7 @@ class KubeAPI:
         self._res_cache = (None, None)
         self.started = time.time()
         self.stopping = threading.Event()
+        self.save_lock = threading.Lock()
         self.sim = Simulator(self)
 
     # -- lifecycle -------------------------------------------------------------
@@ -1094,10 +1095,11 @@ class KubeAPI:
         self.save()
 
     def save(self):
-        with self.store.lock:
-            data = self.store.dump()
-            self.store.dirty = False
-        write_state(self.server_dir, data)
+        with self.save_lock:  # one writer at a time, so an older dump never lands after a newer one
+            with self.store.lock:
+                data = self.store.dump()
+                self.store.dirty = False
+            write_state(self.server_dir, data)
 
     def _saver(self):
         while not self.stopping.wait(0.5):

@@ -1,0 +1,83 @@
+"""`bootstrap status INVENTORY`: nodes, GPUs, what the cluster advertises, components, snapshots."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from bootstrap.commands.common import open_hosts
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.statedir import StateDir
+
+RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
+
+
+def run(args) -> int:
+    from bootstrap import snapshots
+    from bootstrap.facts.host_facts import HostFactsFact
+
+    inventory = load_inventory(args.inventory)
+    state = StateDir(inventory)
+    with open_hosts(inventory, list(inventory.nodes), "status") as session:
+        facts = session.gather(HostFactsFact)
+    nodes, components = cluster_view(inventory, state, facts)
+    newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
+    rows = []
+    for node in inventory.nodes:
+        host = facts.get(node.name)
+        api = (nodes or {}).get(node.name, {})
+        ready = next((c.get("status") for c in api.get("status", {}).get("conditions", [])
+                      if c.get("type") == "Ready"), None)
+        allocatable = {k: v for k, v in api.get("status", {}).get("allocatable", {}).items()
+                       if k.startswith(RESOURCE_PREFIXES)}
+        rows.append({
+            "node": node.name, "role": node.role, "answers_ssh": host is not None,
+            "ready": {"True": "Ready", "False": "NotReady", "Unknown": "NotReady"}.get(ready, "absent"),
+            "gpus": f"{len(host.gpus)} x {host.gpus[0].name}" if host and host.gpus else "-",
+            "driver": host.driver_version if host and host.driver_version else "-",
+            "cuda": host.cuda_version if host and host.cuda_version else "-",
+            "allocatable": allocatable,
+        })
+    report = {"cluster": inventory.cluster, "state_dir": str(state.path), "api": nodes is not None,
+              "nodes": rows, "components": components,
+              "newest_snapshot": None if newest is None else {
+                  "file": newest.name, "age_hours": round((time.time() - newest.stat().st_mtime) / 3600, 1)}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"cluster {inventory.cluster} (state: {state.path})" + ("" if nodes is not None else "; API unreachable"))
+    print(f"{'NODE':<14} {'ROLE':<7} {'STATE':<9} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} ALLOCATABLE")
+    for r in rows:
+        state_word = r["ready"] if r["answers_ssh"] else "NO-SSH"
+        alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
+        print(f"{r['node']:<14} {r['role']:<7} {state_word:<9} {r['gpus']:<22} {r['driver']:<12} {r['cuda']:<5} {alloc}")
+    for name, info in components.items():
+        print(f"component {name}: {info['version']} ({info['state']})")
+    print("newest snapshot: " + (f"{newest.name}, {report['newest_snapshot']['age_hours']} h old" if newest
+                                 else "none (`bootstrap snapshot` takes one)"))
+    return 0
+
+
+def cluster_view(inventory, state, facts):
+    """Node objects and component versions, or (None, {}) when no server's API answers."""
+    from bootstrap import components as comp
+    from bootstrap.cluster.apply import read_digests
+    from bootstrap.cluster.client import connect, get
+    from bootstrap.errors import BootstrapError
+
+    try:
+        with connect(inventory, state) as cluster:
+            nodes = {n["metadata"]["name"]: n for n in (get(cluster, "/api/v1/nodes") or {}).get("items", [])}
+            digests = read_digests(cluster)
+    except BootstrapError:
+        return None, {}
+    components = {}
+    try:
+        releases = comp.desired_releases(inventory, facts)
+    except BootstrapError:
+        releases = []
+    for release in releases:
+        state_word = ("applied" if digests.get(release.name) == release.digest()
+                      else "changes pending" if release.name in digests else "not installed")
+        components[release.name] = {"version": release.version, "state": state_word}
+    return nodes, components
