@@ -30,7 +30,6 @@ Where the stand-in differs from real k3s (on purpose, or because it cannot do mo
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import importlib.machinery
 import importlib.util

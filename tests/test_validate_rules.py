@@ -89,3 +89,16 @@ def test_validation_pods_and_claim_are_valid_kubernetes_objects():
     for obj in (pod, writer):
         kubernetes_validate.validate(obj, "1.33", strict=True)
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "g"}
+
+
+def test_time_outs_name_what_was_awaited():
+    from bootstrap.cluster.client import WaitTimeout, wait_for
+
+    def never():
+        never.last = "gpu-1 NotReady"
+        return None
+    never.last = None
+    with pytest.raises(WaitTimeout) as caught:
+        wait_for("nodes gpu-1 to be Ready", never, timeout_s=0.2, interval_s=0.05)
+    assert "waiting for nodes gpu-1 to be Ready" in caught.value.message
+    assert "last seen: gpu-1 NotReady" in caught.value.message
