@@ -68,7 +68,9 @@ def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path) -> dict:
                 proxy = DelayProxy(host.address, 22, rtt_ms)
                 proxies.append(proxy)
                 node_extra[host.name] = {"address": proxy.bind, "node_ip": host.address, "ssh": {"port": proxy.port}}
-        inventory = write_inventory(workdir / f"inv-{agents}-{rtt_ms}.yaml", hosts, cluster=f"bm{agents}x{rtt_ms}",
+        scenario_dir = workdir / f"n{agents}-rtt{rtt_ms}"  # its own state folder (pinned keys)
+        scenario_dir.mkdir()
+        inventory = write_inventory(scenario_dir / "inv.yaml", hosts, cluster=f"bm{agents}x{rtt_ms}",
                                     extra={"k3s": {"airgap": str(airgap)}}, node_extra=node_extra)
         results = {"agents": agents, "rtt_ms": rtt_ms}
         for label in ("fresh_up", "noop_up"):
