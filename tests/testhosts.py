@@ -322,7 +322,23 @@ def _link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
 
+# Every booted systemd holds a few inotify instances; the kernel default (128 per user, and
+# all hosts run as root) stops the tenth host or so with "Too many open files".
+INOTIFY_LIMITS = {"fs/inotify/max_user_instances": 8192, "fs/inotify/max_user_watches": 524288}
+
+
+def _raise_inotify_limits() -> None:
+    for key, wanted in INOTIFY_LIMITS.items():
+        path = Path("/proc/sys") / key
+        try:
+            if int(path.read_text()) < wanted:
+                path.write_text(str(wanted))
+        except (OSError, ValueError):
+            pass
+
+
 def _ensure_bridge() -> None:
+    _raise_inotify_limits()
     if not _link_exists(BRIDGE):
         clash = _run("ip", "-4", "route", "show", "to", "match", str(NETWORK.network_address + 1)).stdout.decode()
         if any(line and not line.startswith("default") for line in clash.splitlines()):
