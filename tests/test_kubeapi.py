@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -211,6 +210,8 @@ def cluster(k3s, tmp_path):
     c = Cluster(k3s, tmp_path)
     yield c
     c.stop()
+    for p in c.procs:  # the simulator logs what went wrong in its thread instead of dying
+        assert "kubeapi simulator:" not in p.log(), p.log()
 
 
 def pod(name, image="busybox:1.36", command=None, resources=None, **spec):
@@ -254,6 +255,17 @@ def test_kubeconfig_is_plain_http_with_a_token_and_the_api_checks_it(cluster):
     assert "nvidia" in {r.metadata.name for r in client.NodeV1Api(cluster.api).list_runtime_class().items}
     assert client.AppsV1Api(cluster.api).read_namespaced_deployment("coredns", "kube-system").status.ready_replicas == 1
     assert cluster.core.read_namespaced_service_account("default", "kube-system").metadata.name == "default"
+
+
+@needs_upstream
+def test_anonymous_mode_for_client_go_which_sends_no_token_over_http(cluster):
+    cluster.server(env={"K3S_STANDIN_API_ANONYMOUS": "1"})
+    assert cluster.raw("GET", "/api/v1/nodes", auth=False)[0] == 200
+    req = urllib.request.Request(f"http://127.0.0.1:{cluster.port}/api/v1/nodes",
+                                 headers={"Authorization": "Bearer not-the-token"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=5)
+    assert exc.value.code == 401
 
 
 @needs_upstream

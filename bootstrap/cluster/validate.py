@@ -180,15 +180,18 @@ def check_pvc(cluster, inventory, timeout_s) -> CheckResult:
 
 
 def gang_job(inventory: Inventory, gpu_nodes, facts) -> dict:
-    """One member per GPU node, each wanting a GPU; minAvailable = all of them."""
-    size = len(gpu_nodes)
-    resource = sorted(expected_gpu_resources(inventory, gpu_nodes[0], facts[gpu_nodes[0].name]))[0]
-    template = _pod("x", None, BUSYBOX, {resource: 1}, command=["sh", "-c", "echo member-ok"])
+    """One member pinned to each GPU node, each wanting a GPU; minAvailable = all of them,
+    so the job runs only if every GPU node can take a member at once."""
+    tasks = []
+    for index, node in enumerate(gpu_nodes):
+        resource = sorted(expected_gpu_resources(inventory, node, facts[node.name]))[0]
+        template = _pod("x", node.name, BUSYBOX, {resource: 1}, command=["sh", "-c", "echo member-ok"])
+        tasks.append({"name": f"member-{index}", "replicas": 1, "template": {"spec": template["spec"]}})
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "gang", "namespace": NAMESPACE},
-            "spec": {"minAvailable": size, "schedulerName": "volcano",
+            "spec": {"minAvailable": len(gpu_nodes), "schedulerName": "volcano",
                      "queue": inventory.volcano.queues[0].name if inventory.volcano.queues else "default",
-                     "tasks": [{"name": "member", "replicas": size, "template": {"spec": template["spec"]}}]}}
+                     "tasks": tasks}}
 
 
 def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:

@@ -47,7 +47,6 @@ import random
 import re
 import shlex
 import shutil
-import string
 import subprocess
 import sys
 import threading
@@ -1077,6 +1076,9 @@ class KubeAPI:
         self.started = time.time()
         self.stopping = threading.Event()
         self.save_lock = threading.Lock()
+        # client-go (kubectl, helm) sends no bearer token over plain HTTP; K3S_STANDIN_API_ANONYMOUS=1
+        # lets requests without credentials in (a wrong token is still refused).
+        self.anonymous = os.environ.get("K3S_STANDIN_API_ANONYMOUS", "") == "1"
         self.sim = Simulator(self)
 
     # -- lifecycle -------------------------------------------------------------
@@ -1175,11 +1177,13 @@ class KubeAPI:
             if meta is None:
                 meta = obj["metadata"] = {}
             want_kind, want_api = obj.get("kind"), obj.get("apiVersion")
-            if want_kind and want_kind != res.kind:
+            if want_api and want_api != res.api_version(version):
                 raise ApiError(400, "BadRequest", "the API version in the data (%s) does not match the expected "
-                               "API version (%s)" % (want_api, res.api_version(version)) if want_api !=
-                               res.api_version(version) else "%s in version \"%s\" cannot be handled as a %s: "
-                               "kind mismatch" % (want_kind, version, res.kind))
+                               "API version (%s)" % (want_api, res.api_version(version)))
+            if want_kind and want_kind != res.kind:
+                raise ApiError(400, "BadRequest", '%s in version "%s" cannot be handled as a %s: no kind "%s" is '
+                               'registered for version "%s"' % (want_kind, version, res.kind, want_kind,
+                                                                res.api_version(version)))
             obj.pop("apiVersion", None)
             obj.pop("kind", None)
             if res.namespaced:
@@ -1659,7 +1663,7 @@ class KubeAPI:
                     return self.send(handler, 200, self.version_info())
                 return self.send(handler, 200, "ok", "text/plain; charset=utf-8")
             auth = handler.headers.get("Authorization", "")
-            if auth != "Bearer " + self.token:
+            if auth != "Bearer " + self.token and not (auth == "" and self.anonymous):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             status, result = self.dispatch(handler, method, path, query, body)
             if result is STREAMED:
@@ -2527,7 +2531,7 @@ class Simulator:
             try:
                 with self.store.lock:
                     self.tick()
-            except Exception as exc:  # keep simulating; say what went wrong once in a while
+            except Exception:  # keep simulating; say what went wrong once in a while
                 self.errors += 1
                 if self.errors < 20 or self.errors % 100 == 0:
                     import traceback
@@ -2569,9 +2573,7 @@ class Simulator:
                     self.api.create(pc, None, {"metadata": {"name": name}, "value": value,
                                                "description": "Used for system critical pods that must run in the "
                                                               "cluster, but can be moved to another node if necessary."})
-                if self.store.get(self.R("queues", "scheduling.volcano.sh") if self._has("queues",
-                                  "scheduling.volcano.sh") else nsres, "", "default") is None and \
-                        self._has("queues", "scheduling.volcano.sh"):
+                if self._has("queues", "scheduling.volcano.sh"):  # what Volcano creates when installed
                     q = self.R("queues", "scheduling.volcano.sh")
                     for name in ("root", "default"):
                         self.api.create(q, None, {"metadata": {"name": name}, "spec": {"weight": 1,
@@ -3151,7 +3153,7 @@ class Simulator:
 
     # -- storage ---------------------------------------------------------------------
     def storage(self):
-        pvcs, pvs = self.R("persistentvolumeclaims"), self.R("persistentvolumes")
+        pvcs = self.R("persistentvolumeclaims")
         classes = {sc["metadata"]["name"]: sc for sc in self.store.items(self.R("storageclasses", "storage.k8s.io"))}
         default = self.default_storage_class()
         pods = self.store.items(self.R("pods"))
@@ -3646,7 +3648,7 @@ class Simulator:
                 self.gang_blocked(pg, waiting, gang, node_msg)
 
     def gang_blocked(self, pg, waiting, gang, node_msg):
-        pgs, pods = self.R("podgroups", "scheduling.volcano.sh"), self.R("pods")
+        pgs = self.R("podgroups", "scheduling.volcano.sh")
         new = copy.deepcopy(pg)
         conds = [c for c in new["status"].get("conditions") or [] if c.get("type") != "Unschedulable"]
         old = next((c for c in pg["status"].get("conditions") or [] if c.get("type") == "Unschedulable"), None)
