@@ -1,0 +1,111 @@
+"""`bootstrap up` cluster side and `bootstrap validate`, over real SSH and the API tunnel,
+against the k3s stand-in's Kubernetes API (tests/standins/kubeapi.py) on the test server."""
+
+import json
+
+import pytest
+from clirun import run_bootstrap
+from labinv import write_inventory
+from standins.airgap import build_airgap, upstream_missing
+
+pytestmark = pytest.mark.hosts
+
+
+@pytest.fixture
+def cluster(lab, tmp_path):
+    """1 server + 2 GPU agents with the H200 stand-in, time-slicing x4, the toolkit from a
+    local apt repository; `up` has run once."""
+    from standins.aptrepo import AptRepo, build_toolkit_deb
+
+    why = upstream_missing()
+    if why:
+        pytest.skip(why)
+    airgap = build_airgap(tmp_path / "airgap")
+    hosts = lab.start(["cl-cp", "cl-g1", "cl-g2"], gpu=["cl-g1", "cl-g2"])
+    repo = AptRepo([build_toolkit_deb(tmp_path / "debs")])
+    record = tmp_path / "helm.jsonl"
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={
+        "k3s": {"airgap": str(airgap)},
+        "gpu": {"cuda": "12.4", "sharing": {"time_slicing": {"replicas": 4}},
+                "container_toolkit": {"apt_source": repo.source_line}},
+        "volcano": {"queues": [{"name": "research", "weight": 2}]},
+        "validate": {"timeout_s": 60}})
+    env = {"HELM_RECORD": str(record)}
+    first = run_bootstrap("up", inventory, env=env, timeout=900)
+    try:
+        yield {"hosts": hosts, "inventory": inventory, "env": env, "record": record, "first": first,
+               "tmp": tmp_path}
+    finally:
+        repo.close()
+
+
+def helm_calls(record):
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+def test_up_applies_components_validates_and_a_second_up_makes_no_helm_call(cluster):
+    first = cluster["first"]
+    assert first.returncode == 0, first.stdout + first.stderr
+    installs = [c["argv"] for c in helm_calls(cluster["record"]) if c["argv"][:2] == ["upgrade", "--install"]]
+    names = [argv[2] for argv in installs]
+    assert "gpu-operator" in names and "volcano" in names and "multus" not in names
+    gpu_operator = next(c for c in helm_calls(cluster["record"]) if c["argv"][2:3] == ["gpu-operator"])
+    assert gpu_operator["values_mode"] == "0o600"
+    assert "CONTAINERD_SOCKET" not in gpu_operator["values_text"]  # the host toolkit is used
+    for line in ("PASS  gpu-pod:cl-g1", "PASS  gpu-pod:cl-g2", "PASS  gpu-capacity:cl-g1", "PASS  pvc",
+                 "PASS  volcano-gang"):
+        assert line in first.stdout, first.stdout
+    assert "nvidia.com/gpu=4" in first.stdout
+    calls_before = len(helm_calls(cluster["record"]))
+    second = run_bootstrap("up", cluster["inventory"], "--no-validate", env=cluster["env"])
+    assert second.returncode == 0, second.stderr
+    assert "cluster: no change" in second.stdout and "hosts: no change" in second.stdout
+    assert len(helm_calls(cluster["record"])) == calls_before  # not even `helm version`
+    status = run_bootstrap("status", cluster["inventory"], "--json")
+    report = json.loads(status.stdout)
+    by_node = {r["node"]: r for r in report["nodes"]}
+    assert by_node["cl-g1"]["ready"] == "Ready" and by_node["cl-g1"]["allocatable"]["nvidia.com/gpu"] == "4"
+    assert report["components"]["gpu-operator"]["state"] == "applied"
+
+
+def test_each_validation_check_fails_for_the_right_reason(cluster):
+    assert cluster["first"].returncode == 0, cluster["first"].stdout + cluster["first"].stderr
+    inventory, tmp, hosts = cluster["inventory"], cluster["tmp"], cluster["hosts"]
+    import yaml
+
+    data = yaml.safe_load(inventory.read_text())
+    data["gpu"]["sharing"]["time_slicing"]["replicas"] = 8  # the cluster advertises 4
+    data["validate"] = {"timeout_s": 15, "image": "example.com/cuda-sample:fail"}
+    data["network"] = {"rdma": {"interfaces": ["ibp26s0"]}}
+    wrong = tmp / "wrong.yaml"
+    wrong.write_text(yaml.safe_dump(data))
+    # A pod that holds every GPU of cl-g2 makes the gang (one member per GPU node) unschedulable.
+    hog = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hog", "namespace": "default"},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": "cl-g2"}, "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "3600"],
+                                    "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
+    from bootstrap.cluster.client import connect, request
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
+    inv = load_inventory(wrong)
+    with connect(inv, StateDir(inv)) as api:
+        assert request(api, "POST", "/api/v1/namespaces/default/pods", hog)[0] < 300
+        assert request(api, "DELETE", "/apis/storage.k8s.io/v1/storageclasses/local-path")[0] < 300
+    result = run_bootstrap("validate", wrong, "--json", timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = {(c["check"], c["node"]): c for c in json.loads(result.stdout)["checks"]}
+    assert checks[("gpu-capacity", "cl-g1")]["status"] == "FAIL"
+    assert "expected 8" in checks[("gpu-capacity", "cl-g1")]["reason"]
+    assert checks[("rdma", "cl-g1")]["status"] == "FAIL"
+    assert checks[("gpu-pod", "cl-g1")]["status"] == "FAIL" and "failed" in checks[("gpu-pod", "cl-g1")]["reason"]
+    assert checks[("gpu-pod", "cl-g2")]["status"] == "FAIL" and "never ran" in checks[("gpu-pod", "cl-g2")]["reason"]
+    assert checks[("pvc", None)]["status"] == "FAIL" and "not Bound" in checks[("pvc", None)]["reason"]
+    assert checks[("volcano-gang", None)]["status"] == "FAIL"
+    assert checks[("nccl", None)]["status"] == "SKIP"
+    # validate cleans up after itself.
+    with connect(inv, StateDir(inv)) as api:
+        pods = request(api, "GET", "/api/v1/namespaces/bootstrap-validate/pods")[1].get("items", [])
+        assert pods == []
