@@ -70,3 +70,11 @@ def classify(inventory: Inventory, cluster_nodes: dict[str, dict] | None,
 def quorum_after(inventory: Inventory, lost_servers: list[str]) -> bool:
     total = len(inventory.servers)
     return total - len(lost_servers) > total // 2
+
+
+def stale_after_restore(inventory: Inventory, cluster_nodes: dict[str, dict], facts: dict[str, HostFacts]) -> list[str]:
+    """After a restore, the snapshot's Node objects still say Ready for machines that are
+    gone (until the node controller's grace period runs out): any node the inventory no
+    longer names, or whose host does not answer, is stale."""
+    names = {n.name for n in inventory.nodes}
+    return sorted(name for name in cluster_nodes if name not in names or name not in facts)

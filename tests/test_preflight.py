@@ -58,7 +58,7 @@ def test_old_driver_for_12_8():
 
 @pytest.mark.parametrize("layout", ["all-1g.18gb", "all-3g.71gb", "all-7g.141gb", "all-balanced", "all-disabled"])
 def test_mig_layouts_that_fit_the_h200(layout):
-    inv = inventory(f"gpu: {{sharing: {{mig: {{layout: {layout}}}}}}}")
+    inv = inventory(f"gpu: {{sharing: {{mig: {{layout: {layout}, strategy: mixed}}}}}}")
     assert errors(inv) == []
 
 
@@ -72,7 +72,7 @@ def test_mig_layout_of_another_gpu_is_refused_naming_the_real_profiles():
 def test_mig_profiles_that_exceed_counts_or_slices():
     too_many = inventory("gpu: {sharing: {mig: {profiles: {3g.71gb: 3}}}}")
     assert "at most 2" in errors(too_many)[0].message
-    overlap = inventory("gpu: {sharing: {mig: {profiles: {4g.71gb: 1, 3g.71gb: 1, 1g.18gb: 1}}}}")
+    overlap = inventory("gpu: {sharing: {mig: {profiles: {4g.71gb: 1, 3g.71gb: 1, 1g.18gb: 1}, strategy: mixed}}}")
     assert "compute slices" in errors(overlap)[0].message or "do not fit" in errors(overlap)[0].message
 
 

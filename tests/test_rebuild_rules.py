@@ -54,3 +54,10 @@ def test_quorum():
     ha = parse_inventory("cluster: t\nnodes:\n" + "".join(
         f"  - {{name: s{i}, address: 10.0.0.{i}, role: server}}\n" for i in range(1, 4)))
     assert quorum_after(ha, ["s3"]) and not quorum_after(ha, ["s2", "s3"])
+
+
+def test_after_a_restore_nodes_that_are_gone_are_stale_even_if_they_still_say_ready():
+    from bootstrap.rebuild import stale_after_restore
+
+    cluster = {"old-cp": node(True, True), "a1": node(True), "a2": node(True)}
+    assert stale_after_restore(INV, cluster, {"cp-1": K3S, "a1": K3S}) == ["a2", "old-cp"]

@@ -212,7 +212,10 @@ def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
             return CheckResult("volcano-gang", "FAIL", f"job {phase}: {state.get('message', '')}")
         if time.monotonic() > deadline:
             pods = (get(cluster, f"/api/v1/namespaces/{NAMESPACE}/pods") or {}).get("items", [])
-            running = [p for p in pods if p["metadata"]["name"].startswith("gang-")]
+            # Volcano creates every member pod at once; only bound ones have started.
+            running = [p for p in pods if p["metadata"]["name"].startswith("gang-")
+                       and (p.get("spec", {}).get("nodeName")
+                            or p.get("status", {}).get("phase") in ("Running", "Succeeded"))]
             partial = f"; {len(running)} of {size} members started: gang scheduling broken" if running else ""
             return CheckResult("volcano-gang", "FAIL",
                                f"job still {phase} after {timeout_s:.0f}s ({state.get('message', 'not schedulable')})"

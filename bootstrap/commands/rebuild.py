@@ -20,7 +20,7 @@ from bootstrap.commands.up import cluster_phase, gather_and_plan, gather_facts
 from bootstrap.errors import BootstrapError, HostsFailed
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
-from bootstrap.rebuild import classify, quorum_after
+from bootstrap.rebuild import classify, quorum_after, stale_after_restore
 from bootstrap.statedir import StateDir
 
 REMOVE_ANNOTATION = "etcd.k3s.cattle.io/remove"
@@ -113,11 +113,12 @@ def run(args) -> int:
             raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
         if restore:
             # The snapshot brought back Node objects of machines that are gone: a second pass.
-            nodes = cluster_nodes(inventory, state)
-            again = classify(inventory, nodes, facts) if nodes is not None else None
-            if again and again.lost:
-                remove_lost(inventory, state, again.lost, [])
-                report["lost"] = again.lost
+            nodes = cluster_nodes(inventory, state) or {}
+            stale = stale_after_restore(inventory, nodes, facts)
+            if stale:
+                # The old servers' etcd members went with the reset: plain Node deletes.
+                remove_lost(inventory, state, stale, [])
+                report["lost"] = stale
         cluster_phase(inventory, state, facts, validate=not args.no_validate)
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
     print(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "

@@ -66,12 +66,20 @@ def run(args) -> int:
                 report_failures(session.failures)
         if args.hosts_only:
             return 0
-        cluster_phase(inventory, state, facts, validate=not args.no_validate)
+        cluster_changed = cluster_phase(inventory, state, facts, validate=not args.no_validate)
+        hosts_changed = any(p.changed for p in plans.plans.values())
+        if hosts_changed or cluster_changed:
+            # A snapshot of what was just built: what `rebuild` restores after losing a server.
+            from bootstrap import snapshots
+
+            path = snapshots.take(inventory, state)
+            print(f"snapshot: {path.name} copied to the state folder")
     return 0
 
 
-def cluster_phase(inventory, state, facts, *, validate: bool) -> None:
-    """Components through the API tunnel, then the checks (raises when one fails)."""
+def cluster_phase(inventory, state, facts, *, validate: bool) -> bool:
+    """Components through the API tunnel, then the checks (raises when one fails).
+    Returns whether anything in the cluster changed."""
     from bootstrap.cluster.apply import apply_cluster
     from bootstrap.cluster.client import connect
     from bootstrap.commands.validate import validate as run_validate
@@ -90,6 +98,7 @@ def cluster_phase(inventory, state, facts, *, validate: bool) -> None:
         print(f"cluster: no change ({time.monotonic() - started:.1f}s)")
     if validate and run_validate(inventory, state, facts) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
+    return bool(changes)
 
 
 def summarise(results, started) -> None:

@@ -142,6 +142,17 @@ def _mig_layout_or_profiles(values: dict, path: Path, ck: Checker) -> None:
                    "write layout: all-1g.18gb, or profiles: {3g.71gb: 2}")
 
 
+def _single_strategy_needs_one_profile(values: dict, path: Path, ck: Checker) -> None:
+    """With strategy single every MIG device of a node must be the same profile: the device
+    plugin advertises nothing for a mix."""
+    if values.get("strategy", "single") != "single":
+        return
+    mixed = values.get("layout") == "all-balanced" or len(values.get("profiles") or {}) > 1
+    if mixed:
+        ck.problem(path + ("strategy",), "strategy single needs one MIG profile per node; this layout mixes several",
+                   "set strategy: mixed (resources become nvidia.com/mig-<profile>), or use one profile")
+
+
 MIG = Record(
     fields={
         "layout": Field(Str(pattern=r"[a-z0-9][a-z0-9.+-]*", expected="a MIG layout name",
@@ -151,7 +162,7 @@ MIG = Record(
         "strategy": Field(Enum(("single", "mixed"), what="MIG strategy")),
     },
     build=m.Mig,
-    checks=[_mig_layout_or_profiles],
+    checks=[_mig_layout_or_profiles, _single_strategy_needs_one_profile],
 )
 
 SHARING = Record(

@@ -60,6 +60,11 @@ Knobs for tests (not in real k3s):
   K3S_STANDIN_LENIENT_CONFIG=1  `k3s server` skips unknown config-file keys with a
                             warning, as real k3s >= 1.21.7 does, instead of refusing them
   K3S_STANDIN_NO_SHIM=1     do not start the containerd-shim stand-in process
+  K3S_STANDIN_HEARTBEAT     seconds between an agent's heartbeats to its server (default 3)
+  K3S_STANDIN_API_ANONYMOUS=1  the API also takes requests with no credentials (kubectl and
+                            helm send no bearer token over plain HTTP); the simulator's
+                            timings (K3S_STANDIN_NODE_GRACE, ..._POD_SECONDS, ...) are in
+                            kubeapi.py's Simulator docstring
 
 Differences from real k3s worth knowing are listed in the module docstring of
 tests/test_k3s_standin.py.

@@ -33,7 +33,20 @@ Contract (what the official client needs; details in each section):
 
 The simulator (class Simulator, a thread ticking every 0.2 s) plays the controllers,
 the scheduler and the kubelets of a small k3s cluster; its rules are in its docstring.
-Exec, attach and port-forward (SPDY/websocket upgrades) are not served.
+Exec, attach and port-forward (SPDY/websocket upgrades) are not served, nor protobuf
+bodies (kubectl sends those for `create namespace` and the like).
+
+Knobs (environment of `k3s server`; defaults in brackets):
+  K3S_STANDIN_API_ANONYMOUS=1      take requests without credentials (client-go, i.e.
+                                   kubectl and helm, sends no bearer token over HTTP)
+  K3S_STANDIN_API_PRESETS          CRDs present from the first start
+                                   [volcano,multus,gpu-operator]; "none" for none
+  K3S_STANDIN_DEVICE_PLUGIN        always | operator: see Simulator.gpu_operator_active
+  K3S_STANDIN_NODE_GRACE [20]      seconds without heartbeats before a node is Unknown
+  K3S_STANDIN_NODE_READY_SECONDS [1]  NotReady time after a node registers
+  K3S_STANDIN_POD_START_SECONDS [0.3], K3S_STANDIN_POD_SECONDS [1]  pod start, run time
+  K3S_STANDIN_MIG_SECONDS [1.5]    MIG manager: pending -> success/failed
+(agents: K3S_STANDIN_HEARTBEAT [3] seconds between heartbeats, in k3s_standin.py)
 """
 
 import base64
