@@ -109,3 +109,49 @@ def test_each_validation_check_fails_for_the_right_reason(cluster):
     with connect(inv, StateDir(inv)) as api:
         pods = request(api, "GET", "/api/v1/namespaces/bootstrap-validate/pods")[1].get("items", [])
         assert pods == []
+
+
+def test_nccl_all_reduce_is_judged_against_the_bandwidth_floor(cluster):
+    assert cluster["first"].returncode == 0, cluster["first"].stdout + cluster["first"].stderr
+    data = yaml_load(cluster["inventory"])
+    for floor, expected in ((100, "PASS"), (150, "FAIL")):
+        data["validate"] = {"timeout_s": 60, "gpu_pod": False,
+                            "nccl": {"min_busbw_gbps": floor, "image": "example.com/nccl-tests:busbw-120"}}
+        path = cluster["tmp"] / f"nccl-{floor}.yaml"
+        path.write_text(yaml_dump(data))
+        result = run_bootstrap("validate", path, "--json", timeout=600)
+        nccl = next(c for c in json.loads(result.stdout)["checks"] if c["check"] == "nccl")
+        assert nccl["status"] == expected, nccl
+        assert "120.0 GB/s" in nccl["reason"]
+
+
+def test_mig_layout_is_applied_and_advertised(lab, tmp_path):
+    why = upstream_missing()
+    if why:
+        pytest.skip(why)
+    from standins.aptrepo import AptRepo, build_toolkit_deb
+
+    airgap = build_airgap(tmp_path / "airgap")
+    hosts = lab.start(["mg-cp", "mg-g1"], gpu=["mg-g1"])
+    with AptRepo([build_toolkit_deb(tmp_path / "debs")]) as repo:
+        inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={
+            "k3s": {"airgap": str(airgap)},
+            "gpu": {"sharing": {"mig": {"layout": "all-1g.18gb"}},
+                    "container_toolkit": {"apt_source": repo.source_line}},
+            "validate": {"timeout_s": 60}})
+        result = run_bootstrap("up", inventory, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS  gpu-capacity:mg-g1  nvidia.com/gpu=7" in result.stdout
+    assert "PASS  gpu-pod:mg-g1" in result.stdout
+
+
+def yaml_load(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def yaml_dump(data):
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
