@@ -155,3 +155,19 @@ def yaml_dump(data):
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_a_failed_mig_layout_is_reported_with_mig_managers_reason(cluster):
+    assert cluster["first"].returncode == 0, cluster["first"].stdout + cluster["first"].stderr
+    from bootstrap.cluster.apply import wait_mig
+    from bootstrap.cluster.client import ClusterError, connect, merge_patch
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
+    inv = load_inventory(cluster["inventory"])
+    with connect(inv, StateDir(inv)) as api:
+        merge_patch(api, "/api/v1/nodes/cl-g1", {"metadata": {"labels": {"nvidia.com/mig.config": "all-9g.999gb"}}})
+        with pytest.raises(ClusterError) as caught:
+            wait_mig(api, {"cl-g1": "all-9g.999gb"}, timeout_s=60)
+    assert "MIG layout all-9g.999gb failed on cl-g1" in caught.value.message
+    assert "see the nvidia-mig-manager" not in caught.value.message  # MIG Manager's own reason is shown

@@ -137,3 +137,20 @@ def test_replacement_first_server_joins_a_healthy_one_instead_of_starting_a_new_
     assert "cluster-init" not in config and config["server"] == "https://203.0.113.11:6443"
     agent = k3sconfig.node_config(INV, INV.node("gpu-1"), "tok", join_via=INV.node("cp-2"))
     assert agent["server"] == "https://203.0.113.11:6443"
+
+
+def test_snapshots_go_to_s3_with_credentials_from_references(monkeypatch):
+    monkeypatch.setenv("S3_KEY", "AKIAEXAMPLE")
+    monkeypatch.setenv("S3_SECRET", "s3cr3t")
+    inv = parse_inventory("""\
+cluster: t
+k3s: {snapshots: {retention: 4, s3: {bucket: k3s-snaps, endpoint: s3.example.com, folder: t,
+                                       access_key_env: S3_KEY, secret_key_env: S3_SECRET}}}
+nodes: [{name: cp-1, address: 10.0.0.1, role: server}, {name: a, address: 10.0.0.2}]
+""")
+    server = k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
+    assert server["etcd-s3"] is True and server["etcd-s3-bucket"] == "k3s-snaps"
+    assert server["etcd-s3-access-key"] == "AKIAEXAMPLE" and server["etcd-s3-secret-key"] == "s3cr3t"
+    assert set(server) <= k3s_flags("server")
+    agent = k3sconfig.node_config(inv, inv.node("a"), "tok")
+    assert not any(key.startswith("etcd") for key in agent)

@@ -53,6 +53,13 @@ def run(args) -> int:
         print(f"{r['node']:<14} {r['role']:<7} {state_word:<9} {r['gpus']:<22} {r['driver']:<12} {r['cuda']:<5} {alloc}")
     for name, info in components.items():
         print(f"component {name}: {info['version']} ({info['state']})")
+    applied = state.path / "applied-inventory.sha256"
+    if applied.exists():
+        import hashlib
+        from pathlib import Path
+
+        same = applied.read_text().split()[0] == hashlib.sha256(Path(inventory.source).read_bytes()).hexdigest()
+        print("inventory: " + ("as last applied by `up`" if same else "changed since the last `up` (run `bootstrap plan`)"))
     print("newest snapshot: " + (f"{newest.name}, {report['newest_snapshot']['age_hours']} h old" if newest
                                  else "none (`bootstrap snapshot` takes one)"))
     return 0

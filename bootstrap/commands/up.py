@@ -74,7 +74,17 @@ def run(args) -> int:
 
             path = snapshots.take(inventory, state)
             print(f"snapshot: {path.name} copied to the state folder")
+        record_applied(inventory, state)
     return 0
+
+
+def record_applied(inventory, state) -> None:
+    """The digest of the inventory last applied in full, for `status` and later runs."""
+    import hashlib
+    from pathlib import Path
+
+    digest = hashlib.sha256(Path(inventory.source).read_bytes()).hexdigest()
+    (state.path / "applied-inventory.sha256").write_text(f"{digest}  {inventory.source}\n")
 
 
 def cluster_phase(inventory, state, facts, *, validate: bool) -> bool:

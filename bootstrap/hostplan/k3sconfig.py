@@ -93,6 +93,29 @@ def server_settings(inventory: Inventory) -> dict:
         settings["service-cidr"] = k3s.service_cidr
     settings["etcd-snapshot-schedule-cron"] = k3s.snapshots.schedule
     settings["etcd-snapshot-retention"] = k3s.snapshots.retention
+    settings.update(s3_settings(k3s.snapshots.s3))
+    return settings
+
+
+def s3_settings(s3) -> dict:
+    """k3s uploads every snapshot to S3 itself; credentials come from their references
+    (config.yaml is 0600, like the token in it)."""
+    if s3 is None:
+        return {}
+    from bootstrap.secrets import resolve
+
+    settings = {"etcd-s3": True, "etcd-s3-bucket": s3.bucket, "etcd-s3-endpoint": s3.endpoint,
+                "etcd-s3-region": s3.region}
+    if s3.folder:
+        settings["etcd-s3-folder"] = s3.folder
+    if s3.insecure:
+        settings["etcd-s3-insecure"] = True
+    access = resolve(s3.access_key, "k3s.snapshots.s3.access_key")
+    secret = resolve(s3.secret_key, "k3s.snapshots.s3.secret_key")
+    if access:
+        settings["etcd-s3-access-key"] = access
+    if secret:
+        settings["etcd-s3-secret-key"] = secret
     return settings
 
 

@@ -33,9 +33,23 @@ class SshSettings:
 
 
 @dataclass(frozen=True)
+class SnapshotS3:
+    """k3s uploads each snapshot (scheduled or on demand) here itself."""
+
+    bucket: str
+    endpoint: str = "s3.amazonaws.com"
+    region: str = "us-east-1"
+    folder: str | None = None
+    access_key: SecretRef | None = None
+    secret_key: SecretRef | None = None
+    insecure: bool = False
+
+
+@dataclass(frozen=True)
 class EtcdSnapshots:
     schedule: str = "0 */6 * * *"
     retention: int = 12
+    s3: SnapshotS3 | None = None
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,23 @@ SSH = Record(
 
 NODE_SSH = Record(fields=SSH_FIELDS, build=dict)
 
+S3 = Record(
+    fields={
+        "bucket": Field(Str(pattern=r"[a-z0-9][a-z0-9.-]{1,62}", expected="an S3 bucket name", example="k3s-snapshots"),
+                        required=True),
+        "endpoint": Field(Str(pattern=r"[A-Za-z0-9.:-]+", expected="an S3 host[:port]", example="s3.example.com")),
+        "region": Field(Str(pattern=r"[a-z0-9-]+", expected="a region", example="us-east-1")),
+        "folder": Field(Str(pattern=r"[A-Za-z0-9._/-]+", expected="a folder in the bucket", example="train-a")),
+        "insecure": Field(Bool()),
+        **_secret_fields("access_key"), **_secret_fields("secret_key"),
+    },
+    build=_build_with_secrets(m.SnapshotS3, "access_key", "secret_key"),
+    checks=[_one_secret_source("access_key"), _one_secret_source("secret_key")],
+)
+
 SNAPSHOTS = Record(
     fields={
+        "s3": Field(S3),
         "schedule": Field(Str(pattern=r"(\S+\s+){4}\S+", expected="a five-field cron schedule",
                               example='"0 */6 * * *"')),
         "retention": Field(Int(min=1, max=1000)),
