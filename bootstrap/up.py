@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap import artifacts as art
-from bootstrap.errors import BootstrapError, HostsFailed
+from bootstrap.errors import BootstrapError
 from bootstrap.facts.model import HostFacts
 from bootstrap.hostplan import desired as d
 from bootstrap.hostplan.plan import HostPlan, plan_host
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import Finding, is_gpu_node, preflight
+from bootstrap.preflight import Finding, is_gpu_node
 from bootstrap.statedir import StateDir
 
 

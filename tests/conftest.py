@@ -20,3 +20,14 @@ def lab():
         yield lab
     finally:
         lab.cleanup()
+
+
+@pytest.fixture
+def airgap(tmp_path):
+    """A k3s air-gap folder holding the k3s stand-in, as a user's folder holds k3s."""
+    from standins.airgap import build_airgap, upstream_missing
+
+    why = upstream_missing()
+    if why:
+        pytest.skip(why)
+    return build_airgap(tmp_path / "airgap")

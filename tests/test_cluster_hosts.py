@@ -6,21 +6,16 @@ import json
 import pytest
 from clirun import run_bootstrap
 from labinv import write_inventory
-from standins.airgap import build_airgap, upstream_missing
 
 pytestmark = pytest.mark.hosts
 
 
 @pytest.fixture
-def cluster(lab, tmp_path):
+def cluster(lab, tmp_path, airgap):
     """1 server + 2 GPU agents with the H200 stand-in, time-slicing x4, the toolkit from a
     local apt repository; `up` has run once."""
     from standins.aptrepo import AptRepo, build_toolkit_deb
 
-    why = upstream_missing()
-    if why:
-        pytest.skip(why)
-    airgap = build_airgap(tmp_path / "airgap")
     hosts = lab.start(["cl-cp", "cl-g1", "cl-g2"], gpu=["cl-g1", "cl-g2"])
     repo = AptRepo([build_toolkit_deb(tmp_path / "debs")])
     record = tmp_path / "helm.jsonl"
@@ -72,7 +67,7 @@ def test_up_applies_components_validates_and_a_second_up_makes_no_helm_call(clus
 
 def test_each_validation_check_fails_for_the_right_reason(cluster):
     assert cluster["first"].returncode == 0, cluster["first"].stdout + cluster["first"].stderr
-    inventory, tmp, hosts = cluster["inventory"], cluster["tmp"], cluster["hosts"]
+    inventory, tmp = cluster["inventory"], cluster["tmp"]
     import yaml
 
     data = yaml.safe_load(inventory.read_text())
@@ -125,13 +120,9 @@ def test_nccl_all_reduce_is_judged_against_the_bandwidth_floor(cluster):
         assert "120.0 GB/s" in nccl["reason"]
 
 
-def test_mig_layout_is_applied_and_advertised(lab, tmp_path):
-    why = upstream_missing()
-    if why:
-        pytest.skip(why)
+def test_mig_layout_is_applied_and_advertised(lab, tmp_path, airgap):
     from standins.aptrepo import AptRepo, build_toolkit_deb
 
-    airgap = build_airgap(tmp_path / "airgap")
     hosts = lab.start(["mg-cp", "mg-g1"], gpu=["mg-g1"])
     with AptRepo([build_toolkit_deb(tmp_path / "debs")]) as repo:
         inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={

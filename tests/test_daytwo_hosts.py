@@ -1,23 +1,13 @@
 """Day two on test hosts: rebuild after spot loss, control-plane restore, scale-down."""
 
-import json
 import time
 
 import pytest
 import yaml
 from clirun import run_bootstrap
 from labinv import write_inventory
-from standins.airgap import build_airgap, upstream_missing
 
 pytestmark = pytest.mark.hosts
-
-
-@pytest.fixture
-def airgap(tmp_path):
-    why = upstream_missing()
-    if why:
-        pytest.skip(why)
-    return build_airgap(tmp_path / "airgap")
 
 
 def api_nodes(inventory_path):

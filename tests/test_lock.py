@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 
 from clirun import run_bootstrap
 

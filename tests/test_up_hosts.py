@@ -12,17 +12,8 @@ import time
 import pytest
 from clirun import run_bootstrap
 from labinv import write_inventory
-from standins.airgap import build_airgap, upstream_missing
 
 pytestmark = pytest.mark.hosts
-
-
-@pytest.fixture
-def airgap(tmp_path):
-    why = upstream_missing()
-    if why:
-        pytest.skip(why)
-    return build_airgap(tmp_path / "airgap")
 
 
 def up(inventory, *extra):

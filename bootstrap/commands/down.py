@@ -26,7 +26,6 @@ def confirm(inventory, assume_yes: bool) -> None:
 
 
 def run(args) -> int:
-    from bootstrap.hostplan import desired as d
     from bootstrap.teardown import teardown_script
     from bootstrap.up import managed_paths
 

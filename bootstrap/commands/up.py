@@ -11,6 +11,7 @@ from bootstrap.commands.common import open_hosts
 from bootstrap.commands.facts import report_failures
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
+from bootstrap.preflight import preflight
 from bootstrap.statedir import StateDir
 
 
@@ -31,7 +32,7 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
     """Facts, preflight, then each host's plan. Raises when preflight fails or (unless
     tolerated, as `rebuild` does) a host cannot be reached: then nothing has been changed."""
     facts = facts if facts is not None else gather_facts(session, inventory)
-    findings = flow.preflight(inventory, facts)
+    findings = preflight(inventory, facts)
     flow.print_findings(findings)
     errors = [f for f in findings if f.severity == "error"]
     if errors or (session.failures and not tolerate_unreachable):
