@@ -110,3 +110,22 @@ def test_scale_down_removes_an_agent_and_refuses_the_only_server(lab, tmp_path, 
 
     left = {f for f in lab["sd-a2"].created_files() if not ALLOWED_AFTER_DOWN.match(f)}
     assert left == set(), sorted(left)
+
+
+def test_one_of_three_servers_lost_its_etcd_member_is_removed_and_the_replacement_joins(lab, tmp_path, airgap):
+    hosts = lab.start(["ha-s1", "ha-s2", "ha-s3", "ha-ag"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, servers=3, extra={"k3s": {"airgap": str(airgap)}})
+    first = run_bootstrap("up", inventory, "--no-validate", timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    lab["ha-s3"].kill()
+    wait_not_ready(inventory, "ha-s3")
+    (replacement,) = lab.start(["ha-s4"])
+    edit(inventory, lambda d: d["nodes"].__setitem__(2, {"name": "ha-s4", "address": replacement.address,
+                                                        "role": "server"}))
+    result = run_bootstrap("rebuild", inventory, "--no-validate", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "lost ha-s3" in result.stdout and "joined ha-s4" in result.stdout
+    nodes = api_nodes(inventory)
+    assert "ha-s3" not in nodes and ready(nodes["ha-s4"])
+    config = replacement.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
+    assert "cluster-init" not in config and f"server: https://{hosts[0].address}:6443" in config
