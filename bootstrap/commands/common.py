@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 from bootstrap.errors import UsageError
@@ -28,5 +29,9 @@ def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
 
     state = StateDir(inventory)
     log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
-    with HostSession(inventory, state, nodes, log_file=log_file) as session:
-        yield session
+    try:
+        with HostSession(inventory, state, nodes, log_file=log_file) as session:
+            yield session
+    finally:
+        if log_file.exists():
+            print(f"full log: {log_file}", file=sys.stderr)

@@ -76,8 +76,11 @@ def execute(session: HostSession, steps: list[Step], *, out=sys.stdout) -> dict[
             if ok and not op_data.operation_meta._maybe_is_change and elapsed < 0.05:
                 return  # nothing ran for this host in this step
             mark = "✓" if ok else "✗"
+            line = f"{mark} {host.name:<14} {step_of.get(op_hash, '?')} {elapsed:.1f}s"
+            if not ok and getattr(out, "isatty", lambda: False)():
+                line = f"\033[31m{line}\033[0m"  # red on a terminal, plain in logs and pipes
             # The error itself is reported per host at the end (the output is not recorded yet).
-            print(f"{mark} {host.name:<14} {step_of.get(op_hash, '?')} {elapsed:.1f}s", file=out, flush=True)
+            print(line, file=out, flush=True)
 
     state.add_callback_handler(Progress())
     state.set_stage(StateStage.Execute)
