@@ -34,6 +34,7 @@ echo x >> /var/log/bench-commands.log 2>/dev/null
 exec /bin/sh "$@"
 """
 BOOTSTRAP = Path(sys.executable).parent / "bootstrap"
+HELM = ROOT / "tests" / "standins" / "helm_recorder.py"  # no chart can be downloaded here
 
 
 def count(host) -> int:
@@ -49,11 +50,29 @@ def reset_counts(hosts) -> None:
 def bootstrap(*args, env=None) -> tuple[int, float, str]:
     started = time.monotonic()
     result = subprocess.run([str(BOOTSTRAP), *map(str, args)], capture_output=True, text=True,
-                            env={**__import__("os").environ, **(env or {})}, timeout=1800)
+                            env={"BOOTSTRAP_HELM": str(HELM), **__import__("os").environ, **(env or {})},
+                            timeout=1800)
     return result.returncode, time.monotonic() - started, result.stdout + result.stderr
 
 
-def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path) -> dict:
+def wait_not_ready(inventory: Path, name: str, timeout: float = 120) -> None:
+    from bootstrap.cluster.client import connect, get
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
+    inv = load_inventory(inventory)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connect(inv, StateDir(inv)) as api:
+            node = get(api, f"/api/v1/nodes/{name}") or {}
+        if not any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in node.get("status", {}).get("conditions", [])):
+            return
+        time.sleep(3)
+    raise RuntimeError(f"{name} never went NotReady")
+
+
+def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path, rebuild: bool = False) -> dict:
     lab = testhosts.Lab()
     proxies = []
     try:
@@ -75,17 +94,45 @@ def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path) -> dict:
         results = {"agents": agents, "rtt_ms": rtt_ms}
         for label in ("fresh_up", "noop_up"):
             reset_counts(hosts)
-            rc, seconds, output = bootstrap("up", inventory, "--hosts-only")
+            rc, seconds, output = bootstrap("up", inventory, "--no-validate")
             if rc != 0:
                 raise RuntimeError(f"{label} failed ({rc}):\n{output[-2000:]}")
             per_host = [count(h) for h in hosts]
             results[label] = {"seconds": round(seconds, 2), "max_commands_per_host": max(per_host),
                               "mean_commands_per_host": round(sum(per_host) / len(per_host), 1)}
+        if rebuild:
+            results["rebuild_one_agent"] = rebuild_one(lab, hosts, inventory, rtt_ms, proxies)
         return results
     finally:
         for proxy in proxies:
             proxy.close()
         lab.cleanup()
+
+
+def rebuild_one(lab, hosts, inventory: Path, rtt_ms: int, proxies: list) -> dict:
+    """Kill the last agent (a spot loss), start a replacement, time `rebuild`."""
+    import yaml
+
+    lost = hosts[-1]
+    lost.kill()
+    wait_not_ready(inventory, lost.name)
+    (new,) = lab.start(["bm-new"], extra_files={"/usr/local/bin/bench-sh": (COUNTING_SHELL, 0o755)}, timeout=180)
+    new.ssh("touch /var/log/bench-commands.log && chmod 666 /var/log/bench-commands.log && "
+            "usermod -s /usr/local/bin/bench-sh ubuntu", user="root")
+    entry = {"name": new.name, "address": new.address, "role": "agent"}
+    if rtt_ms:
+        proxy = DelayProxy(new.address, 22, rtt_ms)
+        proxies.append(proxy)
+        entry.update(address=proxy.bind, node_ip=new.address, ssh={"port": proxy.port})
+    data = yaml.safe_load(inventory.read_text())
+    data["nodes"] = [n for n in data["nodes"] if n["name"] != lost.name] + [entry]
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    healthy = [h for h in hosts if h is not lost]
+    reset_counts(healthy)
+    rc, seconds, output = bootstrap("rebuild", inventory, "--no-validate")
+    if rc != 0:
+        raise RuntimeError(f"rebuild failed ({rc}):\n{output[-2000:]}")
+    return {"seconds": round(seconds, 2), "max_commands_per_healthy_host": max(count(h) for h in healthy)}
 
 
 def help_time() -> float:
@@ -103,11 +150,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rtt", type=int, nargs="+", default=[0], help="added round-trip ms (0 = direct)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--budget", type=int, default=25, help="max remote commands per host for a no-op up")
+    parser.add_argument("--rebuild", action="store_true", help="also time `rebuild` of one lost agent")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bootstrap-bench-") as tmp:
         workdir = Path(tmp)
         airgap = build_airgap(workdir / "airgap")
-        rows = [scenario(n, rtt, workdir, airgap) for rtt in args.rtt for n in args.agents]
+        rows = [scenario(n, rtt, workdir, airgap, args.rebuild) for rtt in args.rtt for n in args.agents]
     report = {"machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
               "date": time.strftime("%Y-%m-%d"), "help_seconds": help_time(), "rows": rows}
     print(f"{'agents':>6} {'rtt':>5} {'fresh up s':>10} {'cmds/host':>9} {'no-op up s':>10} {'cmds/host':>9}")
@@ -115,6 +163,10 @@ def main(argv=None) -> int:
         print(f"{r['agents']:>6} {r['rtt_ms']:>5} {r['fresh_up']['seconds']:>10} "
               f"{r['fresh_up']['max_commands_per_host']:>9} {r['noop_up']['seconds']:>10} "
               f"{r['noop_up']['max_commands_per_host']:>9}")
+    for r in rows:
+        if "rebuild_one_agent" in r:
+            print(f"rebuild of 1 lost agent of {r['agents']} at {r['rtt_ms']} ms: {r['rebuild_one_agent']['seconds']}s, "
+                  f"{r['rebuild_one_agent']['max_commands_per_healthy_host']} commands on a healthy host")
     print(f"bootstrap --help: {report['help_seconds']}s")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
