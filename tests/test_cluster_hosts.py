@@ -58,6 +58,15 @@ def test_up_applies_components_validates_and_a_second_up_makes_no_helm_call(clus
     assert second.returncode == 0, second.stderr
     assert "cluster: no change" in second.stdout and "hosts: no change" in second.stdout
     assert len(helm_calls(cluster["record"])) == calls_before  # not even `helm version`
+    plan = run_bootstrap("plan", cluster["inventory"])
+    assert "component gpu-operator: no change" in plan.stdout and "cl-g1: no change" in plan.stdout
+    import yaml
+
+    changed = cluster["tmp"] / "more-replicas.yaml"
+    data = yaml.safe_load(cluster["inventory"].read_text())
+    data["charts"] = {"volcano": "1.15.0"}
+    changed.write_text(yaml.safe_dump(data))
+    assert "component volcano: upgrade to volcano 1.15.0" in run_bootstrap("plan", changed).stdout
     status = run_bootstrap("status", cluster["inventory"], "--json")
     report = json.loads(status.stdout)
     by_node = {r["node"]: r for r in report["nodes"]}

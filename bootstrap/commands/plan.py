@@ -12,7 +12,7 @@ def run(args) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with open_hosts(inventory, list(inventory.nodes), "plan") as session:
-        _, plans = gather_and_plan(session, inventory, state, create_token=False)
+        facts, plans = gather_and_plan(session, inventory, state, create_token=False)
     for node in inventory.nodes:
         plan = plans.plans[node.name]
         if not plan.changed:
@@ -21,4 +21,34 @@ def run(args) -> int:
         print(f"{node.name}:")
         for change in plan.changes:
             print(f"  - {change}")
+    for line in component_changes(inventory, state, facts):
+        print(line)
     return 0
+
+
+def component_changes(inventory, state, facts) -> list[str]:
+    """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
+    from bootstrap import components as comp
+    from bootstrap.errors import BootstrapError
+
+    releases = comp.desired_releases(inventory, facts)
+    applied: dict = {}
+    try:
+        from bootstrap.cluster.apply import read_digests
+        from bootstrap.cluster.client import connect
+
+        if (state.path / "kubeconfig").exists():
+            with connect(inventory, state) as cluster:
+                applied = read_digests(cluster)
+    except BootstrapError:
+        applied = {}
+    lines = []
+    for release in releases:
+        if release.name not in applied:
+            lines.append(f"component {release.name}: install {release.chart} {release.version}")
+        elif applied[release.name] != release.digest():
+            lines.append(f"component {release.name}: upgrade to {release.chart} {release.version} "
+                         "(version or values changed)")
+        else:
+            lines.append(f"component {release.name}: no change")
+    return lines
