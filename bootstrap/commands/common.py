@@ -6,7 +6,7 @@ import contextlib
 import sys
 import time
 
-from bootstrap.errors import UsageError
+from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.statedir import StateDir
 
@@ -35,3 +35,11 @@ def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
     finally:
         if log_file.exists():
             print(f"full log: {log_file}", file=sys.stderr)
+
+
+def report_failures(failures) -> None:
+    for failure in sorted(failures.values(), key=lambda f: f.node):
+        print(f"FAILED {failure.render()}", file=sys.stderr)
+    if failures:
+        raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
+                          f"{', '.join(sorted(failures))}")

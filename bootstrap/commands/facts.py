@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bootstrap.commands.common import open_hosts, select_nodes
-from bootstrap.errors import HostsFailed
+from bootstrap.commands.common import open_hosts, report_failures, select_nodes
 from bootstrap.inventory.loader import load_inventory
 
 
@@ -39,13 +38,3 @@ def _no_output(name):
     from bootstrap.hosts.session import HostFailure
 
     return HostFailure(name, "the facts probe returned no output")
-
-
-def report_failures(failures) -> None:
-    import sys
-
-    for failure in sorted(failures.values(), key=lambda f: f.node):
-        print(f"FAILED {failure.render()}", file=sys.stderr)
-    if failures:
-        raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
-                          f"{', '.join(sorted(failures))}")

@@ -87,21 +87,9 @@ def run(args) -> int:
 
 def uninstall(inventory, nodes, purge_drivers: bool) -> None:
     """What `down` does, for these hosts only."""
-    from bootstrap.commands.common import open_hosts
-    from bootstrap.commands.facts import report_failures
-    from bootstrap.teardown import teardown_script
-    from bootstrap.up import managed_paths
+    from bootstrap.commands.common import open_hosts, report_failures
+    from bootstrap.commands.down import uninstall as remove_from_hosts
 
     with open_hosts(inventory, nodes, "scale-down") as session:
-        from pyinfra.api import StringCommand
-
-        from bootstrap.facts.host_facts import HostFactsFact
-        from bootstrap.hosts.executor import Step, execute
-
-        facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory, {})))
-        source = inventory.gpu.container_toolkit.apt_source
-        step = Step("uninstall k3s", {name: [StringCommand(teardown_script(f.manifest, purge_drivers=purge_drivers,
-                                                                         toolkit_source=source))]
-                                      for name, f in facts.items()})
-        execute(session, [step])
+        remove_from_hosts(session, inventory, nodes, purge_drivers)
     report_failures(session.failures)

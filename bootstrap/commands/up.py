@@ -8,7 +8,7 @@ import time
 from bootstrap import artifacts as art
 from bootstrap import up as flow
 from bootstrap.commands.common import open_hosts
-from bootstrap.commands.facts import report_failures
+from bootstrap.commands.common import report_failures
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.preflight import preflight
