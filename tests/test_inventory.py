@@ -115,3 +115,13 @@ def test_missing_file_is_a_usage_error():
     result = run_bootstrap("check", "/nonexistent/inv.yaml")
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_installed_command_works_from_another_folder(tmp_path):
+    result = run_bootstrap("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for command in ("check", "facts", "up", "validate", "rebuild", "scale-down", "down"):
+        assert command in result.stdout
+    assert run_bootstrap(cwd=tmp_path).returncode == 2  # no command: usage, exit 2
+    bad = run_bootstrap("up", "--no-such-flag", "x.yaml", cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
