@@ -65,6 +65,10 @@ def run(args) -> int:
                 flow.fetch_kubeconfig(session, inventory, state)
                 summarise(results, started)
                 report_failures(session.failures)
+                if not args.hosts_only:
+                    # What k3s and the installs just created (the CNI bin dir in containerd's
+                    # config, a freshly installed driver) decides the cluster side: look again.
+                    facts = gather_facts(session, inventory)
         if args.hosts_only:
             return 0
         cluster_changed = cluster_phase(inventory, state, facts, validate=not args.no_validate)
