@@ -823,6 +823,13 @@ def main(argv: list[str] | None = None) -> int:
             host.owner = None
             host._save()
         print(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f}s; ssh user {SSH_USER}, key {key_path()}")
+        try:  # the k3s stand-in where inventories/lab.yaml's k3s.airgap points
+            sys.path.insert(0, str(TESTS_DIR))
+            from standins.airgap import build_airgap
+
+            print(f"k3s stand-in air-gap folder: {build_airgap(LAB_DIR / 'airgap')}")
+        except Exception as exc:  # upstream data missing: hosts are still usable for facts
+            print(f"no k3s air-gap folder built ({exc})", file=sys.stderr)
         for h in hosts:
             print(f"  {h.name:10} {h.address:12} {'gpu' if h.name in gpu else '   '}  ssh -i {key_path()} {SSH_USER}@{h.address}")
     elif args.command == "status":
