@@ -54,9 +54,10 @@ def test_up_applies_components_validates_and_a_second_up_makes_no_helm_call(clus
         assert line in first.stdout, first.stdout
     assert "nvidia.com/gpu=4" in first.stdout
     calls_before = len(helm_calls(cluster["record"]))
-    second = run_bootstrap("up", cluster["inventory"], "--no-validate", env=cluster["env"])
+    second = run_bootstrap("up", cluster["inventory"], env=cluster["env"])
     assert second.returncode == 0, second.stderr
     assert "cluster: no change" in second.stdout and "hosts: no change" in second.stdout
+    assert "checks not re-run" in second.stdout and "snapshot:" not in second.stdout
     assert len(helm_calls(cluster["record"])) == calls_before  # not even `helm version`
     plan = run_bootstrap("plan", cluster["inventory"])
     assert "component gpu-operator: no change" in plan.stdout and "cl-g1: no change" in plan.stdout

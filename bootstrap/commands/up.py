@@ -71,8 +71,9 @@ def run(args) -> int:
                     facts = gather_facts(session, inventory)
         if args.hosts_only:
             return 0
-        cluster_changed = cluster_phase(inventory, state, facts, validate=not args.no_validate)
         hosts_changed = any(p.changed for p in plans.plans.values())
+        cluster_changed = cluster_phase(inventory, state, facts, validate=not args.no_validate,
+                                        hosts_changed=hosts_changed)
         if hosts_changed or cluster_changed:
             # A snapshot of what was just built: what `rebuild` restores after losing a server.
             from bootstrap import snapshots
@@ -92,8 +93,9 @@ def record_applied(inventory, state) -> None:
     (state.path / "applied-inventory.sha256").write_text(f"{digest}  {inventory.source}\n")
 
 
-def cluster_phase(inventory, state, facts, *, validate: bool) -> bool:
-    """Components through the API tunnel, then the checks (raises when one fails).
+def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: bool = True) -> bool:
+    """Components through the API tunnel, then the checks (raises when one fails) when
+    anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
     Returns whether anything in the cluster changed."""
     from bootstrap.cluster.apply import apply_cluster
     from bootstrap.cluster.client import connect
@@ -111,7 +113,9 @@ def cluster_phase(inventory, state, facts, *, validate: bool) -> bool:
               f"changed, {len(summary['labelled'])} node(s) relabelled ({time.monotonic() - started:.1f}s)")
     else:
         print(f"cluster: no change ({time.monotonic() - started:.1f}s)")
-    if validate and run_validate(inventory, state, facts) != 0:
+    if validate and not (changes or hosts_changed):
+        print("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
+    elif validate and run_validate(inventory, state, facts) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
     return bool(changes)
 
