@@ -47,22 +47,16 @@ def load_or_create_token(state: StateDir, facts: dict[str, HostFacts], inventory
     return token
 
 
-def managed_paths(inventory: Inventory, artifacts: dict[str, art.K3sArtifacts]) -> list[str]:
+def managed_paths(inventory: Inventory) -> list[str]:
+    """Every file the tool may manage on a host: the probe reports their hash and mode."""
     paths = {d.MODULES_FILE, d.SYSCTL_FILE, d.CONFIG, d.REGISTRIES, d.K3S_BINARY, d.TOOLKIT_SOURCE,
-             d.MANIFEST, d.KUBECONFIG, "/etc/systemd/system/k3s.service", "/etc/systemd/system/k3s-agent.service"}
-    for item in artifacts.values():
-        if item.images:
-            paths.add(f"{d.IMAGES_DIR}/{item.images.path.name}")
+             d.MANIFEST, d.KUBECONFIG, d.unit_path_for("k3s"), d.unit_path_for("k3s-agent")}
+    if inventory.k3s.airgap:
+        folder = Path(inventory.k3s.airgap).expanduser()
+        if not folder.is_absolute():
+            folder = (Path(inventory.source).parent / folder).resolve()
+        paths |= {f"{d.IMAGES_DIR}/{p.name}" for p in folder.glob("k3s-airgap-images-*.tar*")}
     return sorted(paths)
-
-
-def local_images_candidates(inventory: Inventory) -> list[str]:
-    if not inventory.k3s.airgap:
-        return []
-    folder = Path(inventory.k3s.airgap).expanduser()
-    if not folder.is_absolute():
-        folder = (Path(inventory.source).parent / folder).resolve()
-    return [f"{d.IMAGES_DIR}/{p.name}" for p in folder.glob("k3s-airgap-images-*.tar*")]
 
 
 @dataclass

@@ -35,7 +35,7 @@ def uninstall(session, inventory, nodes, purge_drivers: bool) -> None:
     from bootstrap.teardown import teardown_script
     from bootstrap.up import managed_paths
 
-    facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory, {})))
+    facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory)))
     source = inventory.gpu.container_toolkit.apt_source
     scripts = {name: [StringCommand(teardown_script(f.manifest, purge_drivers=purge_drivers, toolkit_source=source))]
                for name, f in facts.items()}

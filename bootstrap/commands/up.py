@@ -19,8 +19,7 @@ def gather_facts(session, inventory) -> dict:
     """Facts in one round trip per host, including the state of every file the tool manages."""
     from bootstrap.facts.host_facts import HostFactsFact
 
-    paths = sorted(set(flow.managed_paths(inventory, {})) | set(flow.local_images_candidates(inventory)))
-    facts = session.gather(HostFactsFact, paths=tuple(paths))
+    facts = session.gather(HostFactsFact, paths=tuple(flow.managed_paths(inventory)))
     for node in session.nodes:
         if node.name not in facts and node.name not in session.failures:
             session.fail(node.name, "the facts probe returned no output")
