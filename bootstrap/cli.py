@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 OFFLINE = {"check", "forget-host"}  # never touch a host: keep them fast
+EVENT_STREAMS = {"up", "rebuild", "scale-down", "down"}  # --json: one event per line while they run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +61,9 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
     if name in ("validate", "status"):
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
+    if name in EVENT_STREAMS:
+        cmd.add_argument("--json", action="store_true",
+                         help="one JSON event per line on stdout (steps, messages, the exit code) for scripts and CI")
     if name == "facts":
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
         cmd.add_argument("--node", action="append", metavar="NAME", help="only these nodes (repeatable)")
@@ -93,8 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         from gevent import monkey
 
         monkey.patch_all()
+    from bootstrap import progress
+
+    reporter = progress.configure(json_events=args.command in EVENT_STREAMS and args.json)
     module = importlib.import_module(f"bootstrap.commands.{COMMANDS[args.command][0]}")
-    return run_command(module.run, args, debug=args.debug)
+    code = run_command(module.run, args, debug=args.debug)
+    reporter.event("exit", code=code)
+    return code
 
 
 if __name__ == "__main__":

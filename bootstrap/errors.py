@@ -90,6 +90,7 @@ def run_command(func, args, *, debug: bool = False) -> int:
         if debug:
             traceback.print_exc()
         print(exc.render(), file=sys.stderr)
+        _report(exc.render(), exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted; a re-run converges from wherever this stopped", file=sys.stderr)
@@ -101,4 +102,12 @@ def run_command(func, args, *, debug: bool = False) -> int:
             raise
         print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("hint: re-run with --debug for the traceback, and report it", file=sys.stderr)
+        _report(f"internal error: {type(exc).__name__}: {exc}", EXIT_FAILED)
         return EXIT_FAILED
+
+
+def _report(text: str, code: int) -> None:
+    """Also into the event stream under --json (stderr keeps the human text)."""
+    from bootstrap import progress
+
+    progress.current().error(text, code)

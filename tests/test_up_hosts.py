@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from clirun import run_bootstrap
+from clirun import run_bootstrap, run_bootstrap_on_terminal
 from labinv import write_inventory
 
 pytestmark = pytest.mark.hosts
@@ -70,8 +70,12 @@ def test_drift_is_repaired_and_only_that_host_restarts(lab, tmp_path, airgap):
     assert "dr-cp: no change" in plan.stdout
     assert re.search(r"dr-a1:\n  - update /etc/rancher/k3s/config.yaml\n  - restart k3s-agent", plan.stdout)
     assert "start k3s-agent" in plan.stdout.split("dr-a2:")[1]
-    again = up(inventory)
+    # On a terminal: one row per host, redrawn in place, each finished step with its time.
+    again = run_bootstrap_on_terminal("up", inventory, "--hosts-only")
     assert again.returncode == 0, again.stderr
+    assert "\033[3F" in again.stdout  # the three rows were redrawn in place
+    final_rows = re.sub(r"\033\[[0-9;]*[A-Za-z]", "", again.stdout.split("\033[3F")[-1]).splitlines()
+    assert re.match(r"dr-a1 +✓ prepare host \d+\.\ds  ✓ join agents \d+\.\ds", final_rows[1]), final_rows
     assert "dr-cp: no change" in again.stdout and "dr-a1: changed" in again.stdout
     assert "drift" not in a1.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
     assert a2.ssh("systemctl is-active k3s-agent").stdout.strip() == "active"
@@ -135,10 +139,14 @@ def test_agent_killed_mid_up_fails_alone_and_rerun_converges(lab, tmp_path, airg
     assert set(standin_nodes(cp)) == {"kl-cp", "kl-a1"}
     victim.restart()
     victim.ssh("sudo rm -rf /etc/systemd/system/k3s-agent.service.d && sudo systemctl daemon-reload")
-    again = up(inventory)
+    assert re.search(r"^✗ kl-a2 .*\d\.\ds: .+", result.stdout, re.M), result.stdout  # the reason, at once
+    again = up(inventory, "--json")
     assert again.returncode == 0, again.stdout + again.stderr
+    events = [json.loads(line) for line in again.stdout.splitlines()]  # every stdout line is an event
+    assert events[-1] == {"event": "exit", "code": 0, "time": events[-1]["time"]}
+    (hosts_event,) = [e for e in events if e["event"] == "hosts"]
     # The healthy hosts are untouched (the victim may already have rejoined on boot: its unit is enabled).
-    assert "kl-cp: changed" not in again.stdout and "kl-a1: changed" not in again.stdout
+    assert {"kl-cp", "kl-a1"} <= set(hosts_event["no_change"]), hosts_event
     assert set(standin_nodes(cp)) == {"kl-cp", "kl-a1", "kl-a2"}
 
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 from bootstrap import artifacts as art
+from bootstrap import progress
 from bootstrap import up as flow
 from bootstrap.commands.common import open_hosts
 from bootstrap.commands.common import report_failures
@@ -55,6 +56,7 @@ def run(args) -> int:
             if not any(p.changed for p in plans.plans.values()):
                 if not (state.path / "kubeconfig").exists():
                     flow.fetch_kubeconfig(session, inventory, state)
+                progress.current().event("hosts", changed=[], no_change=sorted(plans.plans), failed=[])
                 print(f"hosts: no change, {len(plans.plans)} hosts already converged "
                       f"({time.monotonic() - started:.1f}s)")
             else:
@@ -105,6 +107,8 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
     with connect(inventory, state) as cluster:
         summary = apply_cluster(cluster, inventory, facts)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
+    progress.current().event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
+                             relabelled=list(summary["labelled"]))
     if changes:
         for line in summary["objects"]:
             print(f"  {line}")
@@ -120,8 +124,11 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
 
 
 def summarise(results, started) -> None:
+    words = {}
     for name in sorted(results):
         statuses = {r.status for r in results[name].values()}
-        word = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "no change"
-        print(f"{name}: {word}")
+        words[name] = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "no change"
+        print(f"{name}: {words[name]}")
+    progress.current().event("hosts", **{w.replace(" ", "_"): [n for n in words if words[n] == w]
+                                         for w in ("changed", "no change", "failed")})
     print(f"done in {time.monotonic() - started:.1f}s")

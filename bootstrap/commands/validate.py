@@ -16,12 +16,16 @@ def validate(inventory, state, facts, *, as_json: bool = False) -> int:
 
     with connect(inventory, state) as cluster:
         results = run_checks(cluster, inventory, facts)
-    if as_json:
+    from bootstrap import progress
+
+    if progress.json_events():  # inside `up --json`: one event, not a document
+        progress.current().event("validate", checks=[r.to_dict() for r in results])
+    elif as_json:
         print(json.dumps({"cluster": inventory.cluster, "checks": [r.to_dict() for r in results]}, indent=2))
     else:
         print(render_table(results))
     failed = [r for r in results if r.status == "FAIL"]
-    if failed and not as_json:
+    if failed and not as_json and not progress.json_events():
         print(f"{len(failed)} check(s) failed")
     return EXIT_FAILED if failed else EXIT_OK
 

@@ -6,10 +6,10 @@ is reported with the first line of its error and takes no further step; the othe
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
+from bootstrap import progress
 from bootstrap.hosts.session import HostFailure, HostSession
 
 
@@ -34,7 +34,8 @@ def _first_error_line(meta) -> str:
     return lines[-1] if lines else "command failed (connection lost?)"
 
 
-def execute(session: HostSession, steps: list[Step], *, out=sys.stdout) -> dict[str, dict[str, StepResult]]:
+def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, StepResult]]:
+    import gevent
     from pyinfra.api import BaseStateCallback
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operation import add_op
@@ -60,34 +61,42 @@ def execute(session: HostSession, steps: list[Step], *, out=sys.stdout) -> dict[
         for host, meta in per_host.items():
             step_of[meta._hash] = step.name
 
+    reporter = progress.current()
+
     class Progress(BaseStateCallback):
         def operation_host_start(self, state, host, op_hash):
             started[(host.name, op_hash)] = time.monotonic()
+            reporter.step_started(host.name, step_of.get(op_hash, "?"))
 
         def operation_host_success(self, state, host, op_hash, retry_count=0):
-            self._done(host, op_hash, True)
-
-        def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
-            self._done(host, op_hash, False)
-
-        def _done(self, host, op_hash, ok):
             elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
             op_data = state.get_op_data_for_host(host, op_hash)
-            if ok and not op_data.operation_meta._maybe_is_change and elapsed < 0.05:
-                return  # nothing ran for this host in this step
-            mark = "✓" if ok else "✗"
-            line = f"{mark} {host.name:<14} {step_of.get(op_hash, '?')} {elapsed:.1f}s"
-            if not ok and getattr(out, "isatty", lambda: False)():
-                line = f"\033[31m{line}\033[0m"  # red on a terminal, plain in logs and pipes
-            # The error itself is reported per host at the end (the output is not recorded yet).
-            print(line, file=out, flush=True)
+            # Steps are added for every host (pyinfra matches ops by position); where a
+            # host had nothing to do in one, nothing ran and there is nothing to show.
+            skipped = not op_data.operation_meta._maybe_is_change and elapsed < 0.05
+            reporter.step_finished(host.name, step_of.get(op_hash, "?"), "skipped" if skipped else "ok", elapsed)
 
+        def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
+            elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
+            meta = state.get_op_data_for_host(host, op_hash).operation_meta
+
+            def report():  # pyinfra records the output just after this callback returns
+                reporter.step_finished(host.name, step_of.get(op_hash, "?"), "failed", elapsed,
+                                       _first_error_line(meta))
+
+            pending.append(gevent.spawn(report))
+
+    pending: list = []
     state.add_callback_handler(Progress())
     state.set_stage(StateStage.Execute)
+    reporter.run_started([h.name for h in hosts])
     try:
         run_ops(state)
     except PyinfraError:
         pass  # every host failed: each already has its result
+    finally:
+        gevent.joinall(pending)
+        reporter.run_finished()
     for step, per_host in metas:
         for host, meta in per_host.items():
             if not meta.is_complete():

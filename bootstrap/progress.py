@@ -1,0 +1,233 @@
+"""What the operator sees while hosts are worked on.
+
+Three reporters share one interface: a live view on a terminal (one row per host, the
+current step and its elapsed time, finished steps with their times, failures in red and
+redrawn in place), plain lines in logs and pipes, and with `--json` one JSON event per line
+on stdout (anything else the command prints becomes a `message` event, so stdout stays
+machine-readable). The CLI picks one per run with `configure`; the rest of the code asks
+`current()`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"
+
+
+class Reporter:
+    """Plain lines: one per finished step that did something on a host."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    @property
+    def out(self):
+        return self.stream or sys.stdout
+
+    def run_started(self, hosts: list[str]) -> None:
+        pass
+
+    def step_started(self, host: str, step: str) -> None:
+        pass
+
+    def step_finished(self, host: str, step: str, status: str, seconds: float, error: str | None = None) -> None:
+        """`status`: ok (it ran), skipped (nothing to do on this host), or failed."""
+        if status != "skipped":
+            print(step_line(host, step, status == "ok", seconds, error), file=self.out, flush=True)
+
+    def run_finished(self) -> None:
+        pass
+
+    def event(self, kind: str, **fields) -> None:
+        """A structured event only `--json` shows; the other reporters print their own text."""
+
+    def error(self, text: str, code: int) -> None:
+        pass
+
+
+def step_line(host: str, step: str, ok: bool, seconds: float, error: str | None = None) -> str:
+    line = f"{'✓' if ok else '✗'} {host:<14} {step} {seconds:.1f}s"
+    return f"{line}: {error}" if error else line
+
+
+@dataclass
+class HostRow:
+    host: str
+    done: list[tuple[str, bool, float]] = field(default_factory=list)  # (step, ok, seconds)
+    current: str | None = None
+    since: float = 0.0
+    error: str | None = None
+
+
+def render_row(row: HostRow, now: float, name_width: int, columns: int, color: bool) -> str:
+    """One host's line, cut to the terminal's width (a wrapped line would break the redraw):
+    the newest steps are kept, older ones become '…'."""
+    parts = [(f"{'✓' if ok else '✗'} {step} {secs:.1f}s", ok) for step, ok, secs in row.done]
+    if row.current:
+        parts.append((f"▸ {row.current} {now - row.since:.1f}s", True))
+    if row.error:
+        parts[-1] = (f"{parts[-1][0]}: {row.error}", False)
+    if not parts:
+        parts = [("waiting", True)]
+    head = f"{row.host:<{name_width}}  "
+    room = max(columns - 1 - len(head), 10)
+    shown: list[tuple[str, bool]] = []
+    used = 0
+    for text, ok in reversed(parts):
+        need = len(text) + (2 if shown else 0)
+        if used + need > room:
+            if not shown:  # even the newest part is too long: cut it
+                shown.append((text[: room - 1] + "…", ok))
+            else:
+                shown.append(("…", True))
+            break
+        shown.append((text, ok))
+        used += need
+    shown.reverse()
+    if color:
+        body = "  ".join(f"{RED}{t}{RESET}" if not ok else f"{GREEN}{t[:1]}{RESET}{t[1:]}" if t[:1] == "✓" else t
+                         for t, ok in shown)
+    else:
+        body = "  ".join(t for t, _ in shown)
+    return head + body
+
+
+class LiveReporter(Reporter):
+    """One row per host, redrawn in place a few times a second while steps run."""
+
+    interval = 0.25
+
+    def __init__(self, stream=None):
+        super().__init__(stream)
+        self.rows: dict[str, HostRow] = {}
+        self.drawn = 0
+        self._ticker = None
+
+    def run_started(self, hosts):
+        self.rows = {h: HostRow(h) for h in hosts}
+        self.drawn = 0
+        self.redraw()
+        import gevent  # pyinfra's own scheduler: the ticker runs between its greenlets
+
+        def tick():
+            while True:
+                gevent.sleep(self.interval)
+                self.redraw()
+
+        self._ticker = gevent.spawn(tick)
+
+    def step_started(self, host, step):
+        row = self.rows.setdefault(host, HostRow(host))
+        row.current, row.since = step, time.monotonic()
+
+    def step_finished(self, host, step, status, seconds, error=None):
+        row = self.rows.setdefault(host, HostRow(host))
+        row.current = None
+        if status != "skipped":
+            row.done.append((step, status == "ok", seconds))
+            row.error = error
+
+    def run_finished(self):
+        if self._ticker is not None:
+            self._ticker.kill()
+            self._ticker = None
+        self.redraw()
+
+    def redraw(self):
+        columns = shutil.get_terminal_size((100, 24)).columns
+        width = max((len(h) for h in self.rows), default=0)
+        now = time.monotonic()
+        lines = [render_row(r, now, width, columns, color=True) for r in self.rows.values()]
+        text = f"\033[{self.drawn}F" if self.drawn else ""
+        text += "".join(f"\033[2K{line}\n" for line in lines)
+        self.out.write(text)
+        self.out.flush()
+        self.drawn = len(lines)
+
+
+class JsonReporter(Reporter):
+    """One JSON object per line: {"event": ..., "time": ..., ...}."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+
+    def _emit(self, kind, **fields):
+        self.stream.write(json.dumps({"event": kind, "time": round(time.time(), 3), **fields}) + "\n")
+        self.stream.flush()
+
+    def run_started(self, hosts):
+        self._emit("run_start", hosts=hosts)
+
+    def step_started(self, host, step):
+        self._emit("step_start", host=host, step=step)
+
+    def step_finished(self, host, step, status, seconds, error=None):
+        self._emit("step_end", host=host, step=step, status=status,
+                   seconds=round(seconds, 3), **({"error": error} if error else {}))
+
+    def run_finished(self):
+        self._emit("run_end")
+
+    def event(self, kind, **fields):
+        self._emit(kind, **fields)
+
+    def error(self, text, code):
+        self._emit("error", message=text, exit_code=code)
+
+
+class _MessageLines(io.TextIOBase):
+    """stdout under --json: each line printed by the command becomes a `message` event."""
+
+    def __init__(self, reporter: JsonReporter):
+        self.reporter = reporter
+        self.pending = ""
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.reporter.event("message", text=line)
+        return len(text)
+
+    def flush(self):
+        self.reporter.stream.flush()
+
+
+_current: Reporter = Reporter()
+
+
+def configure(*, json_events: bool = False, stream=None) -> Reporter:
+    """Choose the reporter for this run. With `json_events`, sys.stdout is redirected so
+    that every other line printed is wrapped as an event too."""
+    global _current
+    stream = stream or sys.stdout
+    if json_events:
+        _current = JsonReporter(stream)
+        sys.stdout = _MessageLines(_current)
+    elif is_live_terminal(stream):
+        _current = LiveReporter(stream)
+    else:
+        _current = Reporter(stream)
+    return _current
+
+
+def is_live_terminal(stream) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)()) and os.environ.get("TERM", "") not in ("", "dumb")
+
+
+def current() -> Reporter:
+    return _current
+
+
+def json_events() -> bool:
+    return isinstance(_current, JsonReporter)

@@ -1,0 +1,91 @@
+"""The operator's view: live rows on a terminal, plain lines elsewhere, JSON events with --json."""
+
+import io
+import json
+import re
+
+from bootstrap import progress
+from bootstrap.progress import HostRow, render_row
+
+ANSI = re.compile(r"\033\[[0-9;]*[A-Za-z]")
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_row_shows_finished_steps_with_times_and_the_running_one_with_its_elapsed_time():
+    row = HostRow("gpu-1", done=[("prepare host", True, 0.42)], current="start agents", since=100.0)
+    assert render_row(row, 103.5, 6, 200, color=False) == "gpu-1   ✓ prepare host 0.4s  ▸ start agents 3.5s"
+
+
+def test_a_failed_row_is_red_with_the_first_line_of_the_reason():
+    row = HostRow("gpu-2", done=[("prepare host", True, 0.4), ("start agents", False, 1.2)],
+                  error="k3s-agent.service did not become active")
+    line = render_row(row, 0, 5, 200, color=True)
+    assert "\033[31m✗ start agents 1.2s: k3s-agent.service did not become active\033[0m" in line
+    assert ANSI.sub("", line).startswith("gpu-2  ✓ prepare host")
+
+
+def test_a_long_row_keeps_the_newest_steps_and_fits_the_terminal():
+    row = HostRow("gpu-1", done=[(f"step number {i}", True, 1.0) for i in range(20)], current="last", since=0)
+    line = render_row(row, 2.0, 5, 60, color=False)
+    assert len(line) <= 59
+    assert line.endswith("▸ last 2.0s") and "…" in line
+    assert "step number 0 " not in line
+
+
+def test_the_live_view_redraws_its_rows_in_place(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    term = FakeTerminal()
+    reporter = progress.configure(stream=term)
+    assert isinstance(reporter, progress.LiveReporter)
+    reporter.run_started(["a", "b"])
+    reporter.step_started("a", "prepare host")
+    reporter.step_finished("a", "prepare host", "ok", 0.5)
+    reporter.step_started("b", "prepare host")
+    reporter.step_finished("b", "prepare host", "failed", 0.7, "disk full")
+    reporter.run_finished()
+    text = term.getvalue()
+    assert "\033[2F" in text  # moved up over the two rows it drew before
+    final = ANSI.sub("", text.split("\033[2F")[-1]).splitlines()
+    assert final == ["a  ✓ prepare host 0.5s", "b  ✗ prepare host 0.7s: disk full"]
+
+
+def test_plain_lines_when_not_on_a_terminal_and_skipped_steps_are_silent():
+    out = io.StringIO()
+    reporter = progress.configure(stream=out)
+    assert type(reporter) is progress.Reporter
+    reporter.step_finished("a", "prepare host", "skipped", 0.0)
+    reporter.step_finished("a", "start agents", "ok", 2.25)
+    reporter.step_finished("b", "start agents", "failed", 1.0, "timed out")
+    assert out.getvalue().splitlines() == ["✓ a              start agents 2.2s",
+                                           "✗ b              start agents 1.0s: timed out"]
+
+
+def test_json_mode_turns_every_stdout_line_into_an_event(monkeypatch):
+    import sys
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test
+    reporter = progress.configure(json_events=True, stream=out)
+    reporter.step_started("a", "prepare host")
+    reporter.step_finished("a", "prepare host", "ok", 0.5)
+    print("hosts: no change")
+    reporter.event("exit", code=0)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["step_start", "step_end", "message", "exit"]
+    assert events[1]["status"] == "ok" and events[1]["seconds"] == 0.5
+    assert events[2]["text"] == "hosts: no change"
+    assert all(isinstance(e["time"], float) for e in events)
+    progress.configure(stream=io.StringIO())
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _plain_reporter_after():
+    yield
+    progress.configure(stream=io.StringIO())
