@@ -51,6 +51,14 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
     if name == "up":
         cmd.add_argument("--hosts-only", action="store_true", help="converge the hosts, skip the cluster side")
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
+    if name in ("up", "plan"):
+        cmd.add_argument("--max-unavailable", type=int, default=1, metavar="N",
+                         help="k3s upgrades: agents upgraded at once (cordoned and drained), default 1")
+    if name == "up":
+        cmd.add_argument("--drain-timeout", type=int, default=300, metavar="S",
+                         help="k3s upgrades: seconds to wait for a node's pods to be evicted (default 300)")
+        cmd.add_argument("--force", action="store_true",
+                         help="k3s upgrades: delete pods a PodDisruptionBudget still protects after the time-out")
     if name == "scale-down":
         cmd.add_argument("--node", action="append", metavar="NAME", help="a node to remove (repeatable)")
         cmd.add_argument("--idle", action="store_true", help="every GPU agent with no GPU pods")

@@ -63,6 +63,13 @@ def managed_paths(inventory: Inventory) -> list[str]:
 class Plans:
     plans: dict[str, HostPlan]
     gpu_nodes: set[str]
+    target_version: str | None = None  # the k3s release being installed
+
+    def rollout(self, inventory: Inventory, facts: dict[str, HostFacts], max_unavailable: int = 1):
+        """The rolling upgrade these plans imply (running nodes whose binary changes), or None."""
+        from bootstrap.hostplan.rollout import plan_rollout
+
+        return plan_rollout(inventory, facts, self.plans, self.target_version, max_unavailable)
 
 
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,

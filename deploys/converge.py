@@ -14,6 +14,7 @@ import shlex
 
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 
+from bootstrap.hostplan.desired import K3S_BINARY
 from bootstrap.hostplan.plan import HostPlan
 
 SERVICE_TIMEOUT_S = 300
@@ -25,14 +26,18 @@ def run(commands: list):
     yield from commands
 
 
-def placement_commands(plan: HostPlan) -> list:
+def placement_commands(plan: HostPlan, keep_previous_binary: str | None = None) -> list:
     """Files go to a private (0700) staging dir as the login user, then one root script
     installs them with their modes and runs the preparation lines: few round trips, and a
-    secret never sits in a world-readable temp file or on a command line."""
+    secret never sits in a world-readable temp file or on a command line.
+    `keep_previous_binary`: a path to copy the running k3s binary to first (an upgrade's
+    way back)."""
     if not plan.uploads and not plan.prepare:
         return []
     commands: list = []
     lines = ["set -e"]
+    if keep_previous_binary:
+        lines.append(f"if [ -f {K3S_BINARY} ]; then install -D -m 0755 {K3S_BINARY} {keep_previous_binary}; fi")
     if plan.uploads:
         stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
         commands.append(StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False))
@@ -48,18 +53,30 @@ def placement_commands(plan: HostPlan) -> list:
 
 
 def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S) -> StringCommand:
-    """(Re)start without blocking, then wait: active is success; a crash (systemd counts a
-    restart) or the time-out fails with the unit's last log lines."""
+    """(Re)start without blocking, then wait: active (in a new run, for a restart) is
+    success; a crash (systemd's auto-restart, or a second new run) or the time-out fails
+    with the unit's last log lines. A unit caught in a crash loop from before is stopped
+    and its failed state cleared first, so its history does not count against this start."""
     script = f"""
 u={unit}
-before=$(systemctl show -p NRestarts --value $u 2>/dev/null || echo 0)
+show() {{ systemctl show -p "$1" --value $u 2>/dev/null; }}
+old=$(show InvocationID)
+state=$(show ActiveState)
+was_active=no; [ "$state" = active ] && was_active=yes
+if [ "$state" != active ] && [ "$state" != inactive ]; then systemctl stop $u 2>/dev/null || true; fi
+systemctl reset-failed $u 2>/dev/null || true
 systemctl {action} --no-block $u
+first=""
 i=0
 while [ $i -lt {timeout} ]; do
-  state=$(systemctl show -p ActiveState --value $u)
-  restarts=$(systemctl show -p NRestarts --value $u 2>/dev/null || echo 0)
-  [ "$state" = active ] && exit 0
-  if [ "$state" = failed ] || [ "${{restarts:-0}}" -gt "${{before:-0}}" ]; then break; fi
+  state=$(show ActiveState); sub=$(show SubState); id=$(show InvocationID)
+  if [ -n "$id" ] && [ "$id" != "$old" ] && [ -z "$first" ]; then first=$id; fi
+  if [ "$state" = active ]; then
+    if [ -n "$first" ] && [ "$id" = "$first" ]; then exit 0; fi
+    if [ {action} = start ] && [ $was_active = yes ]; then exit 0; fi
+  fi
+  if [ "$state" = failed ] || [ "$sub" = auto-restart ]; then break; fi
+  if [ -n "$first" ] && [ -n "$id" ] && [ "$id" != "$first" ]; then break; fi
   sleep 1; i=$((i+1))
 done
 echo "$u did not become active ($state after ${{i}}s); its last log lines:" >&2

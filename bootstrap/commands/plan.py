@@ -21,6 +21,10 @@ def run(args) -> int:
         print(f"{node.name}:")
         for change in plan.changes:
             print(f"  - {change}")
+    rollout = plans.rollout(inventory, facts, getattr(args, "max_unavailable", 1))
+    if rollout:
+        for line in rollout.describe():
+            print(line)
     for line in component_changes(inventory, state, facts):
         print(line)
     return 0

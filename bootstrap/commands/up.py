@@ -31,8 +31,15 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
                     join_via=None):
     """Facts, preflight, then each host's plan. Raises when preflight fails or (unless
     tolerated, as `rebuild` does) a host cannot be reached: then nothing has been changed."""
+    from bootstrap.hostplan.rollout import version_findings
+
     facts = facts if facts is not None else gather_facts(session, inventory)
     findings = preflight(inventory, facts)
+    artifacts = None
+    if not any(f.severity == "error" for f in findings):
+        artifacts = art.k3s_artifacts(inventory, {f.arch for f in facts.values()})
+        target = next(iter(artifacts.values())).version if artifacts else None
+        findings += version_findings(inventory, facts, target, {a: x.binary_sha256 for a, x in artifacts.items()})
     flow.print_findings(findings)
     errors = [f for f in findings if f.severity == "error"]
     if errors or (session.failures and not tolerate_unreachable):
@@ -41,9 +48,10 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
         problems = len(errors) + len(session.failures)
         raise flow.PreflightFailed(f"preflight found {problems} problem(s); no host was changed",
                                    "fix the problems above and run the command again")
-    artifacts = art.k3s_artifacts(inventory, {f.arch for f in facts.values()})
     token = flow.load_or_create_token(state, facts, inventory, create=create_token)
-    return facts, flow.make_plans(inventory, facts, token, artifacts, join_via)
+    plans = flow.make_plans(inventory, facts, token, artifacts, join_via)
+    plans.target_version = next(iter(artifacts.values())).version if artifacts else None
+    return facts, plans
 
 
 def run(args) -> int:
@@ -62,8 +70,25 @@ def run(args) -> int:
             else:
                 from bootstrap.hosts.executor import execute
 
-                results = execute(session, flow.converge_steps(inventory, plans.plans, set(session.failures)))
-                flow.fetch_kubeconfig(session, inventory, state)
+                rollout = plans.rollout(inventory, facts, args.max_unavailable)
+                results: dict = {}
+                rest = {n: p for n, p in plans.plans.items() if not rollout or n not in rollout.nodes}
+
+                def converge_rest():
+                    results.update(execute(session, flow.converge_steps(inventory, rest, set(session.failures))))
+                    flow.fetch_kubeconfig(session, inventory, state)
+
+                if rollout:
+                    from bootstrap.upgrade import run_rollout
+
+                    from bootstrap.hosts.executor import StepResult
+
+                    run_rollout(session, inventory, state, plans, rollout, converge_rest,
+                                drain_timeout=args.drain_timeout, force=args.force)
+                    for name in rollout.nodes:
+                        results.setdefault(name, {})["upgrade k3s"] = StepResult("changed")
+                else:
+                    converge_rest()
                 summarise(results, started)
                 report_failures(session.failures)
                 if not args.hosts_only:
@@ -103,8 +128,13 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
     from bootstrap.commands.validate import validate as run_validate
     from bootstrap.errors import HostsFailed
 
+    from bootstrap.upgrade import release_finished_cordons
+
     started = time.monotonic()
     with connect(inventory, state) as cluster:
+        # A rollout that stopped and was fixed by hand: nodes it cordoned that are Ready again.
+        for name in release_finished_cordons(cluster, inventory, None):
+            print(f"uncordoned {name} (upgraded, Ready)")
         summary = apply_cluster(cluster, inventory, facts)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     progress.current().event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),

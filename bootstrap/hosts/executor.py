@@ -48,7 +48,12 @@ def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, Step
     hosts = [h for h in state.inventory if h.name not in session.failures]
     results: dict[str, dict[str, StepResult]] = {h.name: {} for h in hosts}
     metas: list[tuple[Step, dict]] = []
-    state.set_stage(StateStage.Prepare)
+    # One session may execute several times (a rolling upgrade runs node by node): ops
+    # added now are queued, not run at once, and only they run below.
+    state.is_executing = False
+    if state.current_stage < StateStage.Prepare:
+        state.set_stage(StateStage.Prepare)
+    earlier = {h: list(h.op_hash_order) for h in state.inventory}
     for step in steps:
         per_host = {}
         for host in hosts:
@@ -87,14 +92,22 @@ def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, Step
             pending.append(gevent.spawn(report))
 
     pending: list = []
-    state.add_callback_handler(Progress())
-    state.set_stage(StateStage.Execute)
-    reporter.run_started([h.name for h in hosts])
+    handler = Progress()
+    state.add_callback_handler(handler)
+    if state.current_stage < StateStage.Execute:
+        state.set_stage(StateStage.Execute)
+    queued = {h: h.op_hash_order[len(earlier[h]):] for h in state.inventory}
+    for host in state.inventory:
+        host.op_hash_order = queued[host]
+    reporter.run_started([h.name for h in hosts if any(step.commands.get(h.name) for step in steps)])
     try:
         run_ops(state)
     except PyinfraError:
         pass  # every host failed: each already has its result
     finally:
+        for host in state.inventory:  # keep the whole history: new op hashes stay unique
+            host.op_hash_order = earlier[host] + queued[host]
+        state.callback_handlers.remove(handler)
         gevent.joinall(pending)
         reporter.run_finished()
     for step, per_host in metas:

@@ -788,10 +788,24 @@ class Store:
             obj["metadata"]["resourceVersion"] = str(self.rv)
             key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
             self.table(res)[key] = obj
+            if res.key == ("", "nodes"):
+                self.count_cordoned()
             self.events.append((self.rv, etype, res.key, copy.deepcopy(obj)))
             self.dirty = True
             self.changed.notify_all()
             return obj
+
+    def count_cordoned(self):
+        """For tests of rolling upgrades: the most nodes ever cordoned at once (sim
+        "max_cordoned", in the saved state) and the order nodes were cordoned in."""
+        cordoned = sorted(n for (_, n), o in self.objects.get(("", "nodes"), {}).items()
+                          if (o.get("spec") or {}).get("unschedulable"))
+        self.sim["max_cordoned"] = max(self.sim.get("max_cordoned", 0), len(cordoned))
+        order = self.sim.setdefault("cordon_order", [])
+        for name in cordoned:
+            if name not in self.sim.setdefault("cordoned_now", []):
+                order.append(name)
+        self.sim["cordoned_now"] = cordoned
 
     def remove(self, res, ns, name):
         with self.lock:
