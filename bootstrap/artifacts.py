@@ -32,7 +32,7 @@ class K3sArtifacts:
     arch: str
     version: str | None  # None only for an air-gap binary of unknown version
     binary: LocalFile | None = None
-    images: LocalFile | None = None
+    images: tuple[LocalFile, ...] = ()  # image archives k3s imports at start (agent/images)
     download_url: str | None = None
     checksums_url: str | None = None
 
@@ -85,13 +85,33 @@ def airgap_artifacts(inventory: Inventory, arch: str) -> K3sArtifacts:
     if name in checksums and checksums[name] != binary.sha256:
         raise UsageError(f"k3s.airgap: {binary_path} does not match sha256sum-{arch}.txt",
                          "the download is corrupt or from another release: fetch it again")
-    images = None
-    for candidate in sorted(folder.glob(f"k3s-airgap-images-{arch}.tar*")):
-        images = local_file(candidate)
-        if candidate.name in checksums and checksums[candidate.name] != images.sha256:
-            raise UsageError(f"k3s.airgap: {candidate} does not match sha256sum-{arch}.txt")
-        break
-    return K3sArtifacts(arch=arch, version=inventory.k3s.version, binary=binary, images=images)
+    images = []
+    for candidate in image_archives(folder, arch):
+        archive = local_file(candidate)
+        if candidate.name in checksums and checksums[candidate.name] != archive.sha256:
+            raise UsageError(f"k3s.airgap: {candidate} does not match sha256sum-{arch}.txt",
+                             "the download is corrupt or from another release: fetch it again")
+        images.append(archive)
+    return K3sArtifacts(arch=arch, version=inventory.k3s.version, binary=binary, images=tuple(images))
+
+
+ARCHIVE = re.compile(r"\.tar(\.(gz|zst|bz2|lz4))?$")
+ARCHES = ("amd64", "arm64", "arm", "s390x", "riscv64")
+
+
+def image_archives(folder: Path, arch: str) -> list[Path]:
+    """k3s's own image archive for `arch` and every other image archive in the folder
+    (the user's CUDA or workload images), except archives named for another arch."""
+    found = []
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or not ARCHIVE.search(path.name):
+            continue
+        other = [a for a in ARCHES if a != arch and re.search(rf"[-_.]{a}\.tar", path.name)]
+        if not other:
+            found.append(path)
+    return found
 
 
 def online_artifacts(version: str, arch: str) -> K3sArtifacts:

@@ -18,6 +18,7 @@ SUPPORTED_ARCH = ("amd64", "arm64")
 MIN_FREE_GIB = {"cpu": 10.0, "gpu": 30.0}  # CUDA images are several GB each
 # port -> (proto, who needs it free)
 PORTS = {6443: ("tcp", "server"), 10250: ("tcp", "all"), 8472: ("udp", "all")}
+EMBEDDED_MIRROR_PORT = 5001  # the embedded registry mirror's peer-to-peer port (Spegel)
 OUR_PROCESSES = ("k3s", "k3s-server", "k3s-agent", "containerd")
 
 
@@ -41,12 +42,18 @@ def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts) -> bool:
 
 
 def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+    from bootstrap.hostplan.registries import embedded_mirror_on
+
     findings: list[Finding] = []
+    gpu_cluster = any(is_gpu_node(inventory, n, facts[n.name]) for n in inventory.nodes if n.name in facts)
+    ports = dict(PORTS)
+    if embedded_mirror_on(inventory, gpu_cluster):
+        ports[EMBEDDED_MIRROR_PORT] = ("tcp", "all")
     for node in inventory.nodes:
         host = facts.get(node.name)
         if host is None:
             continue  # unreachable: reported by the session
-        findings += check_host(inventory, node, host)
+        findings += check_host(inventory, node, host, ports)
     findings += check_unique_hostnames(inventory, facts)
     return findings
 
@@ -67,7 +74,7 @@ def check_unique_hostnames(inventory: Inventory, facts: dict[str, HostFacts]) ->
     return findings
 
 
-def check_host(inventory: Inventory, node: Node, host: HostFacts) -> list[Finding]:
+def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | None = None) -> list[Finding]:
     out: list[Finding] = []
 
     def fail(check, message, fix=None, severity="error"):
@@ -91,7 +98,7 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts) -> list[Findin
         fail("disk", f"{free:.1f} GiB free for /var/lib/rancher, {need:.0f} GiB needed",
              "free space or attach a larger disk")
     k3s_installed = bool(host.k3s and host.k3s.units)
-    for port, (proto, who) in PORTS.items():
+    for port, (proto, who) in (ports or PORTS).items():
         if who == "server" and node.role != "server":
             continue
         listener = host.listener(port, proto)

@@ -55,7 +55,7 @@ def managed_paths(inventory: Inventory) -> list[str]:
         folder = Path(inventory.k3s.airgap).expanduser()
         if not folder.is_absolute():
             folder = (Path(inventory.source).parent / folder).resolve()
-        paths |= {f"{d.IMAGES_DIR}/{p.name}" for p in folder.glob("k3s-airgap-images-*.tar*")}
+        paths |= {f"{d.IMAGES_DIR}/{p.name}" for arch in ("amd64", "arm64") for p in art.image_archives(folder, arch)}
     return sorted(paths)
 
 
@@ -74,16 +74,19 @@ class Plans:
 
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
                artifacts: dict[str, art.K3sArtifacts], join_via=None) -> Plans:
-    plans, gpu_nodes = {}, set()
+    from bootstrap.hostplan.registries import embedded_mirror_on
+
+    plans = {}
+    gpu_nodes = {n.name for n in inventory.nodes if n.name in facts and is_gpu_node(inventory, n, facts[n.name])}
+    mirror = embedded_mirror_on(inventory, bool(gpu_nodes))
     for node in inventory.nodes:
         host = facts.get(node.name)
         if host is None:
             continue
-        gpu = is_gpu_node(inventory, node, host)
-        if gpu:
-            gpu_nodes.add(node.name)
+        gpu = node.name in gpu_nodes
         packages = driver_packages(inventory, host) if gpu else []
-        want = d.desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via)
+        want = d.desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
+                               embedded_mirror=mirror)
         plans[node.name] = plan_host(node, want, host)
     return Plans(plans, gpu_nodes)
 
@@ -122,6 +125,9 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
     steps.append(agents)
     steps.append(Step("check nvidia runtime", {n: [c.verify_nvidia_runtime_command()]
                                                 for n, p in plans.items() if p.verify_nvidia_runtime}))
+    # Every GPU node at once: validate and the first jobs then start without downloads.
+    steps.append(Step("pre-pull images", {n: [c.prepull_command(p.prepull)] for n, p in plans.items()
+                                          if p.prepull and n not in failed}))
     return steps
 
 

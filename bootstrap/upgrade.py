@@ -120,7 +120,7 @@ def roll_nodes(session, cluster, inventory, plans, rollout: Rollout, names: list
     for name in names:
         plan = plans[name]
         step.commands[name] = c.placement_commands(plan, keep_previous_binary=PREVIOUS_BINARY) + [
-            c.wait_for_service(plan.unit, "restart")]
+            c.wait_for_service(plan.unit, "restart")] + ([c.prepull_command(plan.prepull)] if plan.prepull else [])
     execute(session, [step])
     for name in names:
         failure = session.failures.get(name)

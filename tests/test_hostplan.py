@@ -72,6 +72,8 @@ def converged_facts(want: d.Desired, unit: str) -> HostFacts:
     return HostFacts(files=files, modules=list(d.MODULES), sysctls=dict(d.SYSCTLS),
                      packages={"nvidia-container-toolkit": "1.17.8-1"},
                      held_packages=["nvidia-container-toolkit"],
+                     # as `crictl images` names them (full names) once pulled
+                     images=("nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36"),
                      k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                     [SystemdUnit(f"{unit}.service", "loaded", "active", "enabled")]))
 
@@ -83,6 +85,7 @@ def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
     assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {d.CONFIG, d.K3S_BINARY, d.MANIFEST}
     assert any("apt-get install" in line and "nvidia-container-toolkit" in line for line in fresh.prepare)
     assert any(line.startswith("swapoff") for line in fresh.prepare)
+    assert fresh.prepull == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36"]
     manifest = yaml.safe_load(next(u for u in fresh.uploads if u.path == d.MANIFEST).content)
     assert manifest["sysctl_before"] == {"net.ipv4.ip_forward": "0"} and manifest["swap_disabled"]
     assert manifest["packages_installed"] == ["nvidia-container-toolkit"]

@@ -12,13 +12,13 @@ from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, re
 from bootstrap.components import gpu_sharing
 from bootstrap.components.rdma import resource_key
 from bootstrap.facts.model import HostFacts
+from bootstrap.images import BUSYBOX, NCCL_IMAGE
+from bootstrap.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import is_gpu_node
 from bootstrap.rules import mig
 
 NAMESPACE = "bootstrap-validate"
-DEFAULT_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
-BUSYBOX = "busybox:1.36"
 TOLERATE_ALL = [{"operator": "Exists"}]
 
 
@@ -231,7 +231,6 @@ def parse_busbw(log: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-NCCL_IMAGE = "ghcr.io/coreweave/nccl-tests:12.4.1-cudnn-devel-ubuntu22.04-nccl2.21.5-1-85f9143"
 
 
 def nccl_job(inventory: Inventory, gpu_nodes, facts) -> dict:

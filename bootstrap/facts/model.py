@@ -174,6 +174,7 @@ class HostFacts(_ToDict):
     held_packages: list[str] = field(default_factory=list)
     containerd: ContainerdConfig | None = None
     manifest: dict = field(default_factory=dict)  # what the tool recorded installing here
+    images: tuple | None = None  # image references in k3s's containerd; None: k3s not running
     k3s: K3sInstall | None = None
     listening_ports: list[ListeningPort] = field(default_factory=list)
 

@@ -493,3 +493,19 @@ def parse_json_object(lines: Iterable[str] | None) -> dict:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def parse_crictl_images(lines: Iterable[str] | None) -> tuple:
+    """`crictl images --digests`: IMAGE TAG DIGEST IMAGE-ID SIZE under a header line.
+    One reference per image: name:tag, or name@sha256:<short digest> for untagged ones."""
+    refs = []
+    for line in lines or ():
+        parts = line.split()
+        if len(parts) < 3 or parts[0] == "IMAGE":
+            continue
+        name, tag, digest = parts[0], parts[1], parts[2]
+        if tag != "<none>":
+            refs.append(f"{name}:{tag}")
+        elif digest != "<none>":
+            refs.append(f"{name}@sha256:{digest}")
+    return tuple(refs)

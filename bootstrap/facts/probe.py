@@ -39,7 +39,7 @@ COMMANDS = (
 )  # fmt: skip
 
 SECTIONS = (
-    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest",
+    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
     "k3s", "k3s-units", "ss", "proc-net",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
@@ -136,6 +136,12 @@ p_containerd() {
   grep -E "runtimes\.[\"']?[a-z-]+[\"']?\]|bin_dir|BinaryName" "$c"
 }
 p_manifest() { cat /var/lib/bootstrap/manifest.json 2>/dev/null || true; }
+# Images in k3s's containerd (what pre-pulls compare against); only while k3s runs.
+p_images() {
+  [ -e /run/k3s/containerd/containerd.sock ] || return 1
+  if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n timeout 15 k3s crictl images --digests
+  else timeout 15 k3s crictl images --digests; fi
+}
 probe() {
   sec commands p_commands
   sec id id -u
@@ -154,6 +160,7 @@ probe() {
   sec packages p_packages
   sec containerd p_containerd
   sec manifest p_manifest
+  sec images p_images
   sec k3s p_k3s
   sec k3s-units p_units
   sec ss p_ss
@@ -344,6 +351,7 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         held_packages=p.parse_held(_lines(sections, "packages")),
         containerd=p.parse_containerd(_ok(sections, "containerd")),
         manifest=p.parse_json_object(_ok(sections, "manifest")),
+        images=p.parse_crictl_images(_ok(sections, "images")) if _ok(sections, "images") else None,
         k3s=_k3s(sections),
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         **_gpu_facts(sections),

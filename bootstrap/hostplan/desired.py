@@ -10,6 +10,7 @@ from bootstrap import templates
 from bootstrap.artifacts import K3sArtifacts
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.registries import registries_yaml
+from bootstrap.images import prepull_images
 from bootstrap.inventory.model import Inventory, Node
 
 K3S_BINARY = "/usr/local/bin/k3s"
@@ -53,6 +54,7 @@ class FileSpec:
     local: Path | None = None  # large files uploaded from the control machine
     secret: bool = False  # never shown, staged in a private directory
     restarts_k3s: bool = False
+    image_archive: bool = False  # an image archive for k3s's containerd
 
 
 def text_file(path: str, text: str, mode: int = 0o644, **kw) -> FileSpec:
@@ -67,6 +69,7 @@ class Desired:
     toolkit_source: str | None = None  # apt line for nvidia-container-toolkit, when needed
     k3s_download: K3sArtifacts | None = None  # online install: fetch on the host
     gpu: bool = False
+    prepull: list[str] = field(default_factory=list)  # images this node should hold before jobs start
 
     def paths(self) -> list[str]:
         return [f.path for f in self.files]
@@ -95,9 +98,10 @@ def component_packages(inventory: Inventory, gpu: bool) -> list[str]:
 
 
 def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sArtifacts,
-                  gpu: bool, driver_packages: list[str], join_via: Node | None = None) -> Desired:
+                  gpu: bool, driver_packages: list[str], join_via: Node | None = None,
+                  embedded_mirror: bool = False) -> Desired:
     desired = Desired(gpu=gpu)
-    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via))
+    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via, embedded_mirror))
     desired.files += [
         text_file(MODULES_FILE, templates.render("host/modules-k3s.conf")),
         text_file(SYSCTL_FILE, templates.render("host/sysctl-k3s.conf.j2", sysctls=SYSCTLS)),
@@ -106,19 +110,22 @@ def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sAr
                                                     binary=K3S_BINARY), restarts_k3s=True),
         text_file(CONFIG, config, 0o600, secret=True, restarts_k3s=True),
     ]
-    registries = registries_yaml(inventory)
+    registries = registries_yaml(inventory, embedded_mirror)
     if registries is not None:
         desired.files.append(text_file(REGISTRIES, registries, 0o600, secret=True, restarts_k3s=True))
     if artifacts.binary is not None:
         desired.files.append(FileSpec(K3S_BINARY, 0o755, artifacts.binary.sha256, local=artifacts.binary.path,
                                       restarts_k3s=True))
-        if artifacts.images is not None:
-            desired.files.append(FileSpec(f"{IMAGES_DIR}/{artifacts.images.path.name}", 0o644,
-                                          artifacts.images.sha256, local=artifacts.images.path,
-                                          restarts_k3s=True))
+        for archive in artifacts.images:
+            # k3s imports these when it starts; a running node imports a new one at once
+            # (see plan_host), so adding images restarts nothing.
+            desired.files.append(FileSpec(f"{IMAGES_DIR}/{archive.path.name}", 0o644, archive.sha256,
+                                          local=archive.path, image_archive=True))
     else:
         desired.k3s_download = artifacts
     desired.packages = component_packages(inventory, gpu) + list(driver_packages)
+    if gpu:
+        desired.prepull = prepull_images(inventory)
     if gpu and needs_host_toolkit(inventory):
         desired.toolkit_source = toolkit_source_line(inventory, artifacts.arch)
         desired.files.append(text_file(TOOLKIT_SOURCE, desired.toolkit_source + "\n"))

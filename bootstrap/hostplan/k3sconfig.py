@@ -37,7 +37,8 @@ def server_url(inventory: Inventory, via: Node | None = None) -> str:
     return f"https://{host}:{SUPERVISOR_PORT}"
 
 
-def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | None = None) -> dict:
+def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | None = None,
+                embedded_mirror: bool = False) -> dict:
     config: dict = {"token": token, "node-name": node.name}
     if node.node_ip:
         config["node-ip"] = node.node_ip
@@ -54,7 +55,7 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
     config["kubelet-arg"] = list(GRACEFUL_SHUTDOWN)
     first = inventory.servers[0]
     if node.role == "server":
-        config.update(server_settings(inventory))
+        config.update(server_settings(inventory, embedded_mirror))
         if node.name == first.name and join_via is None:
             # Embedded etcd even for one server: it is what makes snapshots, restore after a
             # lost server, and growing to three servers possible.
@@ -73,10 +74,12 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
     return config
 
 
-def server_settings(inventory: Inventory) -> dict:
+def server_settings(inventory: Inventory, embedded_mirror: bool = False) -> dict:
     """Settings that must be identical on every server (k3s refuses a mismatch on join)."""
     k3s = inventory.k3s
     settings: dict = {"write-kubeconfig-mode": "0600"}
+    if embedded_mirror:
+        settings["embedded-registry"] = True  # a server flag; it turns the mirror on cluster-wide
     sans = list(k3s.tls_san)
     for server in inventory.servers:
         for address in (server.address, server.node_ip):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from bootstrap.facts.model import HostFacts
 from bootstrap.hostplan import desired as d
+from bootstrap.images import missing
 from bootstrap.inventory.model import Node
 
 TOOLKIT = "nvidia-container-toolkit"
@@ -27,10 +28,11 @@ class HostPlan:
     service: str | None = None  # None | "start" | "restart"
     changes: list[str] = field(default_factory=list)  # for people: what will change (no secrets)
     verify_nvidia_runtime: bool = False
+    prepull: list[str] = field(default_factory=list)  # images to pull once k3s runs
 
     @property
     def changed(self) -> bool:
-        return bool(self.uploads or self.prepare or self.service)
+        return bool(self.uploads or self.prepare or self.service or self.prepull)
 
 
 def plan_host(node: Node, desired: d.Desired, facts: HostFacts) -> HostPlan:
@@ -112,10 +114,19 @@ def plan_host(node: Node, desired: d.Desired, facts: HostFacts) -> HostPlan:
         plan.service = "restart"
         plan.changes.append(f"restart {plan.unit} (its configuration changed)")
 
+    archives = [u.path for u in plan.uploads if u.image_archive]
+    if archives and plan.service is None:
+        # k3s runs and keeps running: import what it would only read at its next start.
+        plan.prepare += [f"k3s ctr -n k8s.io images import {shlex.quote(a)} >/dev/null" for a in archives]
+        plan.changes.append(f"import images from {', '.join(a.rsplit('/', 1)[-1] for a in archives)}")
+
     manifest["files"] = sorted(set(manifest.get("files", [])) | set(desired.paths()))
     manifest["unit"] = plan.unit
     if manifest != facts.manifest:
         plan.uploads.append(d.text_file(d.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n"))
+    plan.prepull = missing(desired.prepull, facts.images)
+    if plan.prepull:
+        plan.changes.append(f"pull images {', '.join(plan.prepull)}")
     if desired.gpu and d.needs_host_toolkit_runtime(desired):
         runtimes = facts.containerd.runtimes if facts.containerd else []
         plan.verify_nvidia_runtime = plan.service is not None or "nvidia" not in runtimes

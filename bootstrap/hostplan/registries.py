@@ -8,13 +8,26 @@ from bootstrap.inventory.model import Inventory
 from bootstrap.secrets import resolve
 
 
-def registries_yaml(inventory: Inventory) -> str | None:
+def embedded_mirror_on(inventory: Inventory, gpu_cluster: bool) -> bool:
+    """k3s's embedded registry mirror (Spegel): nodes pull images from each other, so a
+    multi-gigabyte CUDA image crosses the internet once per cluster. On by default for GPU
+    clusters; `images.embedded_mirror` decides otherwise."""
+    setting = inventory.images.embedded_mirror
+    return gpu_cluster if setting is None else setting
+
+
+def registries_yaml(inventory: Inventory, embedded_mirror: bool = False) -> str | None:
+    """k3s enables the embedded mirror per registry listed under `mirrors` (an entry with no
+    endpoint is enough); the inventory's own mirror endpoints are tried after it."""
     registries = inventory.registries
-    if not registries.mirrors and not registries.auth:
+    shared = inventory.images.mirror_registries if embedded_mirror else ()
+    if not registries.mirrors and not registries.auth and not shared:
         return None
     data: dict = {}
-    if registries.mirrors:
-        data["mirrors"] = {name: {"endpoint": list(urls)} for name, urls in sorted(registries.mirrors.items())}
+    mirrors = {name: {} for name in shared}
+    mirrors.update({name: {"endpoint": list(urls)} for name, urls in registries.mirrors.items()})
+    if mirrors:
+        data["mirrors"] = dict(sorted(mirrors.items()))
     configs = {}
     for host, auth in sorted(registries.auth.items()):
         entry: dict = {}

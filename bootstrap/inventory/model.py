@@ -195,6 +195,18 @@ class RegistrySettings:
     auth: dict = field(default_factory=dict)  # host -> RegistryAuth
 
 
+# Registries whose images nodes share peer to peer when the embedded mirror is on: where
+# the images of a GPU cluster come from (CUDA and NGC images, charts' images, k3s's own).
+DEFAULT_MIRRORED_REGISTRIES = ("docker.io", "registry.k8s.io", "nvcr.io", "ghcr.io", "quay.io")
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    embedded_mirror: bool | None = None  # k3s's embedded registry mirror; None: on for GPU clusters
+    mirror_registries: tuple = DEFAULT_MIRRORED_REGISTRIES
+    prepull: tuple = ()  # image references pulled on every GPU node by `up`
+
+
 @dataclass(frozen=True)
 class Nccl:
     enabled: bool = True
@@ -223,6 +235,7 @@ class Inventory:
     storage: StorageSettings = field(default_factory=StorageSettings)
     volcano: VolcanoSettings = field(default_factory=VolcanoSettings)
     registries: RegistrySettings = field(default_factory=RegistrySettings)
+    images: ImageSettings = field(default_factory=ImageSettings)
     validate: ValidateSettings = field(default_factory=ValidateSettings)
     charts: dict = field(default_factory=dict)  # component -> version override
     state_dir: str | None = None

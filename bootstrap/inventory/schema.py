@@ -288,6 +288,17 @@ REGISTRIES = Record(
     build=m.RegistrySettings,
 )
 
+IMAGES = Record(
+    fields={
+        "embedded_mirror": Field(Bool()),
+        "mirror_registries": Field(ListOf(Str(pattern=r"[A-Za-z0-9.*:-]+", expected="a registry host",
+                                              example="nvcr.io"), scalar_ok=True)),
+        "prepull": Field(ListOf(Str(pattern=r"[a-z0-9][a-z0-9._/:@-]*", expected="an image reference",
+                                    example="nvcr.io/nvidia/pytorch:25.01-py3"), scalar_ok=True)),
+    },
+    build=m.ImageSettings,
+)
+
 VALIDATE = Record(
     fields={
         "gpu_pod": Field(Bool()),
@@ -314,6 +325,7 @@ INVENTORY = Record(
         "volcano": Field(Record(fields={"enabled": Field(Bool()), "queues": Field(ListOf(QUEUE))},
                                 build=m.VolcanoSettings)),
         "registries": Field(REGISTRIES),
+        "images": Field(IMAGES),
         "validate": Field(VALIDATE),
         "charts": Field(MapOf(Str(pattern="|".join(CHART_COMPONENTS), expected="a component name",
                                   example=", ".join(CHART_COMPONENTS)),

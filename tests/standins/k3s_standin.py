@@ -1184,21 +1184,167 @@ def import_images(data_dir):
     """Real k3s imports every archive in agent/images into containerd at start."""
     images = os.path.join(data_dir, "agent", "images")
     mkdirs(images)
-    magic = {".zst": b"\x28\xb5\x2f\xfd", ".gz": b"\x1f\x8b", ".bz2": b"BZh", ".lz4": b"\x04\x22\x4d\x18"}
     for name in sorted(os.listdir(images)):
         path = os.path.join(images, name)
         if not os.path.isfile(path) or not re.search(r"\.tar(\.(zst|gz|bz2|lz4))?$", name):
             continue
         started = time.monotonic()
         info("Importing images from %s" % path)
-        with open(path, "rb") as fh:
-            head = fh.read(512)
-        suffix = os.path.splitext(name)[1]
-        ok = head.startswith(magic[suffix]) if suffix in magic else head[257:262] == b"ustar"
-        if ok:
+        if import_archive(data_dir, path):
             info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
         else:
             error("Error encountered while importing %s: unrecognised archive contents" % path)
+
+
+# =============================================================================
+# The image store of k3s's containerd, as `k3s crictl images` shows it. Archives
+# (air-gap tarballs) name their images in a k3s-images.txt / images.txt member
+# (one reference a line); `k3s crictl pull REF` adds REF (nothing is downloaded:
+# the test hosts have no registry) and logs "<unix time> <ref>" to
+# agent/containerd/standin-pulls.log, so tests can see when and where pulls ran.
+# The socket file holds the running k3s's pid: crictl/ctr fail when it is gone.
+
+def image_store(data_dir):
+    return os.path.join(data_dir, "agent", "containerd", "standin-images.json")
+
+
+def normalise_image(ref):
+    name = ref.split("@", 1)[0]
+    if ":" not in name.rsplit("/", 1)[-1] and "@" not in ref:
+        ref += ":latest"
+    first = ref.split("/", 1)[0]
+    if "/" not in ref or not re.search(r"[.:]|^localhost$", first):
+        ref = "docker.io/" + (ref if "/" in ref else "library/" + ref)
+    return ref
+
+
+def load_images(data_dir):
+    try:
+        with open(image_store(data_dir)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def add_images(data_dir, refs, source):
+    images = load_images(data_dir)
+    for ref in refs:
+        images[normalise_image(ref)] = {"source": source, "id": hashlib.sha256(ref.encode()).hexdigest()}
+    mkdirs(os.path.dirname(image_store(data_dir)))
+    write_file(image_store(data_dir), json.dumps(images, indent=1, sort_keys=True) + "\n", 0o600)
+
+
+def _unzstd_raw(data):
+    """The frames airgap.py writes: zstd with raw blocks only (enough for a stand-in)."""
+    if not data.startswith(b"\x28\xb5\x2f\xfd"):
+        return None
+    fhd = data[4]
+    pos = 5 + (0 if fhd & 0x20 else 1)  # window descriptor unless single-segment
+    pos += {0: 0, 1: 1, 2: 2, 3: 4}[fhd & 3]  # dictionary id
+    fcs = fhd >> 6
+    pos += {0: 1 if fhd & 0x20 else 0, 1: 2, 2: 4, 3: 8}[fcs]
+    out = b""
+    while pos + 3 <= len(data):
+        header = int.from_bytes(data[pos:pos + 3], "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        pos += 3
+        if kind != 0:
+            return None
+        out += data[pos:pos + size]
+        pos += size
+        if last:
+            return out
+    return None
+
+
+def import_archive(data_dir, path):
+    import bz2
+    import gzip
+    import io
+    import tarfile
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        if path.endswith(".zst"):
+            data = _unzstd_raw(data)
+        elif path.endswith(".gz"):
+            data = gzip.decompress(data)
+        elif path.endswith(".bz2"):
+            data = bz2.decompress(data)
+        elif path.endswith(".lz4"):
+            data = None  # not readable here; the real k3s can
+        if data is None or data[257:262] != b"ustar":
+            return False
+        refs = []
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and os.path.basename(member.name) in ("k3s-images.txt", "images.txt"):
+                    text = tar.extractfile(member).read().decode()
+                    refs += [l.strip() for l in text.splitlines() if l.strip() and not l.startswith("#")]
+    except (OSError, ValueError, EOFError, tarfile.TarError):
+        return False
+    add_images(data_dir, refs, "import:" + os.path.basename(path))
+    return True
+
+
+def containerd_running():
+    try:
+        with open(host("/run/k3s/containerd/containerd.sock")) as fh:
+            os.kill(int(fh.read().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def cmd_crictl(args):
+    data_dir = host(DEFAULT_DATA_DIR)
+    if not containerd_running():
+        sys.stderr.write('time="%s" level=fatal msg="validate service connection: validate CRI v1 image API '
+                         'for endpoint \\"unix:///run/k3s/containerd/containerd.sock\\": rpc error: code = '
+                         'Unavailable desc = connection error: dial unix /run/k3s/containerd/containerd.sock: '
+                         'connect: connection refused"\n' % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        return 1
+    words = [a for a in args if not a.startswith("-")]
+    if words[:1] == ["images"]:
+        digests = "--digests" in args
+        head = ["IMAGE", "TAG"] + (["DIGEST"] if digests else []) + ["IMAGE ID", "SIZE"]
+        rows = []
+        for ref, entry in sorted(load_images(data_dir).items()):
+            name, _, tag = ref.rpartition(":") if "@" not in ref else (ref.split("@")[0], "", "<none>")
+            row = [name, tag] + ([entry["id"][:13]] if digests else []) + [entry["id"][:13], "1.0MB"]
+            rows.append(row)
+        print("   ".join(head))
+        for row in rows:
+            print("   ".join(row))
+        return 0
+    if words[:1] == ["pull"] and len(words) == 2:
+        ref = words[1]
+        add_images(data_dir, [ref], "pull")
+        with open(os.path.join(data_dir, "agent", "containerd", "standin-pulls.log"), "a") as fh:
+            fh.write("%.3f %s\n" % (time.time(), normalise_image(ref)))
+        time.sleep(float(os.environ.get("K3S_STANDIN_PULL_SECONDS", "0.5")))
+        print("Image is up to date for sha256:%s" % hashlib.sha256(ref.encode()).hexdigest())
+        return 0
+    sys.stderr.write("k3s crictl %s is not available in the k3s stand-in\n" % " ".join(args))
+    return 1
+
+
+def cmd_ctr(args):
+    """`k3s ctr [-n k8s.io] images import FILE`: an archive into the store."""
+    data_dir = host(DEFAULT_DATA_DIR)
+    words = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] in ("-n", "--namespace"))]
+    if words[:2] in (["images", "import"], ["image", "import"]) and len(words) == 3:
+        if not containerd_running():
+            sys.stderr.write("ctr: failed to dial \"/run/k3s/containerd/containerd.sock\": connection refused\n")
+            return 1
+        if not import_archive(data_dir, words[2]):
+            sys.stderr.write("ctr: unrecognized image format\n")
+            return 1
+        print("unpacking images from %s...done" % words[2])
+        return 0
+    sys.stderr.write("k3s ctr %s is not available in the k3s stand-in\n" % " ".join(args))
+    return 1
 
 
 def node_footprint(opts, data_dir, address, pod_cidr):
@@ -1252,6 +1398,7 @@ def node_footprint(opts, data_dir, address, pod_cidr):
     for d in (host("/run/k3s/containerd"), os.path.join(agent, "containerd"), host("/var/lib/kubelet/pods"),
               host("/var/lib/cni/networks/cbr0"), host("/var/log/pods"), host("/var/log/containers")):
         mkdirs(d)
+    write_file(host("/run/k3s/containerd/containerd.sock"), "%d\n" % os.getpid(), 0o600)
     ensure_node_password()
     import_images(data_dir)
     if SANDBOX:
@@ -2191,7 +2338,11 @@ def main(argv):
             return cmd_agent(args[1:])
         if command == "etcd-snapshot":
             return cmd_etcd_snapshot(args[1:])
-        if command in ("kubectl", "crictl", "ctr", "check-config", "token", "certificate", "secrets-encrypt",
+        if command == "crictl":
+            return cmd_crictl(args[1:])
+        if command == "ctr":
+            return cmd_ctr(args[1:])
+        if command in ("kubectl", "check-config", "token", "certificate", "secrets-encrypt",
                        "completion"):
             sys.stderr.write("k3s %s is not available in the k3s stand-in (tests reach a stand-in Kubernetes "
                              "API over HTTP instead)\n" % command)

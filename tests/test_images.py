@@ -1,0 +1,134 @@
+"""Image distribution: k3s's embedded registry mirror, registries.yaml, pre-pulls."""
+
+import pytest
+import yaml
+from upstream import k3s_flags
+
+from bootstrap.hostplan import k3sconfig
+from bootstrap.hostplan.registries import embedded_mirror_on, registries_yaml
+from bootstrap.inventory.loader import parse_inventory
+
+BASE = """\
+cluster: t
+nodes:
+  - {name: cp-1, address: 10.0.0.10, role: server}
+  - {name: gpu-1, address: 10.0.0.21}
+"""
+
+# registries.yaml as k3s documents it (installation/private-registry): these keys and no others.
+DOCUMENTED = {
+    "top": {"mirrors", "configs"},
+    "mirror": {"endpoint", "rewrite"},
+    "config": {"auth", "tls"},
+    "auth": {"username", "password", "auth", "identitytoken"},
+    "tls": {"cert_file", "key_file", "ca_file", "insecure_skip_verify"},
+}
+
+
+def check_documented(data: dict) -> None:
+    assert set(data) <= DOCUMENTED["top"]
+    for registry, entry in data.get("mirrors", {}).items():
+        assert set(entry or {}) <= DOCUMENTED["mirror"], registry
+    for registry, entry in data.get("configs", {}).items():
+        assert set(entry) <= DOCUMENTED["config"], registry
+        assert set(entry.get("auth", {})) <= DOCUMENTED["auth"]
+        assert set(entry.get("tls", {})) <= DOCUMENTED["tls"]
+
+
+def test_the_embedded_mirror_is_on_for_gpu_clusters_unless_the_inventory_says_otherwise():
+    inv = parse_inventory(BASE)
+    assert embedded_mirror_on(inv, gpu_cluster=True) and not embedded_mirror_on(inv, gpu_cluster=False)
+    off = parse_inventory(BASE + "images: {embedded_mirror: false}\n")
+    assert not embedded_mirror_on(off, gpu_cluster=True)
+    on = parse_inventory(BASE + "images: {embedded_mirror: true}\n")
+    assert embedded_mirror_on(on, gpu_cluster=False)
+
+
+def test_the_mirror_is_a_server_flag_and_agents_do_not_get_it():
+    inv = parse_inventory(BASE)
+    server = k3sconfig.node_config(inv, inv.node("cp-1"), "tok", embedded_mirror=True)
+    agent = k3sconfig.node_config(inv, inv.node("gpu-1"), "tok", embedded_mirror=True)
+    assert server["embedded-registry"] is True and "embedded-registry" in k3s_flags("server")
+    assert "embedded-registry" not in agent and "embedded-registry" not in k3s_flags("agent")
+    assert set(server) <= k3s_flags("server") and set(agent) <= k3s_flags("agent")
+    assert "embedded-registry" not in k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
+
+
+def test_registries_yaml_lists_every_shared_registry_and_keeps_the_inventorys_mirrors(monkeypatch):
+    monkeypatch.setenv("NGC_KEY", "secret")
+    inv = parse_inventory(BASE + """\
+registries:
+  mirrors: {docker.io: ["https://mirror.example.com"]}
+  auth: {nvcr.io: {username: $oauthtoken, password_env: NGC_KEY}}
+images: {mirror_registries: [docker.io, nvcr.io, registry.k8s.io]}
+""")
+    data = yaml.safe_load(registries_yaml(inv, embedded_mirror=True))
+    check_documented(data)
+    # An entry with no endpoint is what turns the embedded mirror on for a registry.
+    assert data["mirrors"] == {"docker.io": {"endpoint": ["https://mirror.example.com"]}, "nvcr.io": {},
+                               "registry.k8s.io": {}}
+    assert data["configs"]["nvcr.io"]["auth"] == {"username": "$oauthtoken", "password": "secret"}
+
+
+def test_without_the_mirror_registries_yaml_is_only_what_the_inventory_asks_for():
+    inv = parse_inventory(BASE)
+    assert registries_yaml(inv, embedded_mirror=False) is None
+    data = yaml.safe_load(registries_yaml(inv, embedded_mirror=True))
+    check_documented(data)
+    assert set(data["mirrors"]) == {"docker.io", "registry.k8s.io", "nvcr.io", "ghcr.io", "quay.io"}
+
+
+@pytest.mark.parametrize("text, field", [
+    ("images: {embedded_mirror: maybe}\n", "images.embedded_mirror"),
+    ("images: {prepull: ['Not An Image']}\n", "images.prepull"),
+    ("images: {prepul: [a]}\n", "images.prepul"),
+])
+def test_bad_image_settings_are_refused_naming_the_field(text, field):
+    from bootstrap.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as info:
+        parse_inventory(BASE + text)
+    assert any(p.path.startswith(field) for p in info.value.problems), [p.render() for p in info.value.problems]
+
+
+# `k3s crictl images --digests` on a k3s node (columns as crictl prints them).
+CRICTL_IMAGES = """\
+IMAGE                                        TAG                    DIGEST              IMAGE ID            SIZE
+docker.io/library/busybox                    1.36                   f5d7d2c1f4ab3       8135583d97feb       2.16MB
+docker.io/rancher/mirrored-pause             3.6                    74c4244427b7b       6270bb605e12e       301kB
+nvcr.io/nvidia/k8s/cuda-sample               vectoradd-cuda12.5.0   ab1c2d3e4f5a6       3f2e1d0c9b8a7       131MB
+ghcr.io/coreweave/nccl-tests                 <none>                 9a8b7c6d5e4f3       1a2b3c4d5e6f7       4.2GB
+"""
+
+
+def test_crictl_images_are_parsed_into_references():
+    from bootstrap.facts.parsers import parse_crictl_images
+
+    refs = parse_crictl_images(CRICTL_IMAGES.splitlines())
+    assert refs == ("docker.io/library/busybox:1.36", "docker.io/rancher/mirrored-pause:3.6",
+                    "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+                    "ghcr.io/coreweave/nccl-tests@sha256:9a8b7c6d5e4f3")
+
+
+def test_short_image_names_match_what_containerd_stores():
+    from bootstrap.images import missing, normalise
+
+    assert normalise("busybox:1.36") == "docker.io/library/busybox:1.36"
+    assert normalise("rancher/pause") == "docker.io/rancher/pause:latest"
+    assert normalise("localhost:5000/x:1") == "localhost:5000/x:1"
+    present = ("docker.io/library/busybox:1.36", "ghcr.io/coreweave/nccl-tests@sha256:9a8b7c6d5e4f3")
+    assert missing(["busybox:1.36", "busybox:1.37", "ghcr.io/coreweave/nccl-tests@sha256:" + "9" * 64], present) \
+        == ["busybox:1.37"]
+    assert missing(["busybox:1.36"], None) == ["busybox:1.36"]  # k3s not running: unknown, so pull
+
+
+def test_gpu_nodes_prepull_the_validation_images_and_the_inventorys():
+    from bootstrap.images import prepull_images
+
+    inv = parse_inventory(BASE + """\
+validate: {nccl: {enabled: true, min_busbw_gbps: 100}}
+images: {prepull: [nvcr.io/nvidia/pytorch:25.01-py3, "busybox:1.36"]}
+""")
+    assert prepull_images(inv) == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36",
+                                   "ghcr.io/coreweave/nccl-tests:12.4.1-cudnn-devel-ubuntu22.04-nccl2.21.5-1-85f9143",
+                                   "nvcr.io/nvidia/pytorch:25.01-py3"]

@@ -1,0 +1,85 @@
+"""Images on the test hosts: the embedded mirror's config, pre-pulls on GPU nodes in
+parallel, air-gap image archives imported on every node without restarting k3s."""
+
+import io
+import re
+import tarfile
+
+import pytest
+import yaml
+from clirun import run_bootstrap
+from labinv import write_inventory
+
+pytestmark = pytest.mark.hosts
+
+
+def image_archive(path, refs):
+    """An image archive as the stand-in reads it: a tar naming its images in images.txt."""
+    listing = ("\n".join(refs) + "\n").encode()
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("images.txt")
+        info.size = len(listing)
+        tar.addfile(info, io.BytesIO(listing))
+    return path
+
+
+def images_on(host):
+    lines = host.ssh("sudo k3s crictl images").stdout.splitlines()[1:]
+    return {f"{line.split()[0]}:{line.split()[1]}" for line in lines}
+
+
+def pulls_on(host):
+    out = host.ssh("sudo cat /var/lib/rancher/k3s/agent/containerd/standin-pulls.log 2>/dev/null", check=False).stdout
+    return [(float(t), ref) for t, ref in (line.split() for line in out.splitlines())]
+
+
+def test_gpu_nodes_prepull_in_parallel_share_images_and_import_air_gap_archives(lab, tmp_path, airgap):
+    from standins.aptrepo import AptRepo, build_toolkit_deb
+
+    image_archive(airgap / "workload-images.tar", ["nvcr.io/nvidia/pytorch:25.01-py3"])
+    hosts = lab.start(["im-cp", "im-g1", "im-g2"], gpu=["im-g1", "im-g2"])
+    with AptRepo([build_toolkit_deb(tmp_path / "debs")]) as repo:
+        inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={
+            "k3s": {"airgap": str(airgap)},
+            "gpu": {"driver": "preinstalled", "cuda": "12.4", "container_toolkit": {"apt_source": repo.source_line}},
+            "images": {"prepull": ["ghcr.io/example/train:1.0"]}})
+        first = run_bootstrap("up", inventory, "--hosts-only")
+    check_images(hosts, inventory, first, airgap)
+
+
+def check_images(hosts, inventory, first, airgap):
+    cp, g1, g2 = hosts
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    # The embedded mirror: a server flag, and every node lists the registries it shares.
+    assert yaml.safe_load(cp.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout)["embedded-registry"] is True
+    assert "embedded-registry" not in g1.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
+    for host in hosts:
+        mirrors = yaml.safe_load(host.ssh("sudo cat /etc/rancher/k3s/registries.yaml").stdout)["mirrors"]
+        assert {"docker.io", "nvcr.io", "registry.k8s.io"} <= set(mirrors)
+
+    # Pre-pulls: the validation images and the inventory's, on the GPU nodes only, at once.
+    wanted = {"nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36",
+              "ghcr.io/example/train:1.0"}
+    for gpu in (g1, g2):
+        assert {ref for _, ref in pulls_on(gpu)} == wanted
+        assert wanted | {"nvcr.io/nvidia/pytorch:25.01-py3", "docker.io/rancher/mirrored-pause:3.6"} <= images_on(gpu)
+    assert pulls_on(cp) == []
+    assert "nvcr.io/nvidia/pytorch:25.01-py3" in images_on(cp)  # the air-gap archive, on every node
+    first_pull = {gpu.name: min(t for t, _ in pulls_on(gpu)) for gpu in (g1, g2)}
+    last_pull = {gpu.name: max(t for t, _ in pulls_on(gpu)) for gpu in (g1, g2)}
+    assert max(first_pull.values()) < min(last_pull.values()), (first_pull, last_pull)  # overlapping: parallel
+
+    again = run_bootstrap("up", inventory, "--hosts-only")
+    assert again.returncode == 0 and "hosts: no change, 3 hosts already converged" in again.stdout, again.stdout
+
+    # A new archive in the air-gap folder: imported on every node, k3s not restarted.
+    pid = {h.name: h.ssh("systemctl show -p MainPID --value k3s k3s-agent").stdout.split() for h in hosts}
+    image_archive(airgap / "more-images.tar", ["docker.io/example/extra:2"])
+    plan = run_bootstrap("plan", inventory)
+    assert re.search(r"im-g1:\n(  - .*\n)*  - import images from more-images\.tar", plan.stdout), plan.stdout
+    added = run_bootstrap("up", inventory, "--hosts-only")
+    assert added.returncode == 0, added.stdout + added.stderr
+    for host in hosts:
+        assert "docker.io/example/extra:2" in images_on(host)
+    assert pid == {h.name: h.ssh("systemctl show -p MainPID --value k3s k3s-agent").stdout.split() for h in hosts}
