@@ -124,11 +124,14 @@ class LiveReporter(Reporter):
         self._ticker = gevent.spawn(tick)
 
     def step_started(self, host, step):
-        row = self.rows.setdefault(host, HostRow(host))
-        row.current, row.since = step, time.monotonic()
+        row = self.rows.get(host)  # hosts with nothing to do in this run have no row
+        if row is not None:
+            row.current, row.since = step, time.monotonic()
 
     def step_finished(self, host, step, status, seconds, error=None):
-        row = self.rows.setdefault(host, HostRow(host))
+        row = self.rows.get(host)
+        if row is None:
+            return
         row.current = None
         if status != "skipped":
             row.done.append((step, status == "ok", seconds))

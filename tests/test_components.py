@@ -214,6 +214,7 @@ def planned(extra: str = ""):
 SCENARIOS = {
     "mixed": mixed,
     "defaults": planned,
+    "operator-driver": lambda: planned("gpu: {driver: operator}\n"),
     "operator-driver-old-version": lambda: planned("gpu: {driver: operator}\ncharts: {gpu_operator: v24.9.2}\n"),
     "longhorn": lambda: planned("storage: {default: longhorn, longhorn_replicas: 3}\n"),
 }
@@ -377,6 +378,13 @@ def test_driver_modes(driver, driver_enabled, toolkit_enabled):
     assert values["toolkit"]["enabled"] is toolkit_enabled
     # The toolkit's env only matters where the operator runs the toolkit.
     assert ("env" in values["toolkit"]) is toolkit_enabled
+
+
+def test_an_operator_driver_upgrade_goes_one_drained_node_at_a_time():
+    policy = operator_values(inventory("gpu: {driver: operator}\n"))["driver"]["upgradePolicy"]
+    assert policy["autoUpgrade"] is True and policy["maxParallelUpgrades"] == 1 and policy["maxUnavailable"] == 1
+    assert policy["drain"]["enable"] is True and policy["drain"]["timeoutSeconds"] > 0
+    assert "upgradePolicy" not in operator_values(inventory("gpu: {driver: preinstalled}\n"))["driver"]
 
 
 @pytest.mark.parametrize("version, legacy", [("v26.7.0", False), ("v25.10.0", False), ("v25.3.4", True),

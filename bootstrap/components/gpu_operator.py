@@ -33,6 +33,16 @@ def toolkit_env(operator_version: str) -> list[dict]:
     ]
 
 
+DRIVER_UPGRADE_POLICY = {
+    "autoUpgrade": True,
+    "maxParallelUpgrades": 1,
+    "maxUnavailable": 1,
+    # GPU pods are evicted by the operator; a drain also moves the node's other pods, with
+    # a time-out so that one stuck pod cannot hold the rollout forever.
+    "drain": {"enable": True, "force": False, "timeoutSeconds": 300, "deleteEmptyDir": True},
+}
+
+
 def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], operator_version: str) -> dict:
     # preinstalled/host: the driver and the container toolkit are on the host already.
     toolkit_in_cluster = not needs_host_toolkit(inventory)
@@ -42,6 +52,10 @@ def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], operator_v
         "mig": {"strategy": gpu_sharing.mig_strategy(inventory)},
         "migManager": {"config": {"default": gpu_sharing.MIG_DISABLED}},
     }
+    if inventory.gpu.driver == "operator":
+        # A chart or driver version change swaps the driver container under running GPU
+        # nodes: the operator's upgrade controller then takes one node at a time, drained.
+        out["driver"]["upgradePolicy"] = DRIVER_UPGRADE_POLICY
     if toolkit_in_cluster:
         out["toolkit"]["env"] = toolkit_env(operator_version)
     # The tool applies these ConfigMaps itself (config_maps below), before the release: the
