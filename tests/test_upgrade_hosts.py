@@ -98,3 +98,37 @@ def test_rolling_upgrade_one_node_at_a_time_stops_at_a_failure_and_resumes(lab, 
     assert "newest v1.36.x release" in skipped.stdout
     assert before == {h.name: h.ssh("sudo sha256sum /usr/local/bin/k3s /etc/rancher/k3s/config.yaml").stdout
                       for h in hosts}
+
+
+def test_ha_servers_are_upgraded_one_at_a_time_and_each_is_back_before_the_next(lab, tmp_path):
+    from standins.airgap import build_airgap, upstream_missing
+
+    if upstream_missing():
+        pytest.skip(upstream_missing())
+    folders = {v: build_airgap(tmp_path / f"airgap-{v}", version=v) for v in (OLD, NEW)}
+    hosts = lab.start(["ha-cp1", "ha-cp2", "ha-cp3", "ha-a1", "ha-a2"])
+    servers = hosts[:3]
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, servers=3,
+                                extra={"k3s": {"airgap": str(folders[OLD]), "version": OLD}})
+    assert run_bootstrap("up", inventory, "--hosts-only").returncode == 0
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, servers=3,
+                                extra={"k3s": {"airgap": str(folders[NEW]), "version": NEW}})
+    upgrade = run_bootstrap("up", inventory, "--hosts-only", "--max-unavailable", "2", "--json")
+    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
+    events = [json.loads(line) for line in upgrade.stdout.splitlines()]
+    order = [e["node"] for e in events if e["event"] == "upgraded"]
+    assert order == ["ha-cp1", "ha-cp2", "ha-cp3", "ha-a1", "ha-a2"]
+    # Each server's restart began only after the one before was back on the new version.
+    restarts = [e for e in events if e["event"] == "step_start" and e["step"] == "upgrade k3s"]
+    assert [e["host"] for e in restarts][:3] == ["ha-cp1", "ha-cp2", "ha-cp3"]
+    done = {e["node"]: e["time"] for e in events if e["event"] == "upgraded"}
+    assert restarts[1]["time"] >= done["ha-cp1"] and restarts[2]["time"] >= done["ha-cp2"]
+    # Two agents at a time: one batch, both cordoned together.
+    assert {e["host"] for e in restarts[3:]} == {"ha-a1", "ha-a2"}
+    sim = api_sim(servers[0])
+    assert sim["max_cordoned"] == 2 and sim["cordoned_now"] == []
+    for host in hosts:
+        assert k3s_version(host) == NEW
+    status = run_bootstrap("status", inventory, "--json")
+    rows = {r["node"]: r for r in json.loads(status.stdout)["nodes"]}
+    assert {r["k3s"] for r in rows.values()} == {NEW} and not any(r["cordoned"] for r in rows.values())

@@ -36,6 +36,10 @@ def run(args) -> int:
             "gpus": f"{len(host.gpus)} x {host.gpus[0].name}" if host and host.gpus else "-",
             "driver": host.driver_version if host and host.driver_version else "-",
             "cuda": host.cuda_version if host and host.cuda_version else "-",
+            # what the node runs: during a rolling upgrade, which side of it each node is on
+            "k3s": api.get("status", {}).get("nodeInfo", {}).get("kubeletVersion")
+            or (host.k3s.version if host and host.k3s and host.k3s.version else "-"),
+            "cordoned": bool(api.get("spec", {}).get("unschedulable")),
             "allocatable": allocatable,
         })
     report = {"cluster": inventory.cluster, "state_dir": str(state.path), "api": nodes is not None,
@@ -46,11 +50,12 @@ def run(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"cluster {inventory.cluster} (state: {state.path})" + ("" if nodes is not None else "; API unreachable"))
-    print(f"{'NODE':<14} {'ROLE':<7} {'STATE':<9} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} ALLOCATABLE")
+    print(f"{'NODE':<14} {'ROLE':<7} {'STATE':<18} {'K3S':<14} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} ALLOCATABLE")
     for r in rows:
-        state_word = r["ready"] if r["answers_ssh"] else "NO-SSH"
+        state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
         alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
-        print(f"{r['node']:<14} {r['role']:<7} {state_word:<9} {r['gpus']:<22} {r['driver']:<12} {r['cuda']:<5} {alloc}")
+        print(f"{r['node']:<14} {r['role']:<7} {state_word:<18} {r['k3s']:<14} {r['gpus']:<22} {r['driver']:<12} "
+              f"{r['cuda']:<5} {alloc}")
     for name, info in components.items():
         print(f"component {name}: {info['version']} ({info['state']})")
     applied = state.path / "applied-inventory.sha256"

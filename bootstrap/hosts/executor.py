@@ -62,24 +62,28 @@ def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, Step
 
     started: dict[tuple[str, str], float] = {}
     step_of = {}
+    working = set()  # (host, op): the host has commands in that step; the others are not reported
     for step, per_host in metas:
         for host, meta in per_host.items():
             step_of[meta._hash] = step.name
+            if step.commands.get(host.name):
+                working.add((host.name, meta._hash))
 
     reporter = progress.current()
 
     class Progress(BaseStateCallback):
+        # Steps are added for every host (pyinfra matches ops by position); where a host
+        # had nothing to do in one, nothing ran and there is nothing to show.
         def operation_host_start(self, state, host, op_hash):
             started[(host.name, op_hash)] = time.monotonic()
-            reporter.step_started(host.name, step_of.get(op_hash, "?"))
+            if (host.name, op_hash) in working:
+                reporter.step_started(host.name, step_of.get(op_hash, "?"))
 
         def operation_host_success(self, state, host, op_hash, retry_count=0):
+            if (host.name, op_hash) not in working:
+                return
             elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
-            op_data = state.get_op_data_for_host(host, op_hash)
-            # Steps are added for every host (pyinfra matches ops by position); where a
-            # host had nothing to do in one, nothing ran and there is nothing to show.
-            skipped = not op_data.operation_meta._maybe_is_change and elapsed < 0.05
-            reporter.step_finished(host.name, step_of.get(op_hash, "?"), "skipped" if skipped else "ok", elapsed)
+            reporter.step_finished(host.name, step_of.get(op_hash, "?"), "ok", elapsed)
 
         def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
             elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())

@@ -1811,6 +1811,21 @@ def join_cluster(server_url, token, body):
             time.sleep(1)
 
 
+def rejoin_quietly(server_url, token, body):
+    for _ in range(30):
+        try:
+            parsed = urllib.parse.urlparse(server_url)
+            hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
+            status, _ = http_call("http://%s:%d" % (hostpart, parsed.port or 443), "/v1-standin/join",
+                                  server_url.rstrip("/"), json.dumps(body).encode(),
+                                  {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+            if status == 200:
+                return
+        except NotReady:
+            pass
+        time.sleep(1)
+
+
 def start_heartbeats(server_url, token, name, role):
     """Tell the server every K3S_STANDIN_HEARTBEAT seconds (3) that this node's k3s runs; its
     API simulator marks a node without heartbeats NotReady (Unknown), as the node controller
@@ -1994,6 +2009,15 @@ def cmd_server(argv):
         joined = join_cluster(opts["server"], token, body)
         ca = ensure_ca(server_dir, joined["ca"])
         etcd = True
+    elif opts.get("server") and password:
+        # A joined server starting again (a restart, an upgrade): like a kubelet updating
+        # its Node, it tells the cluster what runs here now (its version). Best effort, in
+        # the background: its datastore is local, and the server it names may be down.
+        address = node_address(opts, urllib.parse.urlparse(opts["server"]).hostname)
+        body = node_record(opts, "server", name, address, True)
+        body["critical"] = critical_config(opts)
+        threading.Thread(target=rejoin_quietly, args=(opts["server"], token, body), daemon=True).start()
+        ca = ensure_ca(server_dir)
     else:
         address = node_address(opts)
         ca = ensure_ca(server_dir)
