@@ -47,11 +47,30 @@ def reset_counts(hosts) -> None:
         host.ssh(": > /var/log/bench-commands.log", user="root")
 
 
+def machine_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, which also runs every test host."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+LAST_CPU: dict = {}
+
+
 def bootstrap(*args, env=None) -> tuple[int, float, str]:
+    """Run the tool; LAST_CPU then says how busy the machine was and what the tool itself used
+    (a wall time that grows with N while the CPUs are saturated is the lab's limit, not the tool's)."""
+    import resource
+
     started = time.monotonic()
+    before, usage = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run([str(BOOTSTRAP), *map(str, args)], capture_output=True, text=True,
                             env={"BOOTSTRAP_HELM": str(HELM), **__import__("os").environ, **(env or {})},
                             timeout=1800)
+    after, usage_after = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU.update(
+        machine_busy=round((after[0] - before[0]) / max(1, after[1] - before[1]), 2),
+        tool_cpu_s=round(usage_after.ru_utime + usage_after.ru_stime - usage.ru_utime - usage.ru_stime, 2))
     return result.returncode, time.monotonic() - started, result.stdout + result.stderr
 
 
@@ -99,7 +118,7 @@ def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path, rebuild: boo
                 raise RuntimeError(f"{label} failed ({rc}):\n{output[-2000:]}")
             per_host = [count(h) for h in hosts]
             results[label] = {"seconds": round(seconds, 2), "max_commands_per_host": max(per_host),
-                              "mean_commands_per_host": round(sum(per_host) / len(per_host), 1)}
+                              "mean_commands_per_host": round(sum(per_host) / len(per_host), 1), **LAST_CPU}
         if rebuild:
             results["rebuild_one_agent"] = rebuild_one(lab, hosts, inventory, rtt_ms, proxies)
         return results
@@ -158,11 +177,13 @@ def main(argv=None) -> int:
         rows = [scenario(n, rtt, workdir, airgap, args.rebuild) for rtt in args.rtt for n in args.agents]
     report = {"machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
               "date": time.strftime("%Y-%m-%d"), "help_seconds": help_time(), "rows": rows}
-    print(f"{'agents':>6} {'rtt':>5} {'fresh up s':>10} {'cmds/host':>9} {'no-op up s':>10} {'cmds/host':>9}")
+    print(f"{'agents':>6} {'rtt':>5} {'fresh up s':>10} {'cmds/host':>9} {'CPU busy':>8} {'tool CPU s':>10} "
+          f"{'no-op up s':>10} {'cmds/host':>9}")
     for r in rows:
-        print(f"{r['agents']:>6} {r['rtt_ms']:>5} {r['fresh_up']['seconds']:>10} "
-              f"{r['fresh_up']['max_commands_per_host']:>9} {r['noop_up']['seconds']:>10} "
-              f"{r['noop_up']['max_commands_per_host']:>9}")
+        fresh = r["fresh_up"]
+        print(f"{r['agents']:>6} {r['rtt_ms']:>5} {fresh['seconds']:>10} {fresh['max_commands_per_host']:>9} "
+              f"{fresh.get('machine_busy', '-'):>8} {fresh.get('tool_cpu_s', '-'):>10} "
+              f"{r['noop_up']['seconds']:>10} {r['noop_up']['max_commands_per_host']:>9}")
     for r in rows:
         if "rebuild_one_agent" in r:
             print(f"rebuild of 1 lost agent of {r['agents']} at {r['rtt_ms']} ms: {r['rebuild_one_agent']['seconds']}s, "

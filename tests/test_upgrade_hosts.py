@@ -96,6 +96,10 @@ def test_rolling_upgrade_one_node_at_a_time_stops_at_a_failure_and_resumes(lab, 
     skipped = run_bootstrap("up", inventory_for(tmp_path, hosts, skip, "v1.37.0+k3s1"), "--hosts-only")
     assert skipped.returncode != 0 and "cannot skip minor versions" in skipped.stdout
     assert "newest v1.36.x release" in skipped.stdout
+    # A repair is not an upgrade: rebuild refuses to restart running nodes on another release.
+    later = build_airgap(tmp_path / "airgap-later", version="v1.36.0+k3s1")
+    rebuild = run_bootstrap("rebuild", inventory_for(tmp_path, hosts, later, "v1.36.0+k3s1"), "--no-validate")
+    assert rebuild.returncode == 1 and "upgrade with `bootstrap up`" in rebuild.stderr, rebuild.stdout + rebuild.stderr
     assert before == {h.name: h.ssh("sudo sha256sum /usr/local/bin/k3s /etc/rancher/k3s/config.yaml").stdout
                       for h in hosts}
 

@@ -97,6 +97,14 @@ def run(args) -> int:
                 join_via = next((s for s in inventory.servers if s.name in plan.healthy), None)
             facts, plans = gather_and_plan(session, inventory, state, create_token=False, facts=facts,
                                            tolerate_unreachable=True, join_via=join_via)
+            rollout = plans.rollout(inventory, facts)
+            if rollout:
+                # Restarting running nodes on a new k3s belongs to a rolling upgrade, not to
+                # a repair: nothing has been changed on the hosts yet.
+                raise BootstrapError(
+                    f"the inventory asks for k3s {rollout.target or '(the k3s.airgap binary)'}, and "
+                    f"{', '.join(rollout.nodes)} run another release",
+                    "rebuild with the k3s.version the cluster runs now, then upgrade with `bootstrap up`")
             changed = {name for name, p in plans.plans.items() if p.changed}
             if changed:
                 from bootstrap.hosts.executor import execute

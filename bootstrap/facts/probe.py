@@ -154,13 +154,15 @@ probe() {
   sec df p_df
   sec rdma p_rdma
   sec pci-nvidia p_pci
+  nvidia_pci=$_out
   sec files p_files
   sec modules p_modules
   sec sysctl p_sysctl
   sec packages p_packages
   sec containerd p_containerd
   sec manifest p_manifest
-  sec images p_images
+  # Only GPU machines get images pre-pulled: spare the others a crictl call.
+  if has nvidia-smi || [ -n "$nvidia_pci" ]; then sec images p_images; fi
   sec k3s p_k3s
   sec k3s-units p_units
   sec ss p_ss
