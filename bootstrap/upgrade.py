@@ -65,7 +65,7 @@ def uncordon(cluster, name: str) -> None:
                 {"metadata": {"annotations": {CORDONED_BY_US: None}}, "spec": {"unschedulable": None}})
 
 
-def release_finished_cordons(cluster, inventory, target: str | None) -> list[str]:
+def release_finished_cordons(cluster, target: str | None) -> list[str]:
     """A resumed rollout: nodes we cordoned that are now Ready on the target are uncordoned."""
     from bootstrap.cluster.client import get
 
@@ -99,7 +99,7 @@ def settle_earlier_cordons(cluster, rollout: Rollout) -> None:
         print(f"uncordoned {name} (upgraded earlier, Ready again)")
 
 
-def roll_nodes(session, cluster, inventory, plans, rollout: Rollout, names: list[str], *, drain: bool,
+def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, drain: bool,
                drain_timeout: int, force: bool) -> None:
     """Upgrade `names` together (one server, or one batch of agents); raise RolloutStopped."""
     from bootstrap.cluster.drain import drain as drain_node
@@ -122,10 +122,11 @@ def roll_nodes(session, cluster, inventory, plans, rollout: Rollout, names: list
         step.commands[name] = c.placement_commands(plan, keep_previous_binary=PREVIOUS_BINARY) + [
             c.wait_for_service(plan.unit, "restart")] + ([c.prepull_command(plan.prepull)] if plan.prepull else [])
     execute(session, [step])
+    replaced = [n for n in names if n not in session.failures]
     for name in names:
         failure = session.failures.get(name)
         if failure:
-            stop(rollout, name, done, failure.message)
+            stop(rollout, name, done + replaced, failure.message)
     for name in names:
         try:
             wait_ready(cluster, name, rollout.target)
@@ -161,7 +162,7 @@ def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_betwee
     started = time.monotonic()
     with connect(inventory, state) as cluster:
         for name in rollout.servers:
-            roll_nodes(session, cluster, inventory, plans.plans, rollout, [name], drain=False,
+            roll_nodes(session, cluster, plans.plans, rollout, [name], drain=False,
                        drain_timeout=drain_timeout, force=force)
     phase_between()
     if session.failures:
@@ -175,7 +176,7 @@ def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_betwee
     with connect(inventory, state) as cluster:
         settle_earlier_cordons(cluster, rollout)
         for batch in rollout.agent_batches:
-            roll_nodes(session, cluster, inventory, plans.plans, rollout, batch, drain=True,
+            roll_nodes(session, cluster, plans.plans, rollout, batch, drain=True,
                        drain_timeout=drain_timeout, force=force)
-        release_finished_cordons(cluster, inventory, rollout.target)
+        release_finished_cordons(cluster, rollout.target)
     print(f"k3s upgrade: {len(rollout.nodes)} node(s) upgraded ({time.monotonic() - started:.1f}s)")

@@ -26,11 +26,6 @@ def api_sim(server):
     return data["sim"]
 
 
-def cordoned(server):
-    nodes = json.loads(server.ssh("sudo cat /var/lib/rancher/k3s/server/standin-api.json").stdout)
-    return api_sim(server).get("cordoned_now", []), nodes
-
-
 def inventory_for(tmp_path, hosts, folder, version):
     return write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(folder), "version": version}})
 

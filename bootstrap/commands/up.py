@@ -133,7 +133,7 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
     started = time.monotonic()
     with connect(inventory, state) as cluster:
         # A rollout that stopped and was fixed by hand: nodes it cordoned that are Ready again.
-        for name in release_finished_cordons(cluster, inventory, None):
+        for name in release_finished_cordons(cluster, None):
             print(f"uncordoned {name} (upgraded, Ready)")
         summary = apply_cluster(cluster, inventory, facts)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
