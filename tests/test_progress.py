@@ -89,3 +89,25 @@ import pytest  # noqa: E402
 def _plain_reporter_after():
     yield
     progress.configure(stream=io.StringIO())
+
+
+def test_down_asks_on_stderr_and_needs_the_cluster_name(monkeypatch, capsys):
+    import sys
+
+    from bootstrap.commands.down import confirm
+    from bootstrap.errors import UsageError
+    from bootstrap.inventory.loader import parse_inventory
+
+    inv = parse_inventory("cluster: lab\nnodes: [{name: a, address: 10.0.0.1, role: server}]\n")
+
+    class Typed(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Typed("lab\n"))
+    confirm(inv, assume_yes=False)
+    captured = capsys.readouterr()
+    assert "Type the cluster name" in captured.err and captured.out == ""  # stdout stays for --json events
+    monkeypatch.setattr(sys, "stdin", Typed("yes\n"))
+    with pytest.raises(UsageError, match="not confirmed"):
+        confirm(inv, assume_yes=False)

@@ -19,8 +19,10 @@ def confirm(inventory, assume_yes: bool) -> None:
     if not sys.stdin.isatty():
         raise UsageError(f"refusing to tear down cluster {inventory.cluster} without confirmation",
                          "add --yes to confirm")
-    answer = input(f"Tear down cluster {inventory.cluster} on {len(inventory.nodes)} hosts? "
-                   f"Type the cluster name to confirm: ")
+    # The question goes to stderr: under --json, stdout carries only events.
+    print(f"Tear down cluster {inventory.cluster} on {len(inventory.nodes)} hosts? "
+          f"Type the cluster name to confirm: ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
     if answer.strip() != inventory.cluster:
         raise UsageError("not confirmed; nothing was changed")
 
