@@ -52,7 +52,7 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--hosts-only", action="store_true", help="converge the hosts, skip the cluster side")
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
     if name in ("up", "plan"):
-        cmd.add_argument("--max-unavailable", type=int, default=1, metavar="N",
+        cmd.add_argument("--max-unavailable", type=_positive, default=1, metavar="N",
                          help="k3s upgrades: agents upgraded at once (cordoned and drained), default 1")
     if name == "up":
         cmd.add_argument("--drain-timeout", type=int, default=300, metavar="S",
@@ -88,6 +88,12 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
 
 
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of nodes of at least 1")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:

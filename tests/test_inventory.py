@@ -125,3 +125,5 @@ def test_installed_command_works_from_another_folder(tmp_path):
     assert run_bootstrap(cwd=tmp_path).returncode == 2  # no command: usage, exit 2
     bad = run_bootstrap("up", "--no-such-flag", "x.yaml", cwd=tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    zero = run_bootstrap("up", "--max-unavailable", "0", "x.yaml", cwd=tmp_path)
+    assert zero.returncode == 2 and "at least 1" in zero.stderr
