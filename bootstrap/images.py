@@ -48,18 +48,20 @@ def normalise(ref: str) -> str:
     return f"{name}@{digest}" if digest else name
 
 
+def repository(ref: str) -> str:
+    """The name without tag or digest: ghcr.io/x/y for ghcr.io/x/y:1 or ghcr.io/x/y@sha256:..."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
 def missing(wanted: list[str], present: tuple[str, ...] | None) -> list[str]:
-    """Images of `wanted` a node does not hold; all of them when its store is unknown."""
+    """Images of `wanted` a node does not hold; all of them when its store is unknown.
+    A reference by digest counts as held when its repository is: crictl lists digests
+    shortened, so they cannot be compared."""
     if present is None:
         return list(wanted)
     have = {normalise(p) for p in present}
-    names = {p.split("@", 1)[0] for p in have}
-    result = []
-    for image in wanted:
-        full = normalise(image)
-        if "@" in full:  # by digest: crictl lists digests shortened, so the name decides
-            if full.split("@", 1)[0] not in {n.rsplit(":", 1)[0] for n in names}:
-                result.append(image)
-        elif full not in have:
-            result.append(image)
-    return result
+    repositories = {repository(p) for p in have}
+    return [image for image in wanted
+            if (repository(normalise(image)) not in repositories if "@" in image else normalise(image) not in have)]

@@ -38,9 +38,8 @@ class Reporter:
         pass
 
     def step_finished(self, host: str, step: str, status: str, seconds: float, error: str | None = None) -> None:
-        """`status`: ok (it ran), skipped (nothing to do on this host), or failed."""
-        if status != "skipped":
-            print(step_line(host, step, status == "ok", seconds, error), file=self.out, flush=True)
+        """`status`: ok or failed. (Hosts with nothing to do in a step are not reported.)"""
+        print(step_line(host, step, status == "ok", seconds, error), file=self.out, flush=True)
 
     def run_finished(self) -> None:
         pass
@@ -133,9 +132,8 @@ class LiveReporter(Reporter):
         if row is None:
             return
         row.current = None
-        if status != "skipped":
-            row.done.append((step, status == "ok", seconds))
-            row.error = error
+        row.done.append((step, status == "ok", seconds))
+        row.error = error
 
     def run_finished(self):
         if self._ticker is not None:

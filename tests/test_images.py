@@ -132,3 +132,11 @@ images: {prepull: [nvcr.io/nvidia/pytorch:25.01-py3, "busybox:1.36"]}
     assert prepull_images(inv) == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36",
                                    "ghcr.io/coreweave/nccl-tests:12.4.1-cudnn-devel-ubuntu22.04-nccl2.21.5-1-85f9143",
                                    "nvcr.io/nvidia/pytorch:25.01-py3"]
+
+
+def test_repository_names_keep_registry_ports():
+    from bootstrap.images import repository
+
+    assert repository("localhost:5000/team/x:1") == "localhost:5000/team/x"
+    assert repository("ghcr.io/a/b@sha256:abc") == "ghcr.io/a/b"
+    assert repository("busybox") == "busybox"

@@ -53,11 +53,10 @@ def test_the_live_view_redraws_its_rows_in_place(monkeypatch):
     assert final == ["a  ✓ prepare host 0.5s", "b  ✗ prepare host 0.7s: disk full"]
 
 
-def test_plain_lines_when_not_on_a_terminal_and_skipped_steps_are_silent():
+def test_plain_lines_when_not_on_a_terminal():
     out = io.StringIO()
     reporter = progress.configure(stream=out)
     assert type(reporter) is progress.Reporter
-    reporter.step_finished("a", "prepare host", "skipped", 0.0)
     reporter.step_finished("a", "start agents", "ok", 2.25)
     reporter.step_finished("b", "start agents", "failed", 1.0, "timed out")
     assert out.getvalue().splitlines() == ["✓ a              start agents 2.2s",

@@ -77,6 +77,7 @@ def test_drift_is_repaired_and_only_that_host_restarts(lab, tmp_path, airgap):
     final_rows = re.sub(r"\033\[[0-9;]*[A-Za-z]", "", again.stdout.split("\033[2F")[-1]).splitlines()
     assert re.match(r"dr-a1 +✓ prepare host \d+\.\ds  ✓ join agents \d+\.\ds", final_rows[0]), final_rows
     assert re.match(r"dr-a2 +✓ join agents \d+\.\ds$", final_rows[1]), final_rows
+    assert not any(row.startswith("dr-cp ") for row in final_rows)  # nothing to do: no row
     assert "dr-cp: no change" in again.stdout and "dr-a1: changed" in again.stdout
     assert "drift" not in a1.ssh("sudo cat /etc/rancher/k3s/config.yaml").stdout
     assert a2.ssh("systemctl is-active k3s-agent").stdout.strip() == "active"

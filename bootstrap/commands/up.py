@@ -35,7 +35,7 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
 
     facts = facts if facts is not None else gather_facts(session, inventory)
     findings = preflight(inventory, facts)
-    artifacts = None
+    artifacts, target = None, None  # the k3s release to run (one for every arch)
     if not any(f.severity == "error" for f in findings):
         artifacts = art.k3s_artifacts(inventory, {f.arch for f in facts.values()})
         target = next(iter(artifacts.values())).version if artifacts else None
@@ -50,7 +50,7 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
                                    "fix the problems above and run the command again")
     token = flow.load_or_create_token(state, facts, inventory, create=create_token)
     plans = flow.make_plans(inventory, facts, token, artifacts, join_via)
-    plans.target_version = next(iter(artifacts.values())).version if artifacts else None
+    plans.target_version = target
     return facts, plans
 
 
