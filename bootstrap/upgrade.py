@@ -16,7 +16,6 @@ from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.hostplan.rollout import Rollout
 
-CORDONED_BY_US = "bootstrap.k3s/cordoned-for-upgrade"
 READY_TIMEOUT_S = 300
 PREVIOUS_BINARY = "/var/lib/bootstrap/k3s.previous"
 
@@ -25,25 +24,23 @@ class RolloutStopped(HostsFailed):
     pass
 
 
-def node_state(cluster, name: str) -> tuple[bool, str | None, bool]:
-    """(Ready, kubelet version, cordoned) of a Node as the API reports it."""
+def node_state(cluster, name: str) -> tuple[bool, str | None]:
+    """(Ready, kubelet version) of a Node as the API reports it."""
+    from bootstrap.cluster.apply import node_ready
     from bootstrap.cluster.client import ClusterError, get
 
     try:
         node = get(cluster, f"/api/v1/nodes/{name}") or {}
     except ClusterError:  # the API restarts with its server: not yet
-        return False, None, False
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                for c in node.get("status", {}).get("conditions", []))
-    version = node.get("status", {}).get("nodeInfo", {}).get("kubeletVersion")
-    return ready, version, bool(node.get("spec", {}).get("unschedulable"))
+        return False, None
+    return node_ready(node), node.get("status", {}).get("nodeInfo", {}).get("kubeletVersion")
 
 
 def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY_TIMEOUT_S) -> None:
     from bootstrap.cluster.client import wait_for
 
     def check():
-        ready, running, _ = node_state(cluster, name)
+        ready, running = node_state(cluster, name)
         check.last = f"Ready={ready}, version {running or '?'}"
         return ready and (version is None or running == version)
 
@@ -51,57 +48,28 @@ def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY
     wait_for(f"node {name} to be Ready on {version or 'the new k3s'}", check, timeout_s, interval_s=1.0)
 
 
-def cordon(cluster, name: str) -> None:
-    from bootstrap.cluster.client import merge_patch
-
-    merge_patch(cluster, f"/api/v1/nodes/{name}",
-                {"metadata": {"annotations": {CORDONED_BY_US: "true"}}, "spec": {"unschedulable": True}})
-
-
-def uncordon(cluster, name: str) -> None:
-    from bootstrap.cluster.client import merge_patch
-
-    merge_patch(cluster, f"/api/v1/nodes/{name}",
-                {"metadata": {"annotations": {CORDONED_BY_US: None}}, "spec": {"unschedulable": None}})
-
-
-def release_finished_cordons(cluster, target: str | None) -> list[str]:
-    """A resumed rollout: nodes we cordoned that are now Ready on the target are uncordoned."""
-    from bootstrap.cluster.client import get
-
-    released = []
-    for node in (get(cluster, "/api/v1/nodes") or {}).get("items", []):
-        name = node["metadata"]["name"]
-        if (node["metadata"].get("annotations") or {}).get(CORDONED_BY_US) != "true":
-            continue
-        ready, version, _ = node_state(cluster, name)
-        if ready and (target is None or version == target):
-            uncordon(cluster, name)
-            released.append(name)
-    return released
-
-
 def settle_earlier_cordons(cluster, rollout: Rollout) -> None:
     """A resumed rollout: the node it stopped at (fixed since, and started again just now)
     is waited for and uncordoned before the next batch, so never more than a batch is out."""
     from bootstrap.cluster.client import get
+    from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
     from bootstrap.errors import BootstrapError
 
-    for node in (get(cluster, "/api/v1/nodes") or {}).get("items", []):
-        name = node["metadata"]["name"]
-        if (node["metadata"].get("annotations") or {}).get(CORDONED_BY_US) != "true" or name in rollout.nodes:
+    for name in cordoned_for_upgrade((get(cluster, "/api/v1/nodes") or {}).get("items", [])):
+        if name in rollout.nodes:
             continue
         try:
             wait_ready(cluster, name, rollout.target)
         except BootstrapError as exc:
             stop(rollout, name, [], f"still cordoned from the last rollout and not back: {exc.message}")
-        uncordon(cluster, name)
+        uncordon(cluster, name, CORDONED_FOR_UPGRADE)
         print(f"uncordoned {name} (upgraded earlier, Ready again)")
 
 
 def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, drain: bool,
                drain_timeout: int, force: bool) -> None:
     """Upgrade `names` together (one server, or one batch of agents); raise RolloutStopped."""
+    from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, uncordon
     from bootstrap.cluster.drain import drain as drain_node
     from bootstrap.deploys import converge as c
     from bootstrap.errors import BootstrapError
@@ -110,7 +78,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
     done = [n for n in rollout.nodes if rollout.nodes.index(n) < rollout.nodes.index(names[0])]
     if drain:
         for name in names:
-            cordon(cluster, name)
+            cordon(cluster, name, CORDONED_FOR_UPGRADE)
         for name in names:
             result = drain_node(cluster, name, drain_timeout, force)
             if not result.complete:
@@ -133,7 +101,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
         except BootstrapError as exc:
             stop(rollout, name, done, exc.message)
         if drain:
-            uncordon(cluster, name)
+            uncordon(cluster, name, CORDONED_FOR_UPGRADE)
         progress.current().event("upgraded", node=name, version=rollout.target)
         print(f"upgraded {name} to {rollout.target or 'the k3s.airgap binary'}")
 
@@ -178,5 +146,4 @@ def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_betwee
         for batch in rollout.agent_batches:
             roll_nodes(session, cluster, plans.plans, rollout, batch, drain=True,
                        drain_timeout=drain_timeout, force=force)
-        release_finished_cordons(cluster, rollout.target)
     print(f"k3s upgrade: {len(rollout.nodes)} node(s) upgraded ({time.monotonic() - started:.1f}s)")

@@ -12,6 +12,7 @@ import time
 from bootstrap import components as comp
 from bootstrap import helm
 from bootstrap.cluster.client import Cluster, ClusterError, apply_object, get, merge_patch, object_path, wait_for
+from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
 from bootstrap.components import gpu_operator, gpu_sharing
 from bootstrap.facts.model import HostFacts
 from bootstrap.inventory.model import Inventory
@@ -113,6 +114,10 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, facts: dict[str, HostF
     nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes])
     labels = comp.node_labels(inventory, facts)
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
+    # A rolling upgrade that stopped and was fixed by hand: its cordons, now the node is back.
+    for name in cordoned_for_upgrade(n for n in nodes.values() if node_ready(n)):
+        uncordon(cluster, name, CORDONED_FOR_UPGRADE)
+        summary["objects"].append(f"Node {name} uncordoned (cordoned for an upgrade, Ready again)")
     plugin_config_changed = False
     for obj in comp.desired_prerequisites(inventory, facts):
         result = apply_object(cluster, obj)

@@ -49,8 +49,29 @@ def gpu_pods_on(cluster: Cluster, node: str) -> list[str]:
     return names
 
 
-def cordon(cluster: Cluster, node: str) -> None:
-    merge_patch(cluster, f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}})
+# Marks a cordon the tool made for a rolling upgrade: a later run knows the cordon is its
+# own to lift (an operator's own cordons are left alone).
+CORDONED_FOR_UPGRADE = "bootstrap.k3s/cordoned-for-upgrade"
+
+
+def cordon(cluster: Cluster, node: str, mark: str | None = None) -> None:
+    patch: dict = {"spec": {"unschedulable": True}}
+    if mark:
+        patch["metadata"] = {"annotations": {mark: "true"}}
+    merge_patch(cluster, f"/api/v1/nodes/{node}", patch)
+
+
+def uncordon(cluster: Cluster, node: str, mark: str | None = None) -> None:
+    patch: dict = {"spec": {"unschedulable": None}}
+    if mark:
+        patch["metadata"] = {"annotations": {mark: None}}
+    merge_patch(cluster, f"/api/v1/nodes/{node}", patch)
+
+
+def cordoned_for_upgrade(nodes) -> list[str]:
+    """Names of the Node objects the tool cordoned for an upgrade."""
+    return [n["metadata"]["name"] for n in nodes
+            if (n["metadata"].get("annotations") or {}).get(CORDONED_FOR_UPGRADE) == "true"]
 
 
 def drain(cluster: Cluster, node: str, timeout_s: float, force: bool) -> DrainResult:

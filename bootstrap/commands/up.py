@@ -128,13 +128,8 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
     from bootstrap.commands.validate import validate as run_validate
     from bootstrap.errors import HostsFailed
 
-    from bootstrap.upgrade import release_finished_cordons
-
     started = time.monotonic()
     with connect(inventory, state) as cluster:
-        # A rollout that stopped and was fixed by hand: nodes it cordoned that are Ready again.
-        for name in release_finished_cordons(cluster, None):
-            print(f"uncordoned {name} (upgraded, Ready)")
         summary = apply_cluster(cluster, inventory, facts)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     progress.current().event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
