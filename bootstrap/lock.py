@@ -1,4 +1,9 @@
-"""One command at a time per cluster: an flock on the state folder, released even on a crash."""
+"""One command at a time per cluster: an flock on the state folder, released even on a crash.
+
+Every command that connects to hosts takes it, the read-only ones (facts, plan, status,
+validate, kubeconfig) too: a first contact pins the host's key in known_hosts, and that
+file is written under this lock only (forget-host takes it as well).
+"""
 
 from __future__ import annotations
 

@@ -82,7 +82,8 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
 
     if host.sudo_ok is False:
         fail("sudo", f"sudo needs a password ({host.sudo_error})",
-             "allow passwordless sudo for the SSH user, or set ssh.password_env")
+             "allow passwordless sudo for the SSH user (bootstrap runs sudo -n; "
+             "ssh.password_env is for SSH login only)")
     if (host.os_id, host.os_version_id) not in SUPPORTED_OS:
         fail("os", f"{host.os_pretty or host.os_id or 'unknown OS'} is not supported",
              "use Ubuntu 22.04/24.04 or Debian 12")

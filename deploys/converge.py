@@ -8,11 +8,14 @@ host gets the same sequence of steps; a host with nothing to do in a step yields
 
 from __future__ import annotations
 
+import contextlib
 import io
 import secrets
 import shlex
 
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+import paramiko
+from pyinfra import logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 
 from bootstrap.hostplan.desired import K3S_BINARY
 from bootstrap.hostplan.plan import HostPlan
@@ -29,27 +32,42 @@ def run(commands: list):
 def placement_commands(plan: HostPlan, keep_previous_binary: str | None = None) -> list:
     """Files go to a private (0700) staging dir as the login user, then one root script
     installs them with their modes and runs the preparation lines: few round trips, and a
-    secret never sits in a world-readable temp file or on a command line.
+    secret never sits in a world-readable temp file or on a command line. The staging dir
+    (config.yaml holds the join token) goes on every exit: the root script's trap, or the
+    upload step itself when an upload fails (then no root script runs).
     `keep_previous_binary`: a path to copy the running k3s binary to first (an upgrade's
     way back)."""
     if not plan.uploads and not plan.prepare:
         return []
     commands: list = []
     lines = ["set -e"]
-    if keep_previous_binary:
-        lines.append(f"if [ -f {K3S_BINARY} ]; then install -D -m 0755 {K3S_BINARY} {keep_previous_binary}; fi")
     if plan.uploads:
         stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
+        lines.append(f"trap 'rm -rf {stage}' EXIT")
         commands.append(StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False))
-        for index, spec in enumerate(plan.uploads):
-            source = str(spec.local) if spec.local else io.BytesIO(spec.content)
-            commands.append(FileUploadCommand(source, f"{stage}/{index}", _sudo=False))
-        for index, spec in enumerate(plan.uploads):
-            lines.append(f"install -D -m {spec.mode:04o} -o root -g root {stage}/{index} {shlex.quote(spec.path)}")
-        lines.append(f"rm -rf {stage}")
+        sources = [str(spec.local) if spec.local else io.BytesIO(spec.content) for spec in plan.uploads]
+        commands.append(FunctionCommand(upload_or_clean_up, (stage, sources), {}))
+    if keep_previous_binary:
+        lines.append(f"if [ -f {K3S_BINARY} ]; then install -D -m 0755 {K3S_BINARY} {keep_previous_binary}; fi")
+    for index, spec in enumerate(plan.uploads):
+        lines.append(f"install -D -m {spec.mode:04o} -o root -g root {stage}/{index} {shlex.quote(spec.path)}")
     lines += plan.prepare
     commands.append(StringCommand("\n".join(lines)))
     return commands
+
+
+def upload_or_clean_up(state, host, stage: str, sources: list) -> bool:
+    """Upload `sources` as the login user to stage/0, stage/1, ...; when one fails, remove
+    the staging dir before reporting it (the root script that would remove it never runs)."""
+    try:
+        ok = all(host.put_file(source, f"{stage}/{index}", _sudo=False) for index, source in enumerate(sources))
+    except (OSError, EOFError, paramiko.SSHException):
+        ok = False
+    if not ok:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            host.run_shell_command(StringCommand(f"rm -rf {stage}"), _sudo=False)
+        host.log(f"uploading to {stage} failed; the staging dir was removed", log_func=logger.error)
+    return ok
 
 
 def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S) -> StringCommand:

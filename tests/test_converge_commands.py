@@ -23,12 +23,23 @@ def test_uploads_are_staged_privately_and_installed_with_modes():
     commands = placement_commands(plan)
     mkdir, upload, script = commands
     assert "mkdir -m 700 /tmp/bootstrap-stage-" in str(mkdir) and mkdir.connector_arguments["_sudo"] is False
-    assert upload.connector_arguments["_sudo"] is False and upload.dest.startswith("/tmp/bootstrap-stage-")
+    stage, sources = upload.args
+    assert stage.startswith("/tmp/bootstrap-stage-") and len(sources) == 1
     text = str(script)
-    assert f"install -D -m 0600 -o root -g root {upload.dest} {d.CONFIG}" in text
+    assert f"install -D -m 0600 -o root -g root {stage}/0 {d.CONFIG}" in text
     assert "rm -rf /tmp/bootstrap-stage-" in text and text.startswith("set -e")
-    assert "SECRET" not in "".join(str(c) for c in commands if not hasattr(c, "src"))
+    assert "SECRET" not in "".join(str(c) for c in commands)
     assert placement_commands(HostPlan(node=INV.nodes[0], unit="k3s")) == []
+
+
+def test_the_staging_dir_goes_on_every_exit_of_the_root_script():
+    plan = HostPlan(node=INV.nodes[0], unit="k3s", uploads=[d.text_file(d.CONFIG, "token: SECRET\n", 0o600, secret=True)],
+                    prepare=["false"])
+    script = str(placement_commands(plan)[-1])
+    stage = script.split("trap 'rm -rf ", 1)[1].split("'", 1)[0]
+    assert stage.startswith("/tmp/bootstrap-stage-")
+    # the trap is set before anything can fail, so `set -e` leaves nothing behind
+    assert script.index("trap") < script.index("install -D") < script.index("false")
 
 
 def test_service_wait_fails_fast_on_a_crash():

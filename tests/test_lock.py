@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from clirun import run_bootstrap
 
 INVENTORY = """\
@@ -38,3 +40,22 @@ def test_second_command_refuses_while_the_first_runs_and_not_after_a_crash(tmp_p
         holder.wait()
     after = run_bootstrap("up", inventory)
     assert "already working" not in after.stderr  # the kernel released the lock
+
+
+@pytest.mark.parametrize("command", [["validate"], ["kubeconfig"], ["forget-host", "cp-1"], ["facts"], ["plan"],
+                                     ["status"]], ids=lambda c: c[0])
+def test_every_command_that_can_write_known_hosts_takes_the_lock(tmp_path, command):
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(INVENTORY.format(state=tmp_path / "state"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(inventory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        known_hosts = tmp_path / "state" / "known_hosts"
+        known_hosts.write_text("10.200.9.250 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+        second = run_bootstrap(command[0], inventory, *command[1:])
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert "already working on this cluster" in second.stderr and "`up`" in second.stderr
+        assert "10.200.9.250" in known_hosts.read_text()  # forget-host did not run
+    finally:
+        holder.kill()
+        holder.wait()

@@ -9,14 +9,11 @@ from __future__ import annotations
 import select
 import socket
 import threading
-from pathlib import Path
-
 import paramiko
 
 from bootstrap.errors import BootstrapError
-from bootstrap.hosts.hostkeys import known_hosts_entry
+from bootstrap.hosts import sshlink
 from bootstrap.inventory.model import Inventory, Node
-from bootstrap.secrets import resolve
 from bootstrap.statedir import StateDir
 
 API_PORT = 6443
@@ -26,44 +23,14 @@ class TunnelError(BootstrapError):
     pass
 
 
-class _PinnedKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """First contact pins the key (as `up` does); a changed key is refused by paramiko itself."""
-
-    def __init__(self, known_hosts: Path):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        client.get_host_keys().save(str(self.known_hosts))
-        self.known_hosts.chmod(0o600)
-
-
 def connect_ssh(inventory: Inventory, node: Node, state: StateDir) -> paramiko.SSHClient:
-    ssh = inventory.ssh_for(node)
-    client = paramiko.SSHClient()
+    """A paramiko client on the node, through ssh.jump when it has one (first-contact keys
+    are pinned: callers hold the cluster lock)."""
     state.ensure()
-    if state.known_hosts.exists():
-        client.load_host_keys(str(state.known_hosts))
-    client.set_missing_host_key_policy(_PinnedKeyPolicy(state.known_hosts))
-    kwargs: dict = {"hostname": node.address, "port": ssh.port, "username": ssh.user,
-                    "timeout": ssh.connect_timeout, "allow_agent": ssh.key is None, "look_for_keys": ssh.key is None}
-    if ssh.key:
-        key = Path(ssh.key).expanduser()
-        if not key.is_absolute():
-            key = (Path(inventory.source).parent / key).resolve()
-        kwargs["key_filename"] = str(key)
-        kwargs["passphrase"] = resolve(ssh.key_passphrase, f"ssh key passphrase for {node.name}")
-    password = resolve(ssh.password, f"ssh password for {node.name}")
-    if password:
-        kwargs["password"] = password
     try:
-        client.connect(**kwargs)
-    except paramiko.BadHostKeyException:
-        raise TunnelError(f"SSH host key of {known_hosts_entry(node.address, ssh.port)} changed since it was pinned",
-                          f"if {node.name} was replaced, run: bootstrap forget-host {inventory.source} {node.name}") from None
-    except (paramiko.SSHException, OSError) as exc:
-        raise TunnelError(f"cannot reach {node.name} over SSH ({node.address}:{ssh.port}): {exc}") from None
-    return client
+        return sshlink.connect(inventory, node, state.known_hosts)
+    except sshlink.SshUnreachable as exc:
+        raise TunnelError(f"cannot reach {node.name} over SSH: {exc.message}", exc.hint) from None
 
 
 class Tunnel:
@@ -82,6 +49,8 @@ class Tunnel:
         from bootstrap.hosts.session import detect_dead_peer
 
         detect_dead_peer(self._client.get_transport().sock)
+        for transport in self._client.jumps.transports() if self._client.jumps else ():
+            detect_dead_peer(transport.sock)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(32)

@@ -6,12 +6,15 @@ import json
 
 from bootstrap.commands.common import open_hosts, report_failures, select_nodes
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
+from bootstrap.statedir import StateDir
 
 
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
     nodes = select_nodes(inventory, args.node)
-    with open_hosts(inventory, nodes, "facts") as session:
+    # Read-only, but first contact pins host keys: known_hosts is written under the lock only.
+    with cluster_lock(StateDir(inventory), "facts"), open_hosts(inventory, nodes, "facts") as session:
         from bootstrap.facts.host_facts import HostFactsFact
 
         facts = session.gather(HostFactsFact)

@@ -3,6 +3,7 @@
 from bootstrap.errors import UsageError
 from bootstrap.hosts import hostkeys
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
@@ -14,12 +15,17 @@ def run(args) -> int:
     if unknown:
         raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}",
                          f"nodes are: {', '.join(sorted(names))}")
-    for name in args.node:
-        node = inventory.node(name)
-        port = inventory.ssh_for(node).port
-        if hostkeys.forget(state.known_hosts, node.address, port):
-            print(f"{name}: forgot the pinned host key of {hostkeys.known_hosts_entry(node.address, port)}; "
-                  "the next contact pins the new machine's key")
-        else:
-            print(f"{name}: no pinned host key for {hostkeys.known_hosts_entry(node.address, port)}")
+    with cluster_lock(state, "forget-host"):
+        for name in args.node:
+            forget_one(state, inventory, name)
     return 0
+
+
+def forget_one(state, inventory, name) -> None:
+    node = inventory.node(name)
+    port = inventory.ssh_for(node).port
+    entry = hostkeys.known_hosts_entry(node.address, port)
+    if hostkeys.forget(state.known_hosts, node.address, port):
+        print(f"{name}: forgot the pinned host key of {entry}; the next contact pins the new machine's key")
+    else:
+        print(f"{name}: no pinned host key for {entry}")

@@ -6,13 +6,15 @@ import yaml
 
 from bootstrap.cluster import kubeconfig as kc
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
-    path = kc.fetch_over_ssh(inventory, state)
+    with cluster_lock(state, "kubeconfig"):  # it may pin the server's host key
+        path = kc.fetch_over_ssh(inventory, state)
     print(f"kubeconfig for cluster {inventory.cluster}: {path} (context {kc.context_name(inventory)})")
     if args.merge:
         target = kc.default_target()

@@ -5,12 +5,18 @@ from __future__ import annotations
 from bootstrap.commands.common import open_hosts
 from bootstrap.commands.up import gather_and_plan
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
+    with cluster_lock(state, "plan"):  # first contact pins host keys (and the API tunnel's)
+        return show_plan(args, inventory, state)
+
+
+def show_plan(args, inventory, state) -> int:
     with open_hosts(inventory, list(inventory.nodes), "plan") as session:
         facts, plans = gather_and_plan(session, inventory, state, create_token=False)
     for node in inventory.nodes:

@@ -7,6 +7,7 @@ import time
 
 from bootstrap.commands.common import open_hosts
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
@@ -18,9 +19,10 @@ def run(args) -> int:
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
-    with open_hosts(inventory, list(inventory.nodes), "status") as session:
-        facts = session.gather(HostFactsFact)
-    nodes, components = cluster_view(inventory, state, facts)
+    with cluster_lock(state, "status"):  # first contact pins host keys (and the API tunnel's)
+        with open_hosts(inventory, list(inventory.nodes), "status") as session:
+            facts = session.gather(HostFactsFact)
+        nodes, components = cluster_view(inventory, state, facts)
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
     rows = []
     for node in inventory.nodes:

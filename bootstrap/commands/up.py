@@ -36,13 +36,15 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
     facts = facts if facts is not None else gather_facts(session, inventory)
     findings = preflight(inventory, facts)
     artifacts, target = None, None  # the k3s release to run (one for every arch)
-    if not any(f.severity == "error" for f in findings):
+    unreachable = bool(session.failures) and not tolerate_unreachable
+    # An unreachable host is the problem to name; resolving a channel online can wait for it.
+    if not unreachable and not any(f.severity == "error" for f in findings):
         artifacts = art.k3s_artifacts(inventory, {f.arch for f in facts.values()})
         target = next(iter(artifacts.values())).version if artifacts else None
         findings += version_findings(inventory, facts, target, {a: x.binary_sha256 for a, x in artifacts.items()})
     flow.print_findings(findings)
     errors = [f for f in findings if f.severity == "error"]
-    if errors or (session.failures and not tolerate_unreachable):
+    if errors or unreachable:
         for failure in sorted(session.failures.values(), key=lambda f: f.node):
             print(f"FAILED {failure.render()}", file=sys.stderr)
         problems = len(errors) + len(session.failures)

@@ -7,6 +7,7 @@ import json
 from bootstrap.commands.common import open_hosts
 from bootstrap.errors import EXIT_FAILED, EXIT_OK
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
@@ -33,8 +34,9 @@ def validate(inventory, state, facts, *, as_json: bool = False) -> int:
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
-    with open_hosts(inventory, list(inventory.nodes), "validate") as session:
-        from bootstrap.facts.host_facts import HostFactsFact
+    with cluster_lock(state, "validate"):  # it pins first-contact host keys
+        with open_hosts(inventory, list(inventory.nodes), "validate") as session:
+            from bootstrap.facts.host_facts import HostFactsFact
 
-        facts = session.gather(HostFactsFact)
-    return validate(inventory, state, facts, as_json=args.json)
+            facts = session.gather(HostFactsFact)
+        return validate(inventory, state, facts, as_json=args.json)

@@ -10,8 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap.errors import UsageError
-from bootstrap.hosts import hostkeys
+from bootstrap.hosts import hostkeys, sshlink
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.secrets import resolve
 from bootstrap.statedir import StateDir
@@ -30,6 +29,7 @@ class HostFailure:
 def explain_connect_error(node: Node, address: str, port: int, error: str, inventory: Inventory) -> HostFailure:
     """Turn pyinfra's connect errors into a line that says what to do."""
     text = str(error)
+    seconds = inventory.ssh_for(node).connect_timeout
     if "host key" in text.lower():
         return HostFailure(
             node.name,
@@ -41,8 +41,9 @@ def explain_connect_error(node: Node, address: str, port: int, error: str, inven
                            "check ssh.user and ssh.key in the inventory")
     if "resolve" in text:
         return HostFailure(node.name, f"cannot resolve host name {address}")
-    if "timed out" in text.lower():
-        return HostFailure(node.name, f"SSH to {address}:{port} timed out", "is the machine up and port open?")
+    if sshlink.is_silent(text):
+        return HostFailure(node.name, sshlink.no_answer(address, port, seconds),
+                           "is the machine up, and does a firewall drop the SSH port?")
     if "refused" in text.lower() or "Could not connect" in text:
         return HostFailure(node.name, f"cannot connect to SSH at {address}:{port} ({_reason(text)})",
                            "is the machine running and sshd up?")
@@ -72,6 +73,35 @@ def detect_dead_peer(sock, idle_s: int = 10, interval_s: int = 5, probes: int = 
         pass
 
 
+def host_data(inventory: Inventory, state: StateDir, node: Node, known_hosts: Path | None = None) -> dict:
+    """pyinfra host data for one node, public keys only. sudo is always `sudo -n`: preflight
+    requires passwordless sudo, and pyinfra would put a sudo password in the command's
+    environment, on the host's process list. The SSH password is for logging in only."""
+    ssh = inventory.ssh_for(node)
+    data: dict = {
+        "ssh_hostname": node.address,
+        "ssh_port": ssh.port,
+        "ssh_user": ssh.user,
+        "ssh_known_hosts_file": str(known_hosts or state.known_hosts),
+        "ssh_strict_host_key_checking": "accept-new",
+        # a retry would cost a silent host the time-out again (and a jump channel is spent)
+        "ssh_connect_retries": 0,
+        "ssh_allow_agent": True,
+        "ssh_paramiko_connect_kwargs": sshlink.timeout_kwargs(ssh.connect_timeout),
+        "_sudo": ssh.use_sudo,
+    }
+    key = sshlink.key_file(inventory, node)
+    if key:
+        data["ssh_key"] = str(key)
+    password = resolve(ssh.password, f"ssh password for {node.name}")
+    if password:
+        data["ssh_password"] = password
+    passphrase = resolve(ssh.key_passphrase, f"ssh key passphrase for {node.name}")
+    if passphrase:
+        data["ssh_key_password"] = passphrase
+    return data
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -83,54 +113,7 @@ class HostSession:
         self.failures: dict[str, HostFailure] = {}
         self.log_file = log_file
         self._state = None
-
-    # -- pyinfra plumbing ---------------------------------------------------------------------
-    def _host_data(self, node: Node) -> dict:
-        ssh = self.inventory.ssh_for(node)
-        data: dict = {
-            "ssh_hostname": node.address,
-            "ssh_port": ssh.port,
-            "ssh_user": ssh.user,
-            "ssh_known_hosts_file": str(self.state_dir.known_hosts),
-            "ssh_strict_host_key_checking": "accept-new",
-            "ssh_connect_retries": 2,
-            "ssh_allow_agent": True,
-            "_sudo": ssh.use_sudo,
-        }
-        if ssh.key:
-            key = Path(ssh.key).expanduser()
-            if not key.is_absolute():
-                key = (Path(self.inventory.source).parent / key).resolve()
-            if not key.exists():
-                raise UsageError(f"SSH key {key} (ssh.key for node {node.name}) does not exist",
-                                 "fix ssh.key in the inventory, or remove it to use your SSH agent")
-            data["ssh_key"] = str(key)
-        password = resolve(ssh.password, f"ssh password for {node.name}")
-        if password:
-            data["ssh_password"] = password
-            data["_sudo_password"] = password
-        passphrase = resolve(ssh.key_passphrase, f"ssh key passphrase for {node.name}")
-        if passphrase:
-            data["ssh_key_password"] = passphrase
-        if ssh.jump:
-            data["ssh_config_file"] = str(self._write_jump_config())
-        return data
-
-    def _write_jump_config(self) -> Path:
-        """paramiko follows ProxyJump from an ssh_config; write one per cluster with pinned keys."""
-        lines = []
-        for node in self.inventory.nodes:
-            ssh = self.inventory.ssh_for(node)
-            if not ssh.jump:
-                continue
-            lines += [f"Host {node.address}", f"    ProxyJump {ssh.jump}", ""]
-        jumps = {self.inventory.ssh_for(n).jump for n in self.inventory.nodes} - {None}
-        for jump in sorted(jumps):
-            host = jump.split("@")[-1].rsplit(":", 1)[0]
-            lines += [f"Host {host}", f"    UserKnownHostsFile {self.state_dir.known_hosts}",
-                      "    StrictHostKeyChecking accept-new", ""]
-        self.state_dir.ssh_config.write_text("\n".join(lines))
-        return self.state_dir.ssh_config
+        self._jumps = sshlink.Jumps(state.known_hosts)
 
     def __enter__(self) -> "HostSession":
         self.open()
@@ -147,35 +130,89 @@ class HostSession:
 
         self.state_dir.ensure()
         self._configure_logging()
-        names = [(node.name, self._host_data(node)) for node in self.nodes]
-        py_inventory = PyInventory((names, {}))
-        timeout = max(self.inventory.ssh_for(n).connect_timeout for n in self.nodes) if self.nodes else 10
-        config = Config(PARALLEL=min(len(self.nodes), 100) or 1, CONNECT_TIMEOUT=timeout, FAIL_PERCENT=None)
-        state = State(py_inventory, config)
+        # pyinfra appends first-contact keys to the file it is given, in place and in
+        # parallel: give it a private copy and merge what it learnt afterwards, atomically.
+        scratch = self._scratch_known_hosts()
+        try:
+            socks = self._open_jumps()
+            names = [(node.name, self._pyinfra_data(node, scratch, socks)) for node in self.nodes
+                     if node.name not in self.failures]
+            timeout = max(self.inventory.ssh_for(n).connect_timeout for n in self.nodes) if self.nodes else 10
+            config = Config(PARALLEL=min(len(names), 100) or 1, CONNECT_TIMEOUT=timeout, FAIL_PERCENT=None)
+            state = State()
+            state.init(PyInventory((names, {})), config)  # (State() skips init for an empty inventory)
+            state.add_callback_handler(self._connect_callbacks(BaseStateCallback))
+            state.set_stage(StateStage.Connect)
+            try:
+                connect_all(state)
+            except PyinfraError:
+                pass  # "No hosts remaining!": every host is already in self.failures
+            hostkeys.merge(self.state_dir.known_hosts, scratch.read_text())
+        finally:
+            scratch.unlink(missing_ok=True)
+        for host in state.active_hosts:
+            client = getattr(host.connector, "client", None)
+            if client is not None and client.get_transport() is not None:
+                detect_dead_peer(client.get_transport().sock)
+        for transport in self._jumps.transports():
+            detect_dead_peer(transport.sock)
+        for host in list(state.inventory):
+            if host.name not in self.failures and host not in state.active_hosts:
+                self.failures[host.name] = HostFailure(host.name, "could not connect")
+        self._state = state
+
+    def _scratch_known_hosts(self) -> Path:
+        import os
+        import tempfile
+
+        fd, name = tempfile.mkstemp(dir=self.state_dir.path, prefix=".known_hosts.session.")  # 0600
+        known = self.state_dir.known_hosts
+        with os.fdopen(fd, "w") as handle:
+            handle.write(known.read_text() if known.exists() else "")
+        return Path(name)
+
+    def _open_jumps(self) -> dict:
+        """A channel through its bastion for each node with ssh.jump, opened in parallel (one
+        bastion connection each, shared); a node whose bastion fails is a failure here and
+        is never contacted directly."""
+        from concurrent.futures import ThreadPoolExecutor  # greenlets: gevent patched threading
+
+        jumped = [n for n in self.nodes if self.inventory.ssh_for(n).jump]
+        if not jumped:
+            return {}
+        for node in jumped:  # one bastion connection per bastion, before the channels
+            try:
+                self._jumps.bastion(self.inventory, node)
+            except sshlink.SshUnreachable:
+                pass  # the channel below reports it for each of its nodes
+
+        def channel(node):
+            try:
+                return node.name, self._jumps.channel(self.inventory, node)
+            except sshlink.SshUnreachable as exc:
+                self.failures[node.name] = HostFailure(node.name, exc.message, exc.hint)
+                return node.name, None
+
+        with ThreadPoolExecutor(max_workers=min(len(jumped), 32)) as pool:
+            return {name: sock for name, sock in pool.map(channel, jumped) if sock is not None}
+
+    def _pyinfra_data(self, node: Node, known_hosts: Path, socks: dict) -> dict:
+        data = host_data(self.inventory, self.state_dir, node, known_hosts)
+        if node.name in socks:
+            data["ssh_paramiko_connect_kwargs"] = {**data["ssh_paramiko_connect_kwargs"], "sock": socks[node.name]}
+        return data
+
+    def _connect_callbacks(self, base):
         session = self
 
-        class Callbacks(BaseStateCallback):
+        class Callbacks(base):
             def host_connect_error(self, state, host, error):
                 node = session.inventory.node(host.name)
                 ssh = session.inventory.ssh_for(node)
                 session.failures[host.name] = explain_connect_error(node, node.address, ssh.port, error,
                                                                     session.inventory)
 
-        state.add_callback_handler(Callbacks())
-        state.set_stage(StateStage.Connect)
-        try:
-            connect_all(state)
-        except PyinfraError:
-            pass  # "No hosts remaining!": every host is already in self.failures
-        hostkeys.dedupe(self.state_dir.known_hosts)
-        for host in state.active_hosts:
-            client = getattr(host.connector, "client", None)
-            if client is not None and client.get_transport() is not None:
-                detect_dead_peer(client.get_transport().sock)
-        for host in list(state.inventory):
-            if host.name not in self.failures and host not in state.active_hosts:
-                self.failures[host.name] = HostFailure(host.name, "could not connect")
-        self._state = state
+        return Callbacks()
 
     def close(self) -> None:
         if self._state is not None:
@@ -183,6 +220,7 @@ class HostSession:
 
             disconnect_all(self._state)
             self._state = None
+        self._jumps.close()
 
     def _configure_logging(self) -> None:
         """pyinfra and paramiko log to the run log only, at INFO: pyinfra's DEBUG lines include

@@ -1,0 +1,195 @@
+"""SSH connections the tool opens itself with paramiko: the bastion hop (ssh.jump) under
+every connection, pyinfra's included, and the direct client the API tunnel uses.
+
+No inventory string ever becomes ssh_config text (where a newline in an address could add
+a ProxyCommand that runs on the operator's machine): the bastion is reached with a paramiko
+client of our own, its key pinned in the cluster's known_hosts, and a `direct-tcpip`
+channel through it is the socket the connection to the node runs over.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from bootstrap.errors import BootstrapError, UsageError
+from bootstrap.hosts import hostkeys
+from bootstrap.inventory.model import Inventory, Node
+from bootstrap.secrets import resolve
+
+
+class SshUnreachable(BootstrapError):
+    pass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    user: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.user}@{hostkeys.known_hosts_entry(self.host, self.port)}"
+
+
+def parse_jump(jump: str, default_user: str) -> Endpoint:
+    """`user@host[:port]`, `[v6]:port` or a bare v6 address; the user defaults to the node's."""
+    user, _, hostport = jump.rpartition("@")
+    host, port = hostport, 22
+    if hostport.startswith("[") and "]" in hostport:
+        host, _, rest = hostport[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else 22
+    elif hostport.count(":") == 1:
+        host, _, text = hostport.partition(":")
+        port = int(text) if text.isdigit() else 22
+    return Endpoint(user or default_user, host, port)
+
+
+def key_file(inventory: Inventory, node: Node) -> Path | None:
+    """ssh.key, relative to the inventory file."""
+    ssh = inventory.ssh_for(node)
+    if not ssh.key:
+        return None
+    key = Path(ssh.key).expanduser()
+    if not key.is_absolute():
+        key = (Path(inventory.source).parent / key).resolve()
+    if not key.exists():
+        raise UsageError(f"SSH key {key} (ssh.key for node {node.name}) does not exist",
+                         "fix ssh.key in the inventory, or remove it to use your SSH agent")
+    return key
+
+
+def timeout_kwargs(seconds: int) -> dict:
+    """paramiko waits 15 s for a banner and 30 s for auth by default; a silent host must cost
+    the configured time-out once."""
+    return {"timeout": seconds, "banner_timeout": seconds, "auth_timeout": seconds, "channel_timeout": seconds}
+
+
+def no_answer(address: str, port: int, seconds: int) -> str:
+    where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+    return f"no SSH answer from {where} in {seconds} s"
+
+
+SILENT_MARKERS = ("timed out", "error reading ssh protocol banner", "negotiation timed out",
+                  "timeout opening channel", "no existing session")
+
+
+def is_silent(text: str) -> bool:
+    """What paramiko says when the port takes the connection (or drops it) and never speaks."""
+    return any(marker in text.lower() for marker in SILENT_MARKERS)
+
+
+def client_kwargs(inventory: Inventory, node: Node) -> dict:
+    """Authentication (ssh.key or the agent and default keys) and time-outs for paramiko."""
+    ssh = inventory.ssh_for(node)
+    key = key_file(inventory, node)
+    kwargs: dict = {"username": ssh.user, "allow_agent": key is None, "look_for_keys": key is None,
+                    **timeout_kwargs(ssh.connect_timeout)}
+    if key:
+        kwargs["key_filename"] = str(key)
+        kwargs["passphrase"] = resolve(ssh.key_passphrase, f"ssh key passphrase for {node.name}")
+    return kwargs
+
+
+class NodeClient(paramiko.SSHClient):
+    """A client that closes its bastion connection with itself."""
+
+    jumps: "Jumps | None" = None
+
+    def close(self) -> None:
+        super().close()
+        if self.jumps is not None:
+            self.jumps.close()
+
+
+def new_client(known_hosts: Path, cls=paramiko.SSHClient) -> paramiko.SSHClient:
+    client = cls()
+    if known_hosts.exists():
+        client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(hostkeys.PinFirstContact(known_hosts))
+    return client
+
+
+def _connect(client: paramiko.SSHClient, host: str, port: int, kwargs: dict, what: str, seconds: int,
+             replaced_hint: str | None = None) -> None:
+    """client.connect with its failures as one line each."""
+    try:
+        client.connect(host, port=port, **kwargs)
+    except paramiko.BadHostKeyException:
+        raise SshUnreachable(f"SSH host key of {what} {hostkeys.known_hosts_entry(host, port)} changed since it "
+                             "was pinned; refusing to connect", replaced_hint) from None
+    except paramiko.AuthenticationException as exc:
+        raise SshUnreachable(f"SSH authentication to {what} {host}:{port} failed ({exc})") from None
+    except socket.gaierror:
+        raise SshUnreachable(f"cannot resolve host name {host!r} ({what})") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        if is_silent(str(exc)) or isinstance(exc, socket.timeout):
+            raise SshUnreachable(f"{no_answer(host, port, seconds)} ({what})") from None
+        raise SshUnreachable(f"cannot connect to SSH at {what} {host}:{port} ({exc or type(exc).__name__})") from None
+
+
+class Jumps:
+    """Bastion connections of one session, one per bastion and key, shared by its nodes."""
+
+    def __init__(self, known_hosts: Path):
+        self.known_hosts = known_hosts
+        self._clients: dict[tuple, paramiko.SSHClient] = {}
+
+    def bastion(self, inventory: Inventory, node: Node) -> paramiko.SSHClient:
+        ssh = inventory.ssh_for(node)
+        endpoint = parse_jump(ssh.jump, ssh.user)
+        cache_key = (endpoint, ssh.key)
+        if cache_key not in self._clients:
+            client = new_client(self.known_hosts)
+            _connect(client, endpoint.host, endpoint.port, {**client_kwargs(inventory, node), "username": endpoint.user},
+                     "bastion", ssh.connect_timeout)
+            self._clients[cache_key] = client
+        return self._clients[cache_key]
+
+    def channel(self, inventory: Inventory, node: Node) -> paramiko.Channel:
+        """A `direct-tcpip` channel from the bastion to the node's SSH port: the socket the
+        node's own SSH connection runs over."""
+        ssh = inventory.ssh_for(node)
+        transport = self.bastion(inventory, node).get_transport()
+        try:
+            return transport.open_channel("direct-tcpip", (node.address, ssh.port), ("127.0.0.1", 0),
+                                          timeout=ssh.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            if is_silent(str(exc)) or isinstance(exc, socket.timeout):
+                raise SshUnreachable(f"{no_answer(node.address, ssh.port, ssh.connect_timeout)} "
+                                     f"(through bastion {ssh.jump})") from None
+            raise SshUnreachable(f"bastion {ssh.jump} cannot reach {node.address}:{ssh.port} "
+                                 f"({exc or type(exc).__name__})") from None
+
+    def transports(self) -> list:
+        return [c.get_transport() for c in self._clients.values() if c.get_transport() is not None]
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+
+def connect(inventory: Inventory, node: Node, known_hosts: Path) -> NodeClient:
+    """A paramiko client logged in to the node, through its bastion when it has one;
+    closing it closes the bastion connection too."""
+    ssh = inventory.ssh_for(node)
+    kwargs = client_kwargs(inventory, node)
+    password = resolve(ssh.password, f"ssh password for {node.name}")
+    if password:
+        kwargs["password"] = password
+    client = new_client(known_hosts, NodeClient)
+    if ssh.jump:
+        client.jumps = Jumps(known_hosts)
+    try:
+        if ssh.jump:
+            kwargs["sock"] = client.jumps.channel(inventory, node)
+        _connect(client, node.address, ssh.port, kwargs, node.name, ssh.connect_timeout,
+                 f"if {node.name} was replaced, run: bootstrap forget-host {inventory.source} {node.name}")
+    except BaseException:
+        client.close()
+        raise
+    return client
