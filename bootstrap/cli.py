@@ -67,6 +67,11 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--purge-drivers", action="store_true", help="also remove drivers the tool installed")
     if name == "rebuild":
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
+        cmd.add_argument("--restore", action="store_true",
+                         help="when no server's k3s answers: restore the control plane from the newest snapshot "
+                              "in the state folder (or --snapshot NAME); says what is lost and asks first")
+        cmd.add_argument("--snapshot", metavar="NAME", help="with --restore: the snapshot to restore")
+        cmd.add_argument("--yes", "-y", action="store_true", help="do not ask before restoring")
     if name in ("validate", "status"):
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
     if name in EVENT_STREAMS:
@@ -81,6 +86,9 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
         cmd.add_argument("--purge-drivers", action="store_true",
                          help="also remove NVIDIA driver packages the tool installed")
+        cmd.add_argument("--force", action="store_true",
+                         help="also wipe k3s from hosts this cluster did not set up (another cluster's, or "
+                              "installed by hand)")
     if name == "kubeconfig":
         cmd.add_argument("--merge", action="store_true",
                          help="add it to ~/.kube/config (or $KUBECONFIG) as context bootstrap-<cluster>")

@@ -41,6 +41,23 @@ def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts) -> bool:
     return facts.gpu_hardware
 
 
+def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluster_id: str) -> list[Finding]:
+    """A host another cluster (or a hand-made k3s) owns is never changed."""
+    from bootstrap.rules.ownership import ownership
+
+    findings = []
+    for node in inventory.nodes:
+        if node.name in facts:
+            owner = ownership(facts[node.name], cluster_id)
+            if owner.verdict == "foreign":
+                findings.append(Finding(
+                    node.name, "owner", f"{owner.reason}; bootstrap will not change it",
+                    "remove it from this inventory, or tear that cluster down first with its own inventory "
+                    "(bootstrap down); if it is this cluster and its state folder was lost, restore the state "
+                    "folder (identity.json, token) from where `up` ran before"))
+    return findings
+
+
 def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
     from bootstrap.hostplan.registries import embedded_mirror_on
 

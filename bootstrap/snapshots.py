@@ -1,12 +1,17 @@
 """etcd snapshots: taken on a server, copied with the token they need to the state folder.
 
 A snapshot is useless without the token that encrypted its bootstrap data, so each local
-copy has its token beside it (both 0600). The last N are kept.
+copy has its token beside it (both 0600). Names carry the cluster's id
+(`bootstrap-<id>-<time>`, then what k3s appends: `-<node>-<unix time>`), so the last N
+of *this* cluster are kept and only this cluster's snapshots are ever restored.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap.errors import BootstrapError
@@ -14,6 +19,41 @@ from bootstrap.inventory.model import Inventory, Node
 from bootstrap.statedir import StateDir
 
 REMOTE_DIR = "/var/lib/rancher/k3s/server/db/snapshots"
+# What k3s appends to --name: "-<node name>-<unix time>", and ".zip" when compressed
+# (k3s-io/k3s pkg/etcd/snapshot.go, snapshotName / compressSnapshot).
+_K3S_SUFFIX = r"-[a-z0-9]([a-z0-9.-]*[a-z0-9])?-[0-9]+(\.zip)?"
+
+
+def name_prefix(cluster_id: str) -> str:
+    return f"bootstrap-{cluster_id}-"
+
+
+def snapshot_pattern(cluster_id: str) -> re.Pattern:
+    return re.compile(re.escape(name_prefix(cluster_id)) + r"[0-9]{8}-[0-9]{6}" + _K3S_SUFFIX, re.ASCII)
+
+
+def is_ours(name: str, cluster_id: str) -> bool:
+    return bool(snapshot_pattern(cluster_id).fullmatch(name))
+
+
+@dataclass(frozen=True)
+class LocalSnapshot:
+    path: Path
+    taken: float  # the file's mtime: when it was copied here, right after k3s saved it
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def age(self, now: float | None = None) -> str:
+        seconds = max(0, int((now or time.time()) - self.taken))
+        if seconds < 120:
+            return f"{seconds} s"
+        if seconds < 7200:
+            return f"{seconds // 60} min"
+        if seconds < 172800:
+            return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+        return f"{seconds // 86400} days"
 
 
 def local_dir(state: StateDir) -> Path:
@@ -22,18 +62,41 @@ def local_dir(state: StateDir) -> Path:
     return path
 
 
-def newest(state: StateDir) -> Path | None:
-    snaps = sorted((p for p in local_dir(state).iterdir() if p.is_file() and not p.name.endswith(".token")),
-                   key=lambda p: p.stat().st_mtime)
+def local_snapshots(state: StateDir) -> list[LocalSnapshot]:
+    """This cluster's snapshots in the state folder, oldest first."""
+    cluster_id = state.cluster_id
+    found = [LocalSnapshot(p, p.stat().st_mtime) for p in local_dir(state).iterdir()
+             if p.is_file() and is_ours(p.name, cluster_id)]
+    return sorted(found, key=lambda s: (s.taken, s.name))
+
+
+def newest(state: StateDir) -> LocalSnapshot | None:
+    snaps = local_snapshots(state)
     return snaps[-1] if snaps else None
 
 
+def find(state: StateDir, name: str) -> LocalSnapshot | None:
+    return next((s for s in local_snapshots(state) if s.name == name), None)
+
+
 def prune(state: StateDir, keep: int) -> None:
-    snaps = sorted((p for p in local_dir(state).iterdir() if p.is_file() and not p.name.endswith(".token")),
-                   key=lambda p: p.stat().st_mtime)
+    snaps = local_snapshots(state)
     for old in snaps[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
-        old.with_name(old.name + ".token").unlink(missing_ok=True)
+        old.path.unlink(missing_ok=True)
+        old.path.with_name(old.name + ".token").unlink(missing_ok=True)
+
+
+def adopt_legacy(state: StateDir) -> None:
+    """Snapshots named before clusters had ids (`bootstrap-YYYYmmdd-HHMMSS-...`) get this
+    cluster's prefix: they came from the only cluster this folder ever held."""
+    folder = state.path / "snapshots"
+    if not folder.is_dir():
+        return
+    legacy = re.compile(r"bootstrap-([0-9]{8}-[0-9]{6}" + _K3S_SUFFIX + r")(\.token)?", re.ASCII)
+    for path in folder.iterdir():
+        match = legacy.fullmatch(path.name)
+        if match:
+            path.rename(path.with_name(name_prefix(state.cluster_id) + path.name[len("bootstrap-"):]))
 
 
 def take(inventory: Inventory, state: StateDir, server: Node | None = None) -> Path:
@@ -42,7 +105,7 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None) -> P
 
     server = server or inventory.servers[0]
     sudo = "sudo -n " if inventory.ssh_for(server).use_sudo else ""
-    name = f"bootstrap-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = name_prefix(state.cluster_id) + time.strftime("%Y%m%d-%H%M%S")
     client = connect_ssh(inventory, server, state)
     try:
         def run(command: str, what: str) -> bytes:
@@ -52,17 +115,19 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None) -> P
                 raise BootstrapError(f"{what} on {server.name} failed: {stderr.read().decode().strip()[-300:]}")
             return data
 
-        run(f"{sudo}k3s etcd-snapshot save --name {name} >/dev/null 2>&1 || {sudo}k3s etcd-snapshot save --name {name}",
-            "k3s etcd-snapshot save")
-        remote = run(f"{sudo}sh -c 'ls -t {REMOTE_DIR}/{name}* | head -n 1'", "finding the snapshot").decode().strip()
+        save = f"{sudo}k3s etcd-snapshot save --name {shlex.quote(name)}"
+        run(f"{save} >/dev/null 2>&1 || {save}", "k3s etcd-snapshot save")
+        listing = run(f"{sudo}ls -t {REMOTE_DIR}", "finding the snapshot").decode()
+        # Only a name of our own pattern is used: it goes into a command line next.
+        remote = next((line.strip() for line in listing.splitlines()
+                       if line.strip().startswith(name) and is_ours(line.strip(), state.cluster_id)), None)
         if not remote:
             raise BootstrapError(f"k3s saved no snapshot named {name} in {REMOTE_DIR} on {server.name}")
-        data = run(f"{sudo}cat {remote}", "reading the snapshot")
+        data = run(f"{sudo}cat {shlex.quote(REMOTE_DIR + '/' + remote)}", "reading the snapshot")
     finally:
         client.close()
-    target = local_dir(state) / Path(remote).name
-    state.write_secret(f"snapshots/{target.name}", data)
+    target = state.write_secret(f"snapshots/{remote}", data)
     token = (state.path / "token").read_text()
-    state.write_secret(f"snapshots/{target.name}.token", token)
+    state.write_secret(f"snapshots/{remote}.token", token)
     prune(state, inventory.k3s.snapshots.retention)
     return target

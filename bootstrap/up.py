@@ -73,7 +73,7 @@ class Plans:
 
 
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
-               artifacts: dict[str, art.K3sArtifacts], join_via=None) -> Plans:
+               artifacts: dict[str, art.K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
     from bootstrap.hostplan.registries import embedded_mirror_on
 
     plans = {}
@@ -87,7 +87,7 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
         packages = driver_packages(inventory, host) if gpu else []
         want = d.desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
                                embedded_mirror=mirror)
-        plans[node.name] = plan_host(node, want, host)
+        plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
     return Plans(plans, gpu_nodes)
 
 
@@ -147,4 +147,4 @@ def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
         return
     from bootstrap.cluster.kubeconfig import rewrite
 
-    state.write_secret("kubeconfig", rewrite(output.stdout, inventory, address=first.address))
+    state.write_secret("kubeconfig", rewrite(output.stdout, inventory, state.cluster_id, address=first.address))

@@ -127,7 +127,8 @@ def restore_commands(snapshot) -> list:
     """Put a local snapshot on the new server and reset the datastore from it. The token in
     config.yaml (the old cluster's) decrypts it; k3s refuses a wrong one."""
     stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
-    remote = f"/var/lib/rancher/k3s/server/db/snapshots/{snapshot.name}"
+    # The name is one of the state folder's own (bootstrap.snapshots pattern); quoted anyway.
+    remote = shlex.quote(f"/var/lib/rancher/k3s/server/db/snapshots/{snapshot.name}")
     return [
         StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False),
         FileUploadCommand(str(snapshot), f"{stage}/snapshot", _sudo=False),

@@ -80,7 +80,17 @@ def test_lost_server_is_restored_from_the_snapshot_and_agents_rejoin(lab, tmp_pa
     (new_server,) = lab.start(["rs-cp2"])
     edit(inventory, lambda d: d["nodes"].__setitem__(0, {"name": "rs-cp2", "address": new_server.address,
                                                         "role": "server"}))
-    result = run_bootstrap("rebuild", inventory, timeout=900)
+    # Without --restore nothing is restored: the command says from which snapshot it would.
+    refused = run_bootstrap("rebuild", inventory, timeout=900)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "the control plane is lost" in refused.stderr and "--restore" in refused.stderr
+    assert "rs-cp: does not answer over SSH" in refused.stdout
+    assert "k3s" not in new_server.ssh("ls /etc/rancher /usr/local/bin", check=False).stdout
+    # Not on a terminal and without --yes: it asks, so it refuses.
+    unconfirmed = run_bootstrap("rebuild", inventory, "--restore", timeout=900)
+    assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr
+    assert "Lost: everything the cluster recorded after it" in unconfirmed.stderr
+    result = run_bootstrap("rebuild", inventory, "--restore", "--yes", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "restored rs-cp2 from" in result.stdout
     nodes = api_nodes(inventory)

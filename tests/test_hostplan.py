@@ -31,6 +31,8 @@ registries:
   mirrors: {docker.io: ["https://mirror.example.com"]}
 """)
 
+CLUSTER_ID = "0123456789abcdef"
+
 
 @pytest.mark.parametrize("name", ["cp-1", "cp-2", "gpu-1"])
 def test_config_keys_are_real_k3s_flags(name):
@@ -81,7 +83,7 @@ def converged_facts(want: d.Desired, unit: str) -> HostFacts:
 def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
     node = INV.node("gpu-1")
     want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=True, driver_packages=[])
-    fresh = plan_host(node, want, HostFacts(sysctls={"net.ipv4.ip_forward": "0"}, swap_mib=1024))
+    fresh = plan_host(node, want, HostFacts(sysctls={"net.ipv4.ip_forward": "0"}, swap_mib=1024), CLUSTER_ID, "lab")
     assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {d.CONFIG, d.K3S_BINARY, d.MANIFEST}
     assert any("apt-get install" in line and "nvidia-container-toolkit" in line for line in fresh.prepare)
     assert any(line.startswith("swapoff") for line in fresh.prepare)
@@ -94,7 +96,7 @@ def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
     first_manifest = next(u for u in fresh.uploads if u.path == d.MANIFEST)
     facts = replace(facts, manifest=yaml.safe_load(first_manifest.content),
                     files={**facts.files, d.MANIFEST: FileState(0o644, first_manifest.sha256)})
-    noop = plan_host(node, want, facts)
+    noop = plan_host(node, want, facts, CLUSTER_ID, "lab")
     assert not noop.changed, noop.changes
 
 
@@ -103,18 +105,18 @@ def test_config_change_restarts_only_that_host(tmp_path):
     want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=False, driver_packages=[])
     facts = converged_facts(want, "k3s-agent")
     edited = replace(facts, files={**facts.files, d.CONFIG: FileState(0o600, "0" * 64)})
-    plan = plan_host(node, want, edited)
+    plan = plan_host(node, want, edited, CLUSTER_ID, "lab")
     assert plan.service == "restart" and [u.path for u in plan.uploads if u.path != d.MANIFEST] == [d.CONFIG]
     assert all(u.secret for u in plan.uploads if u.path == d.CONFIG)
     stopped = replace(facts, k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                             [SystemdUnit("k3s-agent.service", "loaded", "inactive", "enabled")]))
-    assert plan_host(node, want, stopped).service == "start"
+    assert plan_host(node, want, stopped, CLUSTER_ID, "lab").service == "start"
 
 
 def test_secrets_never_appear_in_plan_text(tmp_path):
     node = INV.node("cp-1")
     want = d.desired_state(INV, node, "s3cr3t-token", _artifacts(tmp_path), gpu=False, driver_packages=[])
-    plan = plan_host(node, want, HostFacts())
+    plan = plan_host(node, want, HostFacts(), CLUSTER_ID, "lab")
     assert "s3cr3t-token" not in "\n".join(plan.changes + plan.prepare)
     assert b"s3cr3t-token" in next(u for u in plan.uploads if u.path == d.CONFIG).content
 

@@ -25,6 +25,8 @@ nodes:
 OLD = b"k3s v1.33.5"
 NEW = b"k3s v1.34.1"
 
+CLUSTER_ID = "0123456789abcdef"
+
 
 def running_on(node, version="v1.33.5+k3s1", binary=OLD, active=True):
     unit = "k3s" if node.role == "server" else "k3s-agent"
@@ -44,7 +46,7 @@ def artifacts(binary: bytes, path="/nonexistent/k3s"):
 
 def plans_for(facts):
     return {n.name: plan_host(n, d.desired_state(INV, n, "tok", artifacts(NEW), gpu=False, driver_packages=[]),
-                              facts[n.name]) for n in INV.nodes}
+                              facts[n.name], CLUSTER_ID, "lab") for n in INV.nodes}
 
 
 def test_servers_one_at_a_time_then_agents_in_batches_and_new_nodes_join_as_usual():

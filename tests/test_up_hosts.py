@@ -104,10 +104,13 @@ def test_three_servers_first_inits_etcd_others_join(lab, tmp_path, airgap):
 
 def test_preflight_refusals_change_no_host(lab, tmp_path, airgap):
     hosts = lab.start(["pf-cp", "pf-gpu"], gpu=["pf-gpu"])
-    mig = write_inventory(tmp_path / "mig.yaml", hosts, extra={
+    # Two inventories, two clusters: each its own state folder.
+    (tmp_path / "mig").mkdir()
+    (tmp_path / "cuda").mkdir()
+    mig = write_inventory(tmp_path / "mig" / "inv.yaml", hosts, cluster="mig", extra={
         "k3s": {"airgap": str(airgap)}, "gpu": {"sharing": {"mig": {"layout": "all-1g.10gb"}}}})
-    cuda = write_inventory(tmp_path / "cuda.yaml", hosts, extra={"k3s": {"airgap": str(airgap)},
-                                                                   "gpu": {"cuda": "13.1"}})
+    cuda = write_inventory(tmp_path / "cuda" / "inv.yaml", hosts, cluster="cuda",
+                           extra={"k3s": {"airgap": str(airgap)}, "gpu": {"cuda": "13.1"}})
     for inventory, words in ((mig, "no 1g.10gb profile"), (cuda, "590.44.01")):
         result = up(inventory)
         assert result.returncode == 1

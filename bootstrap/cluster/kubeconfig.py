@@ -17,7 +17,14 @@ def context_name(inventory: Inventory) -> str:
     return f"bootstrap-{inventory.cluster}"
 
 
-def rewrite(text: str, inventory: Inventory, server: str | None = None, address: str | None = None) -> str:
+# The cluster's id rides in the kubeconfig as a named extension (client-go's
+# clientcmd/api/v1 NamedExtension, as minikube's `cluster_info`), so a merge can tell
+# another cluster that happens to have the same name from this one.
+EXTENSION = "bootstrap"
+
+
+def rewrite(text: str, inventory: Inventory, cluster_id: str, server: str | None = None,
+            address: str | None = None) -> str:
     """k3s writes https://127.0.0.1:6443 and names everything `default`: point it at the
     server it came from (`address`, default the first) or at `server` (host:port), and name
     cluster, user and context bootstrap-<cluster>."""
@@ -28,6 +35,7 @@ def rewrite(text: str, inventory: Inventory, server: str | None = None, address:
     for cluster in config.get("clusters", []):
         scheme = cluster["cluster"]["server"].split("://", 1)[0]
         cluster["cluster"]["server"] = server or f"{scheme}://{host}:6443"
+        cluster["cluster"]["extensions"] = [{"name": EXTENSION, "extension": {"cluster-id": cluster_id}}]
         cluster["name"] = name
     for user in config.get("users", []):
         user["name"] = name
@@ -52,7 +60,7 @@ def fetch_over_ssh(inventory: Inventory, state: StateDir) -> Path:
                                  "has `bootstrap up` run on this cluster?")
     finally:
         client.close()
-    return state.write_secret("kubeconfig", rewrite(text, inventory))
+    return state.write_secret("kubeconfig", rewrite(text, inventory, state.cluster_id))
 
 
 def with_server(path: Path, server: str) -> str:
@@ -64,10 +72,37 @@ def with_server(path: Path, server: str) -> str:
     return yaml.safe_dump(config, default_flow_style=False)
 
 
+def cluster_id_of(entry: dict) -> str | None:
+    for extension in (entry.get("cluster") or {}).get("extensions") or []:
+        if isinstance(extension, dict) and extension.get("name") == EXTENSION:
+            return (extension.get("extension") or {}).get("cluster-id")
+    return None
+
+
+def foreign_entry(existing: dict, ours: dict) -> str | None:
+    """The name of a cluster entry in `existing` that has our name but is another cluster's."""
+    for mine in ours.get("clusters", []):
+        for entry in existing.get("clusters") or []:
+            if not isinstance(entry, dict) or entry.get("name") != mine["name"]:
+                continue
+            theirs = cluster_id_of(entry)
+            if theirs != cluster_id_of(mine) and (theirs is not None or
+                                                  (entry.get("cluster") or {}).get("server") != mine["cluster"]["server"]):
+                return mine["name"]
+    return None
+
+
 def merge_into(target: Path, ours: dict) -> None:
-    """Replace our cluster/user/context entries in `target`, keep everything else."""
+    """Replace our cluster/user/context entries in `target`, keep everything else. An entry
+    of the same name that belongs to another cluster is not overwritten."""
     existing = yaml.safe_load(target.read_text()) if target.exists() else None
     existing = existing or {"apiVersion": "v1", "kind": "Config", "preferences": {}}
+    clash = foreign_entry(existing, ours)
+    if clash:
+        raise BootstrapError(f"{target} already has a context {clash} for another cluster of the same name; "
+                             "it was not changed",
+                             f"give this cluster its own name (cluster: in the inventory), or remove the other "
+                             f"entry first: kubectl config delete-context {clash}; kubectl config delete-cluster {clash}")
     for section in ("clusters", "users", "contexts"):
         names = {entry["name"] for entry in ours.get(section, [])}
         kept = [entry for entry in existing.get(section) or [] if entry.get("name") not in names]

@@ -1,8 +1,10 @@
 """`bootstrap rebuild INVENTORY`: bring the cluster back after spot loss, touching nothing healthy.
 
 1. facts from whatever answers; the API through any server that answers;
-2. no server answers: restore the first inventory server from the newest snapshot, with
-   the old token, and point everything at it;
+2. the API does not answer: only when no server's k3s answers at the connection level
+   (SSH, service, API port; never judged from an HTTP status) and `--restore` says so
+   (after saying what is lost, and asking): restore the first inventory server from the
+   newest (or the named) snapshot, with the old token, and point everything at it;
 3. lost nodes (NotReady, machine gone): etcd member removal for servers (the annotation,
    never a force-delete), delete the Node, clear its node-password secret;
 4. replacements and repairs joined as `up` would (healthy hosts plan no change);
@@ -11,13 +13,14 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from bootstrap import snapshots
 from bootstrap import up as flow
 from bootstrap.commands.common import open_hosts
 from bootstrap.commands.up import cluster_phase, gather_and_plan, gather_facts
-from bootstrap.errors import BootstrapError, HostsFailed
+from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.rebuild import classify, quorum_after, stale_after_restore
@@ -28,14 +31,61 @@ REMOVED_ANNOTATION = "etcd.k3s.cattle.io/removed-node-name"
 
 
 def cluster_nodes(inventory, state):
-    """{name: Node} through any server that answers, or None when none does."""
+    """({name: Node}, None) through any server that answers, or (None, why not)."""
     from bootstrap.cluster.client import ClusterError, connect, get
 
     try:
         with connect(inventory, state) as cluster:
-            return {n["metadata"]["name"]: n for n in (get(cluster, "/api/v1/nodes") or {}).get("items", [])}
-    except (ClusterError, BootstrapError):
-        return None
+            nodes = get(cluster, "/api/v1/nodes") or {}
+            return {n["metadata"]["name"]: n for n in nodes.get("items", [])}, None
+    except (ClusterError, BootstrapError) as exc:
+        return None, exc.message
+    except Exception as exc:  # the client's own errors (ApiException, urllib3): the cause, not a verdict
+        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def control_plane_lost(inventory, state, facts, api_error: str) -> list:
+    """Restore is only for a control plane that is really gone: no server's k3s answers at
+    the connection level (SSH, service, API port). Anything else is an error with its cause."""
+    from bootstrap.cluster.liveness import servers_liveness
+
+    liveness = servers_liveness(inventory, state, facts)
+    alive = [s for s in liveness if s.answers]
+    if alive:
+        raise HostsFailed(
+            f"the Kubernetes API did not answer ({api_error}), but k3s answers on "
+            f"{', '.join(s.node for s in alive)}: the control plane is not lost; nothing was changed",
+            "if the saved kubeconfig is stale, `bootstrap kubeconfig INVENTORY` fetches it again; "
+            "otherwise fix the API error above and run rebuild again")
+    for server in liveness:
+        print(f"{server.node}: {server.reason}")
+    return liveness
+
+
+def choose_snapshot(state, args):
+    if args.snapshot:
+        found = snapshots.find(state, args.snapshot)
+        if found is None:
+            names = [s.name for s in snapshots.local_snapshots(state)]
+            raise UsageError(f"no snapshot named {args.snapshot} of this cluster in {state.path}/snapshots",
+                             f"snapshots are: {', '.join(names) or 'none'}")
+        return found
+    return snapshots.newest(state)
+
+
+def confirm_restore(inventory, target: str, snapshot, assume_yes: bool) -> None:
+    taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.taken))
+    print(f"restore: the control plane of {inventory.cluster} is restored onto {target} from {snapshot.name}, "
+          f"taken {taken} ({snapshot.age()} ago). Lost: everything the cluster recorded after it (objects "
+          f"created or changed, Helm releases upgraded, nodes joined since); {target}'s own datastore is reset.",
+          file=sys.stderr)
+    if assume_yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("refusing to restore the control plane without confirmation", "add --yes to confirm")
+    print("Type the cluster name to restore: ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip() != inventory.cluster:
+        raise UsageError("not confirmed; nothing was changed")
 
 
 def remove_lost(inventory, state, lost: list[str], lost_servers: list[str]) -> None:
@@ -66,18 +116,25 @@ def run(args) -> int:
     with cluster_lock(state, "rebuild"):
         with open_hosts(inventory, list(inventory.nodes), "rebuild") as session:
             facts = gather_facts(session, inventory)
-            nodes = cluster_nodes(inventory, state)
+            nodes, api_error = cluster_nodes(inventory, state)
             plan = classify(inventory, nodes, facts)
             restore = None
             if nodes is None:
-                snapshot = snapshots.newest(state)
+                control_plane_lost(inventory, state, facts, api_error)
+                snapshot = choose_snapshot(state, args)
                 if plan.restore_on is None or snapshot is None:
-                    raise HostsFailed("no server answers and the control plane cannot be restored: "
+                    raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "
                                       + ("the first server in the inventory does not answer either"
                                          if plan.restore_on is None else f"no snapshot in {state.path}/snapshots"),
                                       "add a replacement server (first in the inventory) and keep snapshots "
                                       "(`bootstrap snapshot`)")
-                restore = (plan.restore_on, snapshot)
+                if not args.restore:
+                    raise HostsFailed(
+                        "no server's k3s answers: the control plane is lost; nothing was changed",
+                        f"to restore it onto {plan.restore_on} from {snapshot.name} (taken {snapshot.age()} ago; "
+                        f"everything recorded after it is lost), run: bootstrap rebuild {inventory.source} --restore")
+                confirm_restore(inventory, plan.restore_on, snapshot, args.yes)
+                restore = (plan.restore_on, snapshot.path)
                 report["restored"] = f"{plan.restore_on} from {snapshot.name}"
             else:
                 if plan.lost_servers and not quorum_after(inventory, plan.lost_servers):
@@ -121,7 +178,7 @@ def run(args) -> int:
             raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
         if restore:
             # The snapshot brought back Node objects of machines that are gone: a second pass.
-            nodes = cluster_nodes(inventory, state) or {}
+            nodes = cluster_nodes(inventory, state)[0] or {}
             stale = stale_after_restore(inventory, nodes, facts)
             if stale:
                 # The old servers' etcd members went with the reset: plain Node deletes.

@@ -78,18 +78,18 @@ def run(args) -> int:
             raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
                               "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
         removed = [n for n in nodes if n.name not in blocked]
-        uninstall(inventory, removed, args.purge_drivers)
+        uninstall(inventory, state, removed, args.purge_drivers)
     print("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
     for node in removed:
         print(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
     return 0
 
 
-def uninstall(inventory, nodes, purge_drivers: bool) -> None:
+def uninstall(inventory, state, nodes, purge_drivers: bool) -> None:
     """What `down` does, for these hosts only."""
     from bootstrap.commands.common import open_hosts, report_failures
     from bootstrap.commands.down import uninstall as remove_from_hosts
 
     with open_hosts(inventory, nodes, "scale-down") as session:
-        remove_from_hosts(session, inventory, nodes, purge_drivers)
+        remove_from_hosts(session, inventory, state, nodes, purge_drivers)
     report_failures(session.failures)

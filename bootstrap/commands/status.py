@@ -47,7 +47,7 @@ def run(args) -> int:
     report = {"cluster": inventory.cluster, "state_dir": str(state.path), "api": nodes is not None,
               "nodes": rows, "components": components,
               "newest_snapshot": None if newest is None else {
-                  "file": newest.name, "age_hours": round((time.time() - newest.stat().st_mtime) / 3600, 1)}}
+                  "file": newest.name, "age_hours": round((time.time() - newest.taken) / 3600, 1)}}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

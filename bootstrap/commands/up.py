@@ -12,7 +12,7 @@ from bootstrap.commands.common import open_hosts
 from bootstrap.commands.common import report_failures
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
-from bootstrap.preflight import preflight
+from bootstrap.preflight import ownership_findings, preflight
 from bootstrap.statedir import StateDir
 
 
@@ -34,7 +34,7 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
     from bootstrap.hostplan.rollout import version_findings
 
     facts = facts if facts is not None else gather_facts(session, inventory)
-    findings = preflight(inventory, facts)
+    findings = preflight(inventory, facts) + ownership_findings(inventory, facts, state.cluster_id)
     artifacts, target = None, None  # the k3s release to run (one for every arch)
     unreachable = bool(session.failures) and not tolerate_unreachable
     # An unreachable host is the problem to name; resolving a channel online can wait for it.
@@ -51,7 +51,7 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
         raise flow.PreflightFailed(f"preflight found {problems} problem(s); no host was changed",
                                    "fix the problems above and run the command again")
     token = flow.load_or_create_token(state, facts, inventory, create=create_token)
-    plans = flow.make_plans(inventory, facts, token, artifacts, join_via)
+    plans = flow.make_plans(inventory, facts, token, artifacts, state.cluster_id, join_via)
     plans.target_version = target
     return facts, plans
 

@@ -15,6 +15,7 @@ from bootstrap.facts.model import HostFacts
 from bootstrap.hostplan import desired as d
 from bootstrap.images import missing
 from bootstrap.inventory.model import Node
+from bootstrap.rules import ownership
 
 TOOLKIT = "nvidia-container-toolkit"
 
@@ -35,9 +36,11 @@ class HostPlan:
         return bool(self.uploads or self.prepare or self.service or self.prepull)
 
 
-def plan_host(node: Node, desired: d.Desired, facts: HostFacts) -> HostPlan:
+def plan_host(node: Node, desired: d.Desired, facts: HostFacts, cluster_id: str, cluster: str) -> HostPlan:
+    """`cluster_id`/`cluster`: recorded in the host's manifest, so a later `down` or another
+    cluster's `up` knows whose host this is."""
     plan = HostPlan(node=node, unit=d.unit_name(node))
-    manifest = dict(facts.manifest)
+    manifest = ownership.record(facts.manifest, cluster_id, cluster)
     restart = False
 
     for spec in desired.files:
@@ -123,7 +126,8 @@ def plan_host(node: Node, desired: d.Desired, facts: HostFacts) -> HostPlan:
     manifest["files"] = sorted(set(manifest.get("files", [])) | set(desired.paths()))
     manifest["unit"] = plan.unit
     if manifest != facts.manifest:
-        plan.uploads.append(d.text_file(d.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n"))
+        # First: if a later install fails, the record of what may be ours is already there.
+        plan.uploads.insert(0, d.text_file(d.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n"))
     plan.prepull = missing(desired.prepull, facts.images)
     if plan.prepull:
         plan.changes.append(f"pull images {', '.join(plan.prepull)}")

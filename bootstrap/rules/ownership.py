@@ -1,0 +1,45 @@
+"""Whose host is this? The tool changes or removes only what it set up for this cluster.
+
+Every host the tool sets up records the cluster's id in its manifest
+(/var/lib/bootstrap/manifest.json). Pure: facts in, verdicts out.
+
+- ours: the manifest names this cluster's id, or it is a manifest from before ids existed
+  (adopted: the tool wrote it, and the state folder that reached it is this cluster's);
+- empty: no manifest and no k3s at all: nothing of anyone's to remove;
+- foreign: another cluster's manifest, or a k3s the tool did not install.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bootstrap.facts.model import HostFacts
+
+ID_KEY = "cluster_id"
+NAME_KEY = "cluster"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    verdict: str  # "ours" | "empty" | "foreign"
+    reason: str = ""
+
+
+def ownership(facts: HostFacts, cluster_id: str) -> Ownership:
+    manifest = facts.manifest or {}
+    if manifest:
+        recorded = manifest.get(ID_KEY)
+        if recorded is None or recorded == cluster_id:
+            return Ownership("ours")
+        name = manifest.get(NAME_KEY)
+        return Ownership("foreign", f"it belongs to another cluster set up by bootstrap"
+                                    f"{f' ({name!r}' if name else ' ('}id {recorded})")
+    if facts.k3s is not None:
+        return Ownership("foreign", "k3s is installed on it, but not by bootstrap (no "
+                                    "/var/lib/bootstrap/manifest.json)")
+    return Ownership("empty")
+
+
+def record(manifest: dict, cluster_id: str, cluster: str) -> dict:
+    """The manifest with this cluster's identity in it."""
+    return {**manifest, ID_KEY: cluster_id, NAME_KEY: cluster}
