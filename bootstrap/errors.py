@@ -14,6 +14,30 @@ from dataclasses import dataclass, field
 EXIT_OK = 0
 EXIT_FAILED = 1  # a host or a check failed
 EXIT_USAGE = 2  # bad input or usage: nothing was touched
+# An inventory with thousands of problems is not a list anyone reads; the first ones say it.
+MAX_PROBLEMS_SHOWN = 100
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape(text: str) -> str:
+    """`text` with every character a terminal could act on written as a Python escape
+    (\\x1b, \\u202e): controls, line separators, bidi overrides, zero-width characters. Anything
+    read from an input file passes through here before it is printed, so a hostile key can
+    neither clear the screen nor fake a line of output."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    if char in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 class BootstrapError(Exception):
@@ -51,11 +75,11 @@ class Problem:
     hint: str | None = None
 
     def render(self) -> str:
-        where = f"{self.file}:{self.line}:{self.column}"
-        subject = f"{self.path}: " if self.path else ""
-        text = f"{where}: {subject}{self.message}"
+        where = f"{escape(self.file)}:{self.line}:{self.column}"
+        subject = f"{escape(self.path)}: " if self.path else ""
+        text = f"{where}: {subject}{escape(self.message)}"
         if self.hint:
-            text += f"\n    {self.hint}"
+            text += f"\n    {escape(self.hint)}"
         return text
 
 
@@ -70,7 +94,9 @@ class InvalidInput(UsageError):
         UsageError.__init__(self, f"{count} problem{'s' if count != 1 else ''} in the inventory")
 
     def render(self) -> str:
-        lines = [p.render() for p in self.problems]
+        lines = [p.render() for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        if len(self.problems) > MAX_PROBLEMS_SHOWN:
+            lines.append(f"... and {len(self.problems) - MAX_PROBLEMS_SHOWN} more")
         lines.append(f"error: {self.message}; nothing was changed on any host")
         return "\n".join(lines)
 

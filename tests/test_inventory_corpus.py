@@ -1,10 +1,13 @@
-"""Every broken inventory in tests/inventories/broken exits 2 with file:line and the field named.
+"""Every broken or hostile inventory in tests/inventories/{broken,hostile} exits 2 with
+file:line and the field named, quickly and without a traceback.
 
 Each file's first line says what must be reported: `# expect: LINE PATH` (PATH `<syntax>`
-for a YAML syntax error, `<root>` for a file that is not a mapping).
+for a YAML syntax error or a refused YAML feature, `<root>` for a problem with the file as
+a whole). PATH is written as the tool prints it, with non-printable characters escaped.
 """
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,20 +16,27 @@ from clirun import run_bootstrap
 from bootstrap.errors import InvalidInput
 from bootstrap.inventory.loader import load_inventory
 
-BROKEN = sorted((Path(__file__).parent / "inventories" / "broken").glob("*.yaml"))
+CORPUS = Path(__file__).parent / "inventories"
+BROKEN = sorted((CORPUS / "broken").glob("*.yaml"))
+HOSTILE = sorted((CORPUS / "hostile").glob("*.yaml"))
+ALL = BROKEN + HOSTILE
+# What a terminal would act on: C0 controls (but the newline between problems), DEL, C1
+# controls, and the Unicode line separators and bidi overrides.
+TERMINAL_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def expectation(path: Path) -> tuple[int, str]:
-    match = re.match(r"# expect: (\d+) (\S+)", path.read_text().splitlines()[0])
+    match = re.match(r"# expect: ([0-9]+) (\S+)", path.read_text(encoding="utf-8").splitlines()[0])
     assert match, f"{path.name} lacks its '# expect: LINE PATH' header"
     return int(match.group(1)), match.group(2)
 
 
 def test_corpus_is_large_enough():
     assert len(BROKEN) >= 25
+    assert len(HOSTILE) >= 60
 
 
-@pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_broken_inventory_is_located(path):
     line, field = expectation(path)
     with pytest.raises(InvalidInput) as caught:
@@ -45,13 +55,17 @@ def test_broken_inventory_is_located(path):
     assert wanted[0].column >= 1
 
 
-@pytest.mark.parametrize("path", BROKEN, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_cli_exits_2_without_traceback(path):
     line, field = expectation(path)
-    result = run_bootstrap("check", str(path))
+    started = time.monotonic()
+    result = run_bootstrap("check", str(path), timeout=30)
+    assert time.monotonic() - started < 5
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    assert "internal error" not in result.stderr
     assert f"{path}:{line}:" in result.stderr
     if not field.startswith("<"):
         assert f"{field}:" in result.stderr
     assert "nothing was changed on any host" in result.stderr
+    assert not TERMINAL_CONTROL.search(result.stderr + result.stdout), "a control character reached the terminal"

@@ -14,6 +14,7 @@ from bootstrap.components.rdma import resource_key
 from bootstrap.facts.model import HostFacts
 from bootstrap.images import BUSYBOX, NCCL_IMAGE
 from bootstrap.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
+from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import is_gpu_node
 from bootstrap.rules import mig
@@ -107,7 +108,7 @@ def check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout_s) -> list[Chec
     started = {}
     for node in gpu_nodes:
         resource = sorted(expected_gpu_resources(inventory, node, facts[node.name]))[0]
-        name = f"gpu-test-{node.name}"[:63]
+        name = derived_name("gpu-test-", node.name)  # a long node name is cut safely, with a hash
         _create(cluster, _pod(name, node.name, image, {resource: 1}))
         started[node.name] = name
     results = []

@@ -7,7 +7,6 @@ import hashlib
 import ipaddress
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import yaml
@@ -17,6 +16,7 @@ from bootstrap.components import versions
 from bootstrap.components.gpu_sharing import gpu_nodes
 from bootstrap.components.release import ComponentError, Release
 from bootstrap.facts.model import HostFacts
+from bootstrap.inventory.kube import nad_name  # one derivation, shared with the inventory check
 from bootstrap.inventory.model import Inventory
 
 NAMESPACE = "kube-system"
@@ -147,10 +147,6 @@ def subnets(subnet: str, count: int) -> list[str]:
         raise ComponentError(f"network.rdma.subnet {subnet} is too small for {count} RDMA interfaces",
                              "give a larger subnet, e.g. a /16")
     return [str(n) for n in list(network.subnets(prefixlen_diff=extra_bits))[:count]]
-
-
-def nad_name(interface: str) -> str:
-    return "rdma-" + re.sub(r"[^a-z0-9-]+", "-", interface.lower()).strip("-")
 
 
 def network_attachment(interface: str, ip_range: str, link_layer: str | None, dirs: CniDirs) -> dict:

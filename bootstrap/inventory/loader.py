@@ -6,25 +6,37 @@ Everything wrong is reported at once, each with file:line:column, before any hos
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
-from pathlib import Path as FsPath
 
 from bootstrap.errors import InvalidInput, Problem, UsageError
+from bootstrap.inventory.addresses import DNS_LABEL, normal_endpoint, normal_host
+from bootstrap.inventory.kube import derived_name, nad_name, parse_taint
 from bootstrap.inventory.model import Inventory
 from bootstrap.inventory.schema import INVENTORY
-from bootstrap.inventory.source import Located, load_located
-from bootstrap.inventory.spec import Checker
+from bootstrap.inventory.source import MAX_BYTES, Located, load_located, size_problem
+from bootstrap.inventory.spec import Checker, TooManyProblems
 
 
 def load_inventory(path: str | os.PathLike) -> Inventory:
     file = os.fspath(path)
     try:
-        text = FsPath(file).read_text(encoding="utf-8")
+        with open(file, "rb") as stream:
+            data = stream.read(MAX_BYTES + 1)  # never more: the file may be huge, or endless
     except FileNotFoundError:
         raise UsageError(f"inventory file {file} does not exist",
                          "give the path of a YAML inventory, e.g. inventories/lab.yaml") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise UsageError(f"cannot read inventory {file}: {exc}") from None
+    too_big = size_problem(file, len(data))
+    if too_big:
+        raise InvalidInput(problems=[too_big])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InvalidInput(problems=[Problem(file, line, 1, "", f"the file is not UTF-8 text (byte {exc.object[exc.start]:#04x})",
+                                             "save the inventory as UTF-8")]) from None
     return parse_inventory(text, file)
 
 
@@ -37,8 +49,11 @@ def parse_inventory(text: str, file: str = "<inventory>") -> Inventory:
         raise InvalidInput(problems=[Problem(file, mark.line, mark.column, "", "the inventory must be a mapping of keys",
                                              "start with cluster: NAME, then nodes:")])
     checker = Checker(located)
-    inventory = INVENTORY.check(located.data, (), checker)
-    check_across_fields(located.data, located, checker)
+    try:
+        inventory = INVENTORY.check(located.data, (), checker)
+        check_across_fields(located.data, located, checker)
+    except TooManyProblems:
+        pass  # the problems so far are reported
     if checker.problems:
         raise InvalidInput(problems=sorted(checker.problems, key=lambda p: (p.line, p.column)))
     return replace(inventory, source=file)
@@ -49,7 +64,7 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
     reported in the same pass as type errors elsewhere in the file."""
     nodes = [n for n in _as_list(data.get("nodes")) if isinstance(n, dict)]
     raw_nodes = _as_list(data.get("nodes"))
-    check_unique_nodes(raw_nodes, _raw_port(data.get("ssh"), 22), located, ck)
+    check_unique_nodes(data, raw_nodes, located, ck)
     if nodes:
         servers = [n for n in nodes if n.get("role") == "server"]
         if not servers:
@@ -68,6 +83,10 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
             ck.problem(("nodes", index, "rdma_interfaces"), "rdma_interfaces without network.rdma",
                        "add network: {rdma: {mode: shared, interfaces: [...]}} to enable RDMA", key=True)
     check_one_mig_strategy(data, raw_nodes, ck)
+    check_derived_names(data, raw_nodes, located, ck)
+    for index, node in enumerate(raw_nodes):
+        if isinstance(node, dict):
+            check_unique_taints(node.get("taints"), ("nodes", index, "taints"), ck)
     gpu = _as_dict(data.get("gpu"))
     if gpu.get("driver_branch") and gpu.get("driver", "preinstalled") != "host":
         ck.problem(("gpu", "driver_branch"), "driver_branch only applies to driver: host",
@@ -92,30 +111,81 @@ def check_one_mig_strategy(data: dict, nodes: list, ck: Checker) -> None:
         cluster_wide = cluster_wide or own
 
 
-def check_unique_nodes(nodes: list, default_port: int, located: Located, ck: Checker) -> None:
-    """k3s refuses two nodes with one name, and two nodes cannot share one SSH endpoint."""
-    seen_names: dict[str, int] = {}
-    seen_endpoints: dict[tuple, int] = {}
+def check_unique_nodes(data: dict, nodes: list, located: Located, ck: Checker) -> None:
+    """k3s refuses two nodes with one name, and two nodes cannot share one SSH endpoint (nor
+    one cluster address). Addresses compare in one spelling: 2001:DB8:0::1 is 2001:db8::1."""
+    default_port, default_jump = _raw_port(data.get("ssh"), 22), _raw_jump(data.get("ssh"), None)
+    names, endpoints, node_ips = [], [], []
     for index, node in enumerate(nodes):
         if not isinstance(node, dict):
             continue
-        name, address = node.get("name"), node.get("address")
+        name, address, node_ip = node.get("name"), node.get("address"), node.get("node_ip")
         if isinstance(name, str):
-            if name in seen_names:
-                first = located.mark(("nodes", seen_names[name], "name"))
-                ck.problem(("nodes", index, "name"), f"duplicate node name {name!r} (first on line {first.line})",
-                           "give every node its own name: k3s refuses two nodes with one name")
-            else:
-                seen_names[name] = index
+            names.append((("nodes", index, "name"), name, name))
         if isinstance(address, str):
-            endpoint = (address, _raw_port(node.get("ssh"), default_port))
-            if endpoint in seen_endpoints:
-                first = located.mark(("nodes", seen_endpoints[endpoint], "address"))
-                ck.problem(("nodes", index, "address"),
-                           f"duplicate address {address} (first on line {first.line})",
-                           "each node needs its own address (or its own ssh.port behind one shared IP)")
-            else:
-                seen_endpoints[endpoint] = index
+            jump = _raw_jump(node.get("ssh"), default_jump)
+            endpoint = (normal_host(address), _raw_port(node.get("ssh"), default_port),
+                        normal_endpoint(jump) if jump else None)
+            endpoints.append((("nodes", index, "address"), address, endpoint))
+        if isinstance(node_ip, str):
+            node_ips.append((("nodes", index, "node_ip"), node_ip, normal_host(node_ip)))
+    report_duplicates(names, "node name", "give every node its own name: k3s refuses two nodes with one name",
+                      located, ck)
+    report_duplicates(endpoints, "address",
+                      "each node needs its own address (or its own ssh.port behind one shared IP)", located, ck)
+    report_duplicates(node_ips, "node_ip", "each node needs its own cluster address", located, ck)
+
+
+def report_duplicates(entries: list, what: str, hint: str, located: Located, ck: Checker,
+                      derived: bool = False) -> None:
+    """`entries` are (path, value as written, what it is compared as); each repeat of an
+    earlier one is reported at its own line, naming the first. With `derived`, the compared
+    value is a name made from the written one: one value written twice is no collision."""
+    seen: dict = {}
+    for path, written, compared in entries:
+        first_path, first_written = seen.setdefault(compared, (path, written))
+        if first_path == path or (derived and first_written == written):
+            continue
+        same = f" (both become {compared!a})" if derived else ""
+        first = located.mark(first_path)
+        ck.problem(path, f"duplicate {what} {written!a}{same}: {first_written!a} is on line {first.line}", hint)
+
+
+def check_derived_names(data: dict, nodes: list, located: Located, ck: Checker) -> None:
+    """Object names the tool derives from inventory names must be valid and distinct:
+    a NetworkAttachmentDefinition per RDMA interface, a validation pod per node, a queue each."""
+    interfaces = _strings(_as_dict(_as_dict(data.get("network")).get("rdma")).get("interfaces"),
+                          ("network", "rdma", "interfaces"))
+    for index, node in enumerate(nodes):
+        if isinstance(node, dict):
+            interfaces += _strings(node.get("rdma_interfaces"), ("nodes", index, "rdma_interfaces"))
+    nads = [(path, name, nad_name(name)) for path, name in interfaces]
+    for path, name, nad in nads:
+        if not re.fullmatch(DNS_LABEL, nad):
+            ck.problem(path, f"interface {name!a} gives the NetworkAttachmentDefinition name {nad!a}, "
+                       "which is not a DNS label", "name the interface as the host does, e.g. ibp26s0")
+    report_duplicates(nads, "RDMA interface", "two interface names may not differ only in case or in '.', '_' "
+                      "and '-': each gets its own NetworkAttachmentDefinition", located, ck, derived=True)
+    pods = [(("nodes", i, "name"), n["name"], derived_name("gpu-test-", n["name"])) for i, n in enumerate(nodes)
+            if isinstance(n, dict) and isinstance(n.get("name"), str)]
+    report_duplicates(pods, "node name", "give the nodes names that differ earlier", located, ck, derived=True)
+    queues = _as_list(_as_dict(data.get("volcano")).get("queues"))
+    report_duplicates([(("volcano", "queues", i, "name"), q["name"], q["name"]) for i, q in enumerate(queues)
+                       if isinstance(q, dict) and isinstance(q.get("name"), str)],
+                      "queue name", "give every queue its own name", located, ck)
+
+
+def check_unique_taints(taints, path: tuple, ck: Checker) -> None:
+    """The API server refuses a node with two taints of one key and effect."""
+    seen = set()
+    for taint_path, text in _strings(taints, path):
+        parts = parse_taint(text)
+        if parts is None:
+            continue
+        key, _, effect = parts
+        if (key, effect) in seen:
+            ck.problem(taint_path, f"a second {key}:{effect} taint", "keep one taint per key and effect")
+        seen.add((key, effect))
 
 
 def _as_list(value) -> list:
@@ -124,6 +194,18 @@ def _as_list(value) -> list:
 
 def _as_dict(value) -> dict:
     return value if isinstance(value, dict) else {}
+
+
+def _strings(value, path: tuple) -> list[tuple[tuple, str]]:
+    """(path, text) of each text item of a list that may also be written as one item."""
+    if isinstance(value, str):
+        return [(path, value)]
+    return [(path + (i,), item) for i, item in enumerate(_as_list(value)) if isinstance(item, str)]
+
+
+def _raw_jump(ssh, default):
+    jump = ssh.get("jump") if isinstance(ssh, dict) else None
+    return jump if isinstance(jump, str) else default
 
 
 def _raw_port(ssh, default):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bootstrap.inventory import model as m
+from bootstrap.inventory.addresses import DNS_LABEL, SSH_USER, endpoint_error, host_error, ip_error, jump_error, url_error
+from bootstrap.inventory.cron import schedule_error
+from bootstrap.inventory.kube import label_value_error, node_label_key_error, taint_error
+from bootstrap.inventory.source import Path
 from bootstrap.inventory.spec import (
-    DNS_LABEL,
-    AnyValue,
+    INVALID,
     Bool,
     Checker,
     Enum,
@@ -15,13 +20,12 @@ from bootstrap.inventory.spec import (
     MapOf,
     Number,
     Record,
+    Spec,
     Str,
-    address_error,
     cidr_error,
-    ip_error,
-    san_error,
+    describe_type,
 )
-from bootstrap.inventory.source import Path
+from bootstrap.rules.k3s_flags import flag_problem
 
 DRIVER_MODES = ("preinstalled", "host", "operator")
 ROLES = ("server", "agent")
@@ -30,18 +34,28 @@ K3S_DISABLE = ("coredns", "servicelb", "traefik", "local-storage", "metrics-serv
 # Whereabouts ships inside the multus chart: pin charts.multus to move it.
 CHART_COMPONENTS = ("gpu_operator", "multus", "rdma_shared_device_plugin", "nfs_csi", "longhorn", "volcano")
 
-K3S_VERSION = r"v\d+\.\d+\.\d+(-rc\d+)?\+k3s\d+"
-LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
-LABEL_KEY = rf"({DNS_LABEL}(\.{DNS_LABEL})*/)?{LABEL_NAME}"
+# Patterns spell digits [0-9]: Python's backslash-d also matches '٣' and '３'.
+K3S_VERSION = r"v[0-9]+\.[0-9]+\.[0-9]+(-rc[0-9]+)?\+k3s[0-9]+"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-MIG_PROFILE = r"\d+g\.\d+gb(\+me)?"
+MIG_PROFILE = r"[0-9]+g\.[0-9]+gb(\+me)?"
+# A Linux network interface: up to 15 characters, never '-' first (it would read as an option).
+INTERFACE = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}"
+# An image reference as containerd parses it: [registry[:port]/]path[:tag][@sha256:digest].
+_IMAGE_PART = r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:[0-9]{1,5})?/"
+IMAGE_REF = rf"({_REGISTRY})?{_IMAGE_PART}(/{_IMAGE_PART})*(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(@sha256:[0-9a-f]{{64}})?"
+# deb [option=value ...] URI SUITE [COMPONENT...], in characters apt and a shell read alike.
+_APT_OPTION = r"[A-Za-z0-9_-]+=[A-Za-z0-9._/:,+-]+"
+_APT_WORD = r"[A-Za-z0-9._/~+-]+"
+APT_SOURCE = rf"deb (\[{_APT_OPTION}( {_APT_OPTION})*\] )?[a-z][a-z0-9+]*:/[A-Za-z0-9._~:/@+-]* {_APT_WORD}( {_APT_WORD})*"
+REGISTRY_HOST = r"[A-Za-z0-9.*:-]+"
 
 
 def _secret_fields(name: str) -> dict[str, Field]:
     return {
         f"{name}_env": Field(Str(pattern=ENV_NAME, expected="an environment variable name",
                                  example="REGISTRY_PASSWORD")),
-        f"{name}_file": Field(Str(expected="a file path", example="/run/secrets/registry")),
+        f"{name}_file": Field(Str(expected="a file path", example="/run/secrets/registry", unicode=True)),
     }
 
 
@@ -67,12 +81,11 @@ def _build_with_secrets(cls, *names):
 
 
 SSH_FIELDS = {
-    "user": Field(Str(pattern=r"[a-z_][a-z0-9_.-]*\$?", expected="a user name", example="ubuntu")),
-    "key": Field(Str(expected="a private key file", example="~/.ssh/id_ed25519")),
+    "user": Field(Str(pattern=SSH_USER, expected="a user name", example="ubuntu")),
+    "key": Field(Str(expected="a private key file", example="~/.ssh/id_ed25519", unicode=True)),
     "port": Field(Int(min=1, max=65535, example="22")),
     "sudo": Field(Bool()),
-    "jump": Field(Str(pattern=r"([a-z_][a-z0-9_.-]*@)?[A-Za-z0-9.:\[\]-]+(:\d{1,5})?",
-                      expected="a bastion as user@host[:port]", example="ubuntu@203.0.113.5")),
+    "jump": Field(Str(validator=jump_error, expected="a bastion as user@host[:port]", example="ubuntu@203.0.113.5")),
     "connect_timeout": Field(Int(min=1, max=600)),
 }
 
@@ -88,7 +101,8 @@ S3 = Record(
     fields={
         "bucket": Field(Str(pattern=r"[a-z0-9][a-z0-9.-]{1,62}", expected="an S3 bucket name", example="k3s-snapshots"),
                         required=True),
-        "endpoint": Field(Str(pattern=r"[A-Za-z0-9.:-]+", expected="an S3 host[:port]", example="s3.example.com")),
+        "endpoint": Field(Str(validator=lambda v: endpoint_error(v, user_ok=False), expected="an S3 host[:port]",
+                              example="s3.example.com")),
         "region": Field(Str(pattern=r"[a-z0-9-]+", expected="a region", example="us-east-1")),
         "folder": Field(Str(pattern=r"[A-Za-z0-9._/-]+", expected="a folder in the bucket", example="train-a")),
         "insecure": Field(Bool()),
@@ -101,7 +115,7 @@ S3 = Record(
 SNAPSHOTS = Record(
     fields={
         "s3": Field(S3),
-        "schedule": Field(Str(pattern=r"(\S+\s+){4}\S+", expected="a five-field cron schedule",
+        "schedule": Field(Str(validator=schedule_error, expected="a five-field cron schedule",
                               example='"0 */6 * * *"')),
         "retention": Field(Int(min=1, max=1000)),
     },
@@ -109,8 +123,48 @@ SNAPSHOTS = Record(
 )
 
 
-FLAGS = MapOf(Str(pattern=r"[a-z0-9][a-z0-9-]*", expected="a k3s flag name", example="kube-apiserver-arg"),
-              AnyValue())
+FLAG_NAME = Str(pattern=r"[a-z0-9][a-z0-9-]*", expected="a k3s flag name", example="kube-apiserver-arg")
+FLAG_TEXT = Str(expected="a k3s flag value")
+
+
+@dataclass
+class K3sFlag(Spec):
+    """A config.yaml key for one role: a real k3s flag of that role that the tool does not set itself."""
+
+    role: str
+    expected = "a k3s flag name"
+
+    def check(self, value, path, ck):
+        if FLAG_NAME.check(value, path, ck) is INVALID:
+            return INVALID
+        problem = flag_problem(self.role, value)
+        if problem:
+            ck.problem(path, problem[0], problem[1], key=True)
+            return INVALID
+        return value
+
+
+class FlagValue(Spec):
+    """A plain value or a list of them (config.yaml is written with a YAML dumper, so a value
+    cannot escape its line)."""
+
+    def check(self, value, path, ck):
+        if isinstance(value, list):  # a list stays a list: repeatable flags add to the tool's own
+            items = [self.scalar(item, path + (i,), ck) for i, item in enumerate(value)]
+            return INVALID if INVALID in items else items
+        return self.scalar(value, path, ck)
+
+    def scalar(self, value, path, ck):
+        if isinstance(value, str):
+            return FLAG_TEXT.check(value, path, ck)
+        if isinstance(value, (bool, int, float)):  # NaN and infinities never get this far
+            return value
+        ck.problem(path, f"expected text, a number, true/false or a list of those, got {describe_type(value)}")
+        return INVALID
+
+
+def k3s_flags(role: str) -> MapOf:
+    return MapOf(K3sFlag(role), FlagValue())
 
 
 def _version_xor_channel(values: dict, path: Path, ck: Checker) -> None:
@@ -122,20 +176,20 @@ def _version_xor_channel(values: dict, path: Path, ck: Checker) -> None:
 K3S = Record(
     fields={
         "version": Field(Str(pattern=K3S_VERSION, expected="a k3s release", example="v1.33.5+k3s1")),
-        "channel": Field(Str(pattern=r"stable|latest|testing|v\d+\.\d+", expected="a k3s channel",
+        "channel": Field(Str(pattern=r"stable|latest|testing|v[0-9]+\.[0-9]+", expected="a k3s channel",
                              example="stable, latest, testing or v1.33")),
-        "airgap": Field(Str(expected="a folder path", example="./artifacts")),
-        "tls_san": Field(ListOf(Str(validator=san_error, expected="an IP address or DNS name",
+        "airgap": Field(Str(expected="a folder path", example="./artifacts", unicode=True)),
+        "tls_san": Field(ListOf(Str(validator=host_error, expected="an IP address or DNS name",
                                     example="203.0.113.10"), scalar_ok=True)),
         "disable": Field(ListOf(Enum(K3S_DISABLE, what="k3s component to disable"), scalar_ok=True)),
-        "flannel_iface": Field(Str(pattern=r"[A-Za-z0-9_.:-]{1,15}", expected="a network interface name",
+        "flannel_iface": Field(Str(pattern=INTERFACE, expected="a network interface name",
                                    example="eth1")),
         "flannel_backend": Field(Enum(("vxlan", "host-gw", "wireguard-native", "none"), what="flannel backend")),
         "cluster_cidr": Field(Str(validator=cidr_error, example="10.42.0.0/16")),
         "service_cidr": Field(Str(validator=cidr_error, example="10.43.0.0/16")),
         "snapshots": Field(SNAPSHOTS),
-        "server_config": Field(FLAGS),
-        "agent_config": Field(FLAGS),
+        "server_config": Field(k3s_flags("server")),
+        "agent_config": Field(k3s_flags("agent")),
     },
     build=m.K3sSettings,
     checks=[_version_xor_channel],
@@ -197,11 +251,11 @@ SHARING = Record(
 GPU = Record(
     fields={
         "driver": Field(Enum(DRIVER_MODES, what="driver mode")),
-        "cuda": Field(Str(pattern=r"\d{1,2}\.\d{1,2}", expected="a CUDA version", example='"12.4" (in quotes)')),
-        "driver_branch": Field(Str(pattern=r"\d{3}", expected="an NVIDIA driver branch", example='"570"')),
+        "cuda": Field(Str(pattern=r"[0-9]{1,2}\.[0-9]{1,2}", expected="a CUDA version", example='"12.4" (in quotes)')),
+        "driver_branch": Field(Str(pattern=r"[0-9]{3}", expected="an NVIDIA driver branch", example='"570"')),
         "sharing": Field(SHARING),
         "container_toolkit": Field(Record(fields={
-            "apt_source": Field(Str(pattern=r"deb (\[[^\]]*\] )?\S+ \S+( \S+)*", expected="an apt source line",
+            "apt_source": Field(Str(pattern=APT_SOURCE, expected="an apt source line",
                                     example='"deb [trusted=yes] http://mirror.internal/nvidia ./"')),
             "version": Field(Str(pattern=r"[0-9][A-Za-z0-9.+~-]*", expected="a package version",
                                  example='"1.17.8-1"')),
@@ -215,24 +269,22 @@ NODE_GPU = Record(
     build=m.NodeGpu,
 )
 
-TAINT = r"[^\s=:]+(=[^\s=:]*)?:(NoSchedule|PreferNoSchedule|NoExecute)"
-
 NODE = Record(
     fields={
         "name": Field(Str(pattern=DNS_LABEL, expected="a node name (lower-case letters, digits and '-')",
                           example="gpu-1"), required=True),
-        "address": Field(Str(validator=address_error, expected="an IP address or host name",
+        "address": Field(Str(validator=host_error, expected="an IP address or host name",
                              example="203.0.113.11"), required=True),
         "role": Field(Enum(ROLES, what="role")),
         "node_ip": Field(Str(validator=ip_error, example="10.0.0.11")),
-        "labels": Field(MapOf(Str(pattern=LABEL_KEY, expected="a Kubernetes label key", example="pool"),
-                              Str(pattern=rf"({LABEL_NAME})?", expected="a Kubernetes label value",
+        "labels": Field(MapOf(Str(validator=node_label_key_error, expected="a Kubernetes label key", example="pool"),
+                              Str(validator=label_value_error, expected="a Kubernetes label value",
                                   example="h100"))),
-        "taints": Field(ListOf(Str(pattern=TAINT, expected="a taint key[=value]:Effect",
+        "taints": Field(ListOf(Str(validator=taint_error, expected="a taint key[=value]:Effect",
                                    example="nvidia.com/gpu=true:NoSchedule"), scalar_ok=True)),
         "ssh": Field(NODE_SSH),
         "gpu": Field(NODE_GPU),
-        "rdma_interfaces": Field(ListOf(Str(pattern=r"[A-Za-z0-9_.:-]{1,15}", expected="an interface name",
+        "rdma_interfaces": Field(ListOf(Str(pattern=INTERFACE, expected="an interface name",
                                             example="ibp26s0"), scalar_ok=True)),
     },
     build=m.Node,
@@ -241,7 +293,7 @@ NODE = Record(
 RDMA = Record(
     fields={
         "mode": Field(Enum(("shared",), what="RDMA mode")),
-        "interfaces": Field(ListOf(Str(pattern=r"[A-Za-z0-9_.:-]{1,15}", expected="an interface name",
+        "interfaces": Field(ListOf(Str(pattern=INTERFACE, expected="an interface name",
                                        example="ibp26s0"), min_items=1, scalar_ok=True), required=True),
         "subnet": Field(Str(validator=cidr_error, example="192.168.100.0/24")),
         "resource_name": Field(Str(pattern=r"[a-z0-9.-]+/[a-z0-9_]+", expected="a resource name",
@@ -254,9 +306,11 @@ STORAGE = Record(
     fields={
         "default": Field(Enum(STORAGE_CLASSES, what="storage class")),
         "nfs": Field(Record(fields={
-            "server": Field(Str(validator=address_error, example="10.0.0.5"), required=True),
-            "share": Field(Str(pattern=r"/\S*", expected="an exported path", example="/srv/nfs"), required=True),
-            "mount_options": Field(ListOf(Str(), scalar_ok=True)),
+            "server": Field(Str(validator=host_error, example="10.0.0.5"), required=True),
+            "share": Field(Str(pattern=r"/[A-Za-z0-9._/@+~-]*", expected="an exported path", example="/srv/nfs"),
+                           required=True),
+            "mount_options": Field(ListOf(Str(pattern=r"[A-Za-z0-9_.=,:/+-]+", expected="a mount option",
+                                              example="nfsvers=4.1"), scalar_ok=True)),
         }, build=m.Nfs)),
         "longhorn_replicas": Field(Int(min=1, max=10)),
     },
@@ -273,15 +327,18 @@ QUEUE = Record(
 )
 
 REGISTRY_AUTH = Record(
-    fields={"username": Field(Str()), **_secret_fields("password"), **_secret_fields("token")},
+    # '$' for NGC's literal user name $oauthtoken; it lands in registries.yaml, written by a YAML dumper.
+    fields={"username": Field(Str(pattern=r"[A-Za-z0-9._@+$-]+", expected="a registry user name",
+                                  example="$oauthtoken")),
+            **_secret_fields("password"), **_secret_fields("token")},
     build=_build_with_secrets(m.RegistryAuth, "password", "token"),
     checks=[_one_secret_source("password"), _one_secret_source("token")],
 )
 
 REGISTRIES = Record(
     fields={
-        "mirrors": Field(MapOf(Str(pattern=r"[A-Za-z0-9.*:-]+", expected="a registry host", example="docker.io"),
-                               ListOf(Str(pattern=r"https?://\S+", expected="an endpoint URL",
+        "mirrors": Field(MapOf(Str(pattern=REGISTRY_HOST, expected="a registry host", example="docker.io"),
+                               ListOf(Str(validator=url_error, expected="an endpoint URL",
                                           example="https://mirror.example.com"), min_items=1, scalar_ok=True))),
         "auth": Field(MapOf(Str(pattern=r"[A-Za-z0-9.:-]+", expected="a registry host"), REGISTRY_AUTH)),
     },
@@ -291,9 +348,9 @@ REGISTRIES = Record(
 IMAGES = Record(
     fields={
         "embedded_mirror": Field(Bool()),
-        "mirror_registries": Field(ListOf(Str(pattern=r"[A-Za-z0-9.*:-]+", expected="a registry host",
+        "mirror_registries": Field(ListOf(Str(pattern=REGISTRY_HOST, expected="a registry host",
                                               example="nvcr.io"), scalar_ok=True)),
-        "prepull": Field(ListOf(Str(pattern=r"[a-z0-9][a-z0-9._/:@-]*", expected="an image reference",
+        "prepull": Field(ListOf(Str(pattern=IMAGE_REF, expected="an image reference",
                                     example="nvcr.io/nvidia/pytorch:25.01-py3"), scalar_ok=True)),
     },
     build=m.ImageSettings,
@@ -302,9 +359,9 @@ IMAGES = Record(
 VALIDATE = Record(
     fields={
         "gpu_pod": Field(Bool()),
-        "image": Field(Str(pattern=r"\S+", expected="an image reference")),
+        "image": Field(Str(pattern=IMAGE_REF, expected="an image reference")),
         "nccl": Field(Record(fields={"enabled": Field(Bool()), "min_busbw_gbps": Field(Number(min=0)),
-                                     "image": Field(Str(pattern=r"\S+", expected="an image reference")),
+                                     "image": Field(Str(pattern=IMAGE_REF, expected="an image reference")),
                                      "gpus_per_node": Field(Int(min=1, max=64))},
                              build=m.Nccl, shorthand=lambda v: {"enabled": v} if isinstance(v, bool) else None)),
         "timeout_s": Field(Int(min=10, max=7200)),
@@ -329,9 +386,9 @@ INVENTORY = Record(
         "validate": Field(VALIDATE),
         "charts": Field(MapOf(Str(pattern="|".join(CHART_COMPONENTS), expected="a component name",
                                   example=", ".join(CHART_COMPONENTS)),
-                              Str(pattern=r"v?\d+\.\d+\.\d+\S*", expected="a chart version",
+                              Str(pattern=r"v?[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?", expected="a chart version",
                                   example="v25.10.1"))),
-        "state_dir": Field(Str(expected="a folder path", example="~/.local/state/bootstrap/train-a")),
+        "state_dir": Field(Str(expected="a folder path", example="~/.local/state/bootstrap/train-a", unicode=True)),
     },
     build=m.Inventory,
 )

@@ -8,16 +8,22 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bootstrap.errors import Problem
+from bootstrap.errors import MAX_PROBLEMS_SHOWN, Problem
 from bootstrap.inventory.source import Located, Path, format_path
 
 INVALID = object()  # a value that failed its check; its parent skips it
 
 # Words that name a secret. Written as a key, they mean a secret sits inline in the file.
 SECRET_WORDS = ("password", "passphrase", "token", "secret", "secret_key", "access_key", "key_passphrase")
+
+
+class TooManyProblems(Exception):
+    """Raised by Checker once it holds MAX_PROBLEMS_SHOWN problems: a file that wrong is not
+    worth checking further, and stopping bounds the time a hostile file can take."""
 
 
 class Checker:
@@ -30,6 +36,14 @@ class Checker:
     def problem(self, path: Path, message: str, hint: str | None = None, *, key: bool = False) -> None:
         mark = self.located.mark(path, key=key)
         self.problems.append(Problem(self.located.file, mark.line, mark.column, format_path(path), message, hint))
+        if len(self.problems) >= MAX_PROBLEMS_SHOWN:
+            raise TooManyProblems
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: non-ASCII escaped, so a Cyrillic 'а' does not pass for
+    a Latin 'a' in the very message that refuses it."""
+    return ascii(value)
 
 
 def describe_type(value: Any) -> str:
@@ -40,7 +54,7 @@ def describe_type(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"a number ({value!r})"
     if isinstance(value, str):
-        return f"text ({value!r})"
+        return f"text ({shown(value)})"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -64,19 +78,28 @@ class Spec:
         return INVALID
 
 
-class AnyValue(Spec):
-    """Passed through as written; checked elsewhere (e.g. k3s flags against k3s's own list)."""
-
-    def check(self, value, path, ck):
-        return value
+def character_error(value: str, *, unicode: bool = False) -> str | None:
+    """Every one-line text field refuses control characters (a line break in a value becomes
+    a second line in whatever file it lands in), line separators, bidi overrides and other
+    invisible format characters; and, unless `unicode`, anything outside ASCII (look-alike
+    letters and digits: Cyrillic 'о', fullwidth '２', Arabic-Indic '٣')."""
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            return f"{shown(value)} contains the control or invisible character U+{ord(char):04X}"
+        if not unicode and not char.isascii():
+            name = unicodedata.name(char, "unnamed")
+            return f"{shown(value)} contains the non-ASCII character U+{ord(char):04X} ({name}); only ASCII is accepted"
+    return None
 
 
 @dataclass
 class Str(Spec):
-    pattern: str | None = None
+    pattern: str | None = None  # matched with re.ASCII, so that a class like backslash-d means ASCII only
     expected: str = "text"
     example: str | None = None
     validator: Callable[[str], str | None] | None = None  # returns an error message or None
+    unicode: bool = False  # local file paths may hold any printable character
+    max_length: int = 4096  # no one-line value is longer; also bounds the work of every pattern
 
     def check(self, value, path, ck):
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -84,8 +107,15 @@ class Str(Spec):
         if not isinstance(value, str):
             # A bare number where text is expected (a version like 12.4) loses precision; insist on quotes.
             return self.wrong_type(value, path, ck) if self.pattern or self.validator else str(value)
-        if self.pattern and not re.fullmatch(self.pattern, value):
-            ck.problem(path, f"{value!r} is not {self.expected}", example_hint(self.example))
+        if len(value) > self.max_length:
+            ck.problem(path, f"{len(value)} characters is too long for {self.expected}")
+            return INVALID
+        bad_character = character_error(value, unicode=self.unicode)
+        if bad_character:
+            ck.problem(path, bad_character, example_hint(self.example))
+            return INVALID
+        if self.pattern and not re.fullmatch(self.pattern, value, re.ASCII):
+            ck.problem(path, f"{shown(value)} is not {self.expected}", example_hint(self.example))
             return INVALID
         if self.validator:
             error = self.validator(value)
@@ -145,8 +175,8 @@ class Enum(Spec):
 
     def check(self, value, path, ck):
         if not isinstance(value, str) or value not in self.choices:
-            shown = repr(value) if isinstance(value, str) else describe_type(value)
-            ck.problem(path, f"{shown} is not a valid {self.what}", did_you_mean(value, self.choices))
+            what = shown(value) if isinstance(value, str) else describe_type(value)
+            ck.problem(path, f"{what} is not a valid {self.what}", did_you_mean(value, self.choices))
             return INVALID
         return value
 
@@ -251,11 +281,11 @@ class Record(Spec):
 def report_unknown_key(key, raw, path: Path, fields: dict, ck: Checker) -> None:
     """An unknown key: a misspelling gets a suggestion; an inline secret gets the right form."""
     if isinstance(key, str) and key.lower() in SECRET_WORDS:
-        ck.problem(path, f"'{key}' is a secret written inline in the inventory; secrets come by reference only",
+        ck.problem(path, f"{shown(key)} is a secret written inline in the inventory; secrets come by reference only",
                    f"write {key}_env: VARIABLE_NAME (read from the environment) or {key}_file: /path/to/file",
                    key=True)
         return
-    ck.problem(path, f"unknown key '{key}'", did_you_mean(key, fields), key=True)
+    ck.problem(path, f"unknown key {shown(key)}", did_you_mean(key, fields), key=True)
 
 
 def did_you_mean(word: Any, choices) -> str:
@@ -272,34 +302,9 @@ def did_you_mean(word: Any, choices) -> str:
 
 # ---- reusable value checks -------------------------------------------------------------------
 
-DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-DNS_NAME = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
-
-
-def ip_error(value: str) -> str | None:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return f"{value!r} is not a valid IP address"
-    return None
-
-
-def address_error(value: str) -> str | None:
-    """An SSH address: an IP, or a DNS name; something that looks like a broken IP is neither."""
-    if re.fullmatch(r"[0-9.]+", value) or ":" in value:
-        return ip_error(value)
-    if not re.fullmatch(DNS_NAME, value.lower()):
-        return f"{value!r} is neither an IP address nor a host name"
-    return None
-
-
 def cidr_error(value: str) -> str | None:
     try:
         ipaddress.ip_network(value, strict=True)
     except ValueError as exc:
-        return f"{value!r} is not a valid network in CIDR form ({exc})"
+        return f"{shown(value)} is not a valid network in CIDR form ({exc})"
     return None
-
-
-def san_error(value: str) -> str | None:
-    return address_error(value)
