@@ -54,7 +54,13 @@ class BootstrapError(Exception):
         text = f"error: {self.message}"
         if self.hint:
             text += f"\nhint: {self.hint}"
-        return text
+        # Messages quote remote output and input values: escaped, line by line.
+        return escape_lines(text)
+
+
+def escape_lines(text: str) -> str:
+    """`escape` for text whose own line breaks are layout."""
+    return "\n".join(escape(line) for line in text.split("\n"))
 
 
 class UsageError(BootstrapError):

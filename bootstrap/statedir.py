@@ -155,10 +155,6 @@ class StateDir:
         return self.path / "known_hosts"
 
     @property
-    def ssh_config(self) -> Path:
-        return self.path / "ssh_config"
-
-    @property
     def logs(self) -> Path:
         return self.path / "logs"
 

@@ -201,3 +201,14 @@ def test_a_server_that_answers_ssh_with_k3s_active_is_asked_at_the_port(tmp_path
     stopped = K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [SystemdUnit("k3s.service", "loaded", "failed")])
     assert "failed" in service_verdict(node, HostFacts(k3s=stopped)).reason
     assert service_verdict(node, HostFacts(k3s=K3S)) is None  # running: only the API port decides
+
+
+# --- what reaches the terminal ---------------------------------------------------------------
+
+def test_host_and_usage_errors_escape_what_a_terminal_would_act_on():
+    from bootstrap.hosts.session import HostFailure
+
+    error = BootstrapError("k3s said: \x1b[2Jall checks passed", "line one\nline two \u202e")
+    assert "\x1b" not in error.render() and "\\x1b[2J" in error.render()
+    assert error.render().splitlines()[1:] == ["hint: line one", "line two \\u202e"]
+    assert "\x1b" not in HostFailure("gpu-1", "apt: \x1b]0;owned\x07").render()

@@ -193,3 +193,32 @@ def test_plan_names_unreachable_hosts_instead_of_resolving_the_channel(tmp_path)
     assert result.returncode == 1
     assert "cannot resolve k3s channel" not in result.stdout + result.stderr
     assert "FAILED cp-1: cannot connect to SSH at 127.0.0.1" in result.stderr, result.stderr
+
+
+def test_pyinfra_never_prompts_for_a_sudo_password_to_put_on_a_command_line():
+    """pyinfra re-runs a command with the password in its environment after a prompt; the
+    session answers the prompt with nothing, so the re-run fails as sudo -n did."""
+    from pyinfra.connectors import util
+
+    from bootstrap.hosts.session import never_prompt_for_sudo
+
+    never_prompt_for_sudo()
+    calls = []
+
+    class Line:
+        line = "sudo: a password is required"
+
+    class Output:
+        combined_lines = [Line()]
+
+    class Host:
+        print_prefix = "[gpu-1] "
+        connector_data: dict = {}
+
+    def execute():
+        calls.append(Host.connector_data.get("prompted_sudo_password"))
+        return 1, Output()
+
+    code, _ = util.execute_command_with_sudo_retry(Host(), {}, execute)
+    assert code == 1 and calls == [None, ""]
+    assert not Host.connector_data["prompted_sudo_password"]

@@ -83,7 +83,7 @@ def plan_host(node: Node, desired: d.Desired, facts: HostFacts, cluster_id: str,
     to_install = [p for p in desired.packages if p not in facts.packages]
     if to_install:
         plan.prepare.append(f"{APT_ENV} apt-get update -q && {APT_ENV} apt-get install -y -q "
-                            f"--no-install-recommends {' '.join(to_install)}")
+                            f"--no-install-recommends {' '.join(shlex.quote(p) for p in to_install)}")
         plan.changes.append(f"install packages {', '.join(to_install)}")
         installed_by_us |= set(to_install)
     if desired.toolkit_source and TOOLKIT not in facts.packages:

@@ -23,7 +23,9 @@ class HostFailure:
     hint: str | None = None
 
     def render(self) -> str:
-        return f"{self.node}: {self.message}" + (f" ({self.hint})" if self.hint else "")
+        from bootstrap.errors import escape_lines
+
+        return escape_lines(f"{self.node}: {self.message}" + (f" ({self.hint})" if self.hint else ""))
 
 
 def explain_connect_error(node: Node, address: str, port: int, error: str, inventory: Inventory) -> HostFailure:
@@ -102,6 +104,24 @@ def host_data(inventory: Inventory, state: StateDir, node: Node, known_hosts: Pa
     return data
 
 
+def _no_sudo_password(prompt: str = "") -> str:
+    logging.getLogger("pyinfra").warning("sudo asked for a password (%s); bootstrap uses sudo -n only", prompt.strip())
+    return ""
+
+
+def never_prompt_for_sudo() -> None:
+    """When a command prints "sudo: a password is required", pyinfra asks the operator for
+    one (getpass) and re-runs the command with PYINFRA_SUDO_PASSWORD=<password> on its
+    command line, visible in the host's `ps`. With sudoers rules that allow only some
+    commands without a password, preflight's `sudo -n` check can pass and a later command
+    still ask. An empty answer makes the re-run fail like the first try: the step fails
+    with sudo's message, and no password is asked for or sent. (pyinfra has no setting for
+    this; its prompt is `getpass` in pyinfra/connectors/util.py.)"""
+    from pyinfra.connectors import util
+
+    util.getpass = _no_sudo_password
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -130,6 +150,7 @@ class HostSession:
 
         self.state_dir.ensure()
         self._configure_logging()
+        never_prompt_for_sudo()
         # pyinfra appends first-contact keys to the file it is given, in place and in
         # parallel: give it a private copy and merge what it learnt afterwards, atomically.
         scratch = self._scratch_known_hosts()
