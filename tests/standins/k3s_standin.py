@@ -67,7 +67,7 @@ Knobs for tests (not in real k3s):
                             kubeapi.py's Simulator docstring
 
 Differences from real k3s worth knowing are listed in the module docstring of
-tests/test_k3s_standin.py.
+tests/standin_tests/test_k3s_standin.py.
 """
 
 import base64

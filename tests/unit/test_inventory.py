@@ -9,7 +9,7 @@ from bootstrap.errors import InvalidInput
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.inventory.model import SecretRef
 
-SHIPPED = sorted((Path(__file__).parent.parent / "inventories").glob("*.yaml"))
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "inventories").glob("*.yaml"))
 
 MINIMAL = """\
 cluster: solo

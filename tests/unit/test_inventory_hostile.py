@@ -22,7 +22,7 @@ from bootstrap.rules import k3s_flags
 from test_inventory import MINIMAL, problems
 
 GIB = 1 << 30
-INVENTORY_CODE = sorted((Path(__file__).parent.parent / "bootstrap" / "inventory").glob("*.py"))
+INVENTORY_CODE = sorted((Path(__file__).resolve().parents[2] / "bootstrap" / "inventory").glob("*.py"))
 
 
 def check_bounded(path: Path) -> tuple[subprocess.CompletedProcess, float]:

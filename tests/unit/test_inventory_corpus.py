@@ -16,7 +16,7 @@ from clirun import run_bootstrap
 from bootstrap.errors import InvalidInput
 from bootstrap.inventory.loader import load_inventory
 
-CORPUS = Path(__file__).parent / "inventories"
+CORPUS = Path(__file__).resolve().parents[1] / "inventories"
 BROKEN = sorted((CORPUS / "broken").glob("*.yaml"))
 HOSTILE = sorted((CORPUS / "hostile").glob("*.yaml"))
 ALL = BROKEN + HOSTILE

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.hosts
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 
 def test_noop_up_stays_within_the_command_budget(tmp_path):

@@ -22,7 +22,7 @@ from bootstrap import helm
 from bootstrap.components import Release, desired_releases
 from bootstrap.errors import run_command
 
-RECORDER = Path(__file__).parent / "standins" / "helm_recorder.py"
+RECORDER = Path(__file__).resolve().parents[1] / "standins" / "helm_recorder.py"
 RELEASE = Release("gpu-operator", "gpu-operator", "gpu-operator", "https://helm.ngc.nvidia.com/nvidia", "v26.7.0",
                   {"driver": {"enabled": False}, "toolkit": {"env": [{"name": "A", "value": "true"}]},
                    "devicePlugin": {"config": {"data": {"ts-4": "version: v1\n"}}}})

@@ -14,7 +14,7 @@ import pytest
 
 from bootstrap.facts.probe import NVSMI_QUERY_ARGS, PROBE_SCRIPT, parse_host_facts, split_sections
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 STANDIN = TESTS / "standins" / "nvidia-smi"
 FIXTURES = TESTS / "fixtures" / "gpu-vm-h200"
 SH = shutil.which("dash") or "/bin/sh"

@@ -16,7 +16,7 @@ from bootstrap.facts import parsers as p
 from bootstrap.facts.model import HostFacts
 from bootstrap.facts.probe import DELIMITER, PROBE_SCRIPT, SECTIONS, parse_host_facts, split_sections
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gpu-vm-h200"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-vm-h200"
 SH = shutil.which("dash") or "/bin/sh"
 
 
