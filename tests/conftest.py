@@ -1,6 +1,15 @@
 import pytest
 
 import testhosts
+import upstream
+
+
+def pytest_sessionstart(session):
+    """Without the upstream reference data dozens of tests could only skip: stop instead,
+    with one message, unless BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1 asks for the skips."""
+    why = upstream.why_missing()
+    if why and not upstream.missing_allowed():
+        raise pytest.UsageError(why)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,9 +34,7 @@ def lab():
 @pytest.fixture
 def airgap(tmp_path):
     """A k3s air-gap folder holding the k3s stand-in, as a user's folder holds k3s."""
-    from standins.airgap import build_airgap, upstream_missing
+    from standins.airgap import build_airgap
 
-    why = upstream_missing()
-    if why:
-        pytest.skip(why)
+    upstream.upstream(upstream.FLAGS_NAME)  # skips only under BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1
     return build_airgap(tmp_path / "airgap")

@@ -9,8 +9,9 @@
         dest/sha256sum-amd64.txt              "<sha256>  <file>" lines, as in a release
 
 The flag names come from the upstream k3s docs list (../shared/upstream/k3s/
-flags-docs-0243496.txt, or $BOOTSTRAP_UPSTREAM_DIR/k3s/...), read at build time; tests
-skip when it is absent (see upstream_missing()).
+flags-docs-0243496.txt, or $BOOTSTRAP_UPSTREAM_DIR/k3s/...), read at build time; pytest stops
+when it is absent (tests/conftest.py) unless BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1, which makes
+the tests that need it skip (see upstream_missing()).
 
 As a command: python tests/standins/airgap.py DEST [--version vX.Y.Z+k3sN]
 """
