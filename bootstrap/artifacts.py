@@ -1,6 +1,6 @@
 """Where the k3s binary (and its images) come from: the air-gap folder, or the official release.
 
-Both paths end in the same place: a binary at /usr/local/bin/k3s whose sha256 matches the
+Both paths end in the same place: a binary at bootstrap.hostparts.k3s_binary.PATH whose sha256 matches the
 release's checksum file. Only "where does the binary come from" differs.
 """
 
@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from bootstrap.errors import UsageError
+from bootstrap.hostparts.k3s_binary import release_name
 from bootstrap.inventory.model import Inventory
 
 RELEASES = "https://github.com/k3s-io/k3s/releases/download"
@@ -41,10 +42,6 @@ class K3sArtifacts:
         return self.binary.sha256 if self.binary else None
 
 
-def binary_name(arch: str) -> str:
-    return "k3s" if arch == "amd64" else f"k3s-{arch}"
-
-
 @lru_cache(maxsize=None)
 def sha256_of(path: Path, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
@@ -71,11 +68,15 @@ def read_checksums(folder: Path, arch: str) -> dict[str, str]:
     return result
 
 
-def airgap_artifacts(inventory: Inventory, arch: str) -> K3sArtifacts:
+def airgap_folder(inventory: Inventory) -> Path:
+    """k3s.airgap, relative to the inventory file."""
     folder = Path(inventory.k3s.airgap).expanduser()
-    if not folder.is_absolute():
-        folder = (Path(inventory.source).parent / folder).resolve()
-    name = binary_name(arch)
+    return folder if folder.is_absolute() else (Path(inventory.source).parent / folder).resolve()
+
+
+def airgap_artifacts(inventory: Inventory, arch: str) -> K3sArtifacts:
+    folder = airgap_folder(inventory)
+    name = release_name(arch)
     binary_path = folder / name
     if not binary_path.is_file():
         raise UsageError(f"k3s.airgap: no {name} in {folder} for the {arch} hosts",
@@ -117,7 +118,7 @@ def image_archives(folder: Path, arch: str) -> list[Path]:
 def online_artifacts(version: str, arch: str) -> K3sArtifacts:
     quoted = version.replace("+", "%2B")
     return K3sArtifacts(arch=arch, version=version,
-                        download_url=f"{RELEASES}/{quoted}/{binary_name(arch)}",
+                        download_url=f"{RELEASES}/{quoted}/{release_name(arch)}",
                         checksums_url=f"{RELEASES}/{quoted}/sha256sum-{arch}.txt")
 
 

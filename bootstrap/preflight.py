@@ -10,16 +10,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bootstrap.facts.model import HostFacts
-from bootstrap.inventory.model import Inventory, Node
+from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES
+from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.rules import cuda, mig
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 SUPPORTED_ARCH = ("amd64", "arm64")
 MIN_FREE_GIB = {"cpu": 10.0, "gpu": 30.0}  # CUDA images are several GB each
 # port -> (proto, who needs it free)
-PORTS = {6443: ("tcp", "server"), 10250: ("tcp", "all"), 8472: ("udp", "all")}
+PORTS = {6443: ("tcp", Role.SERVER), 10250: ("tcp", "all"), 8472: ("udp", "all")}
 EMBEDDED_MIRROR_PORT = 5001  # the embedded registry mirror's peer-to-peer port (Spegel)
-OUR_PROCESSES = ("k3s", "k3s-server", "k3s-agent", "containerd")
+OUR_PROCESSES = (*K3S_PROCESSES, "containerd")
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluste
 
 
 def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
-    from bootstrap.hostplan.registries import embedded_mirror_on
+    from bootstrap.hostparts.registries import embedded_mirror_on
 
     findings: list[Finding] = []
     gpu_cluster = any(is_gpu_node(inventory, n, facts[n.name]) for n in inventory.nodes if n.name in facts)
@@ -117,7 +118,7 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
              "free space or attach a larger disk")
     k3s_installed = bool(host.k3s and host.k3s.units)
     for port, (proto, who) in (ports or PORTS).items():
-        if who == "server" and node.role != "server":
+        if who == Role.SERVER and node.role != Role.SERVER:
             continue
         listener = host.listener(port, proto)
         # flannel's VXLAN socket belongs to the kernel (no process) and outlives a stopped k3s:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap.errors import BootstrapError
+from bootstrap.hostparts.k3s_service import SNAPSHOT_DIR
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.statedir import StateDir
 
-REMOTE_DIR = "/var/lib/rancher/k3s/server/db/snapshots"
 # What k3s appends to --name: "-<node name>-<unix time>", and ".zip" when compressed
 # (k3s-io/k3s pkg/etcd/snapshot.go, snapshotName / compressSnapshot).
 _K3S_SUFFIX = r"-[a-z0-9]([a-z0-9.-]*[a-z0-9])?-[0-9]+(\.zip)?"
@@ -117,13 +117,13 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None) -> P
 
         save = f"{sudo}k3s etcd-snapshot save --name {shlex.quote(name)}"
         run(f"{save} >/dev/null 2>&1 || {save}", "k3s etcd-snapshot save")
-        listing = run(f"{sudo}ls -t {REMOTE_DIR}", "finding the snapshot").decode()
+        listing = run(f"{sudo}ls -t {SNAPSHOT_DIR}", "finding the snapshot").decode()
         # Only a name of our own pattern is used: it goes into a command line next.
         remote = next((line.strip() for line in listing.splitlines()
                        if line.strip().startswith(name) and is_ours(line.strip(), state.cluster_id)), None)
         if not remote:
-            raise BootstrapError(f"k3s saved no snapshot named {name} in {REMOTE_DIR} on {server.name}")
-        data = run(f"{sudo}cat {shlex.quote(REMOTE_DIR + '/' + remote)}", "reading the snapshot")
+            raise BootstrapError(f"k3s saved no snapshot named {name} in {SNAPSHOT_DIR} on {server.name}")
+        data = run(f"{sudo}cat {shlex.quote(SNAPSHOT_DIR + '/' + remote)}", "reading the snapshot")
     finally:
         client.close()
     target = state.write_secret(f"snapshots/{remote}", data)

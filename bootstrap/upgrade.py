@@ -14,10 +14,12 @@ import time
 
 from bootstrap import progress
 from bootstrap.errors import HostsFailed
+from bootstrap.hostparts import k3s_binary
+from bootstrap.hostparts.k3s_service import unit_name
 from bootstrap.hostplan.rollout import Rollout
+from bootstrap.inventory.model import Role
 
 READY_TIMEOUT_S = 300
-PREVIOUS_BINARY = "/var/lib/bootstrap/k3s.previous"
 
 
 class RolloutStopped(HostsFailed):
@@ -87,7 +89,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
     step = Step("upgrade k3s", {})
     for name in names:
         plan = plans[name]
-        step.commands[name] = c.placement_commands(plan, keep_previous_binary=PREVIOUS_BINARY) + [
+        step.commands[name] = c.placement_commands(plan, keep_previous_binary=True) + [
             c.wait_for_service(plan.unit, "restart")] + ([c.prepull_command(plan.prepull)] if plan.prepull else [])
     execute(session, [step])
     replaced = [n for n in names if n not in session.failures]
@@ -108,9 +110,8 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
 
 def stop(rollout: Rollout, name: str, done: list[str], reason: str, drained_only: bool = False):
     after = [n for n in rollout.nodes if n not in done and n != name]
-    unit = "k3s" if name in rollout.servers else "k3s-agent"
-    roll_back = (f"roll {name} back: on it run `sudo install -m 0755 {PREVIOUS_BINARY} /usr/local/bin/k3s && "
-                 f"sudo systemctl restart {unit}`, then `kubectl uncordon {name}`")
+    unit = unit_name(Role.SERVER if name in rollout.servers else Role.AGENT)
+    roll_back = f"roll {name} back: on it run `{k3s_binary.roll_back(unit)}`, then `kubectl uncordon {name}`"
     if drained_only:
         roll_back = f"it still runs {rollout.installed.get(name) or 'its old k3s'}: `kubectl uncordon {name}` undoes the cordon"
     raise RolloutStopped(

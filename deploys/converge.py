@@ -17,8 +17,10 @@ import paramiko
 from pyinfra import logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 
-from bootstrap.hostplan.desired import K3S_BINARY
+from bootstrap.hostparts import k3s_binary
+from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
 from bootstrap.hostplan.plan import HostPlan
+from bootstrap.inventory.model import Role
 
 SERVICE_TIMEOUT_S = 300
 
@@ -29,14 +31,13 @@ def run(commands: list):
     yield from commands
 
 
-def placement_commands(plan: HostPlan, keep_previous_binary: str | None = None) -> list:
+def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> list:
     """Files go to a private (0700) staging dir as the login user, then one root script
     installs them with their modes and runs the preparation lines: few round trips, and a
     secret never sits in a world-readable temp file or on a command line. The staging dir
     (config.yaml holds the join token) goes on every exit: the root script's trap, or the
     upload step itself when an upload fails (then no root script runs).
-    `keep_previous_binary`: a path to copy the running k3s binary to first (an upgrade's
-    way back)."""
+    `keep_previous_binary`: copy the running k3s binary aside first (an upgrade's way back)."""
     if not plan.uploads and not plan.prepare:
         return []
     commands: list = []
@@ -48,7 +49,7 @@ def placement_commands(plan: HostPlan, keep_previous_binary: str | None = None) 
         sources = [str(spec.local) if spec.local else io.BytesIO(spec.content) for spec in plan.uploads]
         commands.append(FunctionCommand(upload_or_clean_up, (stage, sources), {}))
     if keep_previous_binary:
-        lines.append(f"if [ -f {K3S_BINARY} ]; then install -D -m 0755 {K3S_BINARY} {keep_previous_binary}; fi")
+        lines.append(k3s_binary.keep_previous())
     for index, spec in enumerate(plan.uploads):
         lines.append(f"install -D -m {spec.mode:04o} -o root -g root {stage}/{index} {shlex.quote(spec.path)}")
     lines += plan.prepare
@@ -113,7 +114,7 @@ def prepull_command(images: list[str]) -> StringCommand:
 
 
 def verify_nvidia_runtime_command() -> StringCommand:
-    config = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    config = CONTAINERD_CONFIG
     return StringCommand(
         f"for i in $(seq 1 30); do grep -qE \"runtimes\\.[\\\"']?nvidia[\\\"']?\\]\" {config} 2>/dev/null && exit 0; sleep 1; done; "
         f"echo 'k3s did not detect the nvidia runtime in {config}; is nvidia-container-runtime on PATH?' >&2; exit 1")
@@ -128,7 +129,7 @@ def restore_commands(snapshot) -> list:
     config.yaml (the old cluster's) decrypts it; k3s refuses a wrong one."""
     stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
     # The name is one of the state folder's own (bootstrap.snapshots pattern); quoted anyway.
-    remote = shlex.quote(f"/var/lib/rancher/k3s/server/db/snapshots/{snapshot.name}")
+    remote = shlex.quote(f"{SNAPSHOT_DIR}/{snapshot.name}")
     return [
         StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False),
         FileUploadCommand(str(snapshot), f"{stage}/snapshot", _sudo=False),
@@ -136,7 +137,7 @@ def restore_commands(snapshot) -> list:
             "set -e",
             f"install -D -m 0600 -o root -g root {stage}/snapshot {remote}",
             f"rm -rf {stage}",
-            "systemctl stop k3s 2>/dev/null || true",
+            f"systemctl stop {unit_name(Role.SERVER)} 2>/dev/null || true",
             f"out=$(k3s server --cluster-reset --cluster-reset-restore-path={remote} 2>&1) || "
             "{ echo \"$out\" | grep -iv token | tail -n 5 >&2; exit 1; }",
             "echo \"$out\" | grep -iv token | tail -n 2",

@@ -141,7 +141,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, facts: dict[str, HostF
             summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
     for patch in comp.desired_patches(inventory):
         summary["objects"] += apply_patch(cluster, patch)
-    if plugin_config_changed and "gpu-operator" not in summary["releases"]:
+    if plugin_config_changed and gpu_operator.RELEASE not in summary["releases"]:
         restart_device_plugin(cluster)
     mig = {name: node_labels[gpu_sharing.MIG_LABEL] for name, node_labels in labels.items()
            if node_labels.get(gpu_sharing.MIG_LABEL, gpu_sharing.MIG_DISABLED) != gpu_sharing.MIG_DISABLED}

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from bootstrap.errors import BootstrapError
-from bootstrap.hostplan import desired as d
+from bootstrap.hostparts.k3s_service import KUBECONFIG
 from bootstrap.inventory.model import Inventory
 from bootstrap.statedir import StateDir
 
@@ -53,10 +53,10 @@ def fetch_over_ssh(inventory: Inventory, state: StateDir) -> Path:
     client = connect_ssh(inventory, first, state)
     try:
         sudo = "sudo -n " if inventory.ssh_for(first).use_sudo else ""
-        _, stdout, stderr = client.exec_command(f"{sudo}cat {d.KUBECONFIG}", timeout=30)
+        _, stdout, stderr = client.exec_command(f"{sudo}cat {KUBECONFIG}", timeout=30)
         text = stdout.read().decode()
         if stdout.channel.recv_exit_status() != 0:
-            raise BootstrapError(f"cannot read {d.KUBECONFIG} on {first.name}: {stderr.read().decode().strip()}",
+            raise BootstrapError(f"cannot read {KUBECONFIG} on {first.name}: {stderr.read().decode().strip()}",
                                  "has `bootstrap up` run on this cluster?")
     finally:
         client.close()

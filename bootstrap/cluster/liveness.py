@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from bootstrap.cluster.tunnel import API_PORT
 from bootstrap.facts.model import HostFacts
-from bootstrap.inventory.model import Inventory, Node
+from bootstrap.hostparts.k3s_service import unit_name
+from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.statedir import StateDir
 
-SERVER_UNIT = "k3s"
+SERVER_UNIT = unit_name(Role.SERVER)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.inventory.loader import load_inventory
+from bootstrap.inventory.model import Role
 from bootstrap.lock import cluster_lock
 from bootstrap.rebuild import quorum_after
 from bootstrap.statedir import StateDir
@@ -50,7 +51,7 @@ def run(args) -> int:
             if not nodes:
                 print("nothing to remove: no idle GPU node" if args.idle else "nothing to remove")
                 return 0
-            servers = [n.name for n in nodes if n.role == "server"]
+            servers = [n.name for n in nodes if n.role == Role.SERVER]
             if servers and len(servers) >= len(inventory.servers):
                 raise UsageError(f"refusing to remove {', '.join(servers)}: the cluster would have no server left",
                                  "remove agents, or tear the whole cluster down with `bootstrap down`")
@@ -66,7 +67,7 @@ def run(args) -> int:
                 if not result.complete:
                     blocked[node.name] = result.blocked
                     continue
-                if node.role == "server":
+                if node.role == Role.SERVER:
                     from bootstrap.commands.rebuild import remove_lost
 
                     remove_lost(inventory, state, [node.name], [node.name])

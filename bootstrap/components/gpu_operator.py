@@ -7,10 +7,11 @@ import yaml
 from bootstrap.components import gpu_sharing, versions
 from bootstrap.components.release import Release
 from bootstrap.facts.model import HostFacts
-from bootstrap.hostplan.desired import needs_host_toolkit
-from bootstrap.inventory.model import Inventory
+from bootstrap.hostparts.packages import needs_host_toolkit
+from bootstrap.inventory.model import Component, Inventory
 
 NAMESPACE = "gpu-operator"
+RELEASE = "gpu-operator"  # the Helm release name (apply.py restarts its device plugin)
 DEVICE_PLUGIN_CONFIGMAP = "bootstrap-device-plugin-config"
 MIG_PARTED_CONFIGMAP = "bootstrap-mig-parted-config"
 K3S_CONTAINERD_SOCKET = "/run/k3s/containerd/containerd.sock"
@@ -88,6 +89,6 @@ def _config_map(name: str, data: dict) -> dict:
 
 
 def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:
-    src = versions.source(inventory, "gpu_operator")
-    return Release("gpu-operator", NAMESPACE, src.chart, src.repo, src.version,
+    src = versions.source(inventory, Component.GPU_OPERATOR)
+    return Release(RELEASE, NAMESPACE, src.chart, src.repo, src.version,
                    values(inventory, facts_by_node, src.version))

@@ -17,7 +17,7 @@ from bootstrap.components.gpu_sharing import gpu_nodes
 from bootstrap.components.release import ComponentError, Release
 from bootstrap.facts.model import HostFacts
 from bootstrap.inventory.kube import nad_name  # one derivation, shared with the inventory check
-from bootstrap.inventory.model import Inventory
+from bootstrap.inventory.model import Component, Inventory
 
 NAMESPACE = "kube-system"
 NAD_NAMESPACE = "default"
@@ -74,7 +74,7 @@ def multus_values(dirs: CniDirs, thick: bool = False) -> dict:
 
 
 def multus_releases(inventory: Inventory, dirs: CniDirs, thick: bool = False) -> list[Release]:
-    src = versions.source(inventory, "multus")
+    src = versions.source(inventory, Component.MULTUS)
     main = Release("multus", NAMESPACE, src.chart, src.repo, src.version, multus_values(dirs, thick))
     if versions.version_tuple(src.version) < versions.MULTUS_CRD_SPLIT:
         return [main]
@@ -121,7 +121,7 @@ def plugin_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts]) 
     config = json.dumps(plugin_config(inventory, facts_by_node), indent=2) + "\n"
     configmap = {"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE}, "data": {"config.json": config}}
-    src = versions.source(inventory, "rdma_shared_device_plugin")
+    src = versions.source(inventory, Component.RDMA_SHARED_DEVICE_PLUGIN)
     daemonset = yaml.safe_load(templates.render(
         "components/rdma-shared-dev-plugin.yaml.j2", namespace=NAMESPACE, configmap=CONFIGMAP,
         image=f"{src.image}:{src.version}", config_sha256=hashlib.sha256(config.encode()).hexdigest()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bootstrap.components import versions
 from bootstrap.components.release import ComponentError, Patch, Release
-from bootstrap.inventory.model import Inventory
+from bootstrap.inventory.model import Component, Inventory
 
 DEFAULT_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 LOCAL_PATH = "local-path"
@@ -37,7 +37,7 @@ def nfs_release(inventory: Inventory) -> Release | None:
             raise ComponentError("storage.default is nfs but storage.nfs is not set",
                                  "add storage: {nfs: {server: ..., share: ...}}")
         return None
-    src = versions.source(inventory, "nfs_csi")
+    src = versions.source(inventory, Component.NFS_CSI)
     # The chart's defaults fit k3s (kubelet in /var/lib/kubelet); the class is ours, below.
     return Release("csi-driver-nfs", NFS_NAMESPACE, src.chart, src.repo, src.version, {})
 
@@ -65,7 +65,7 @@ def longhorn_release(inventory: Inventory) -> Release | None:
     if inventory.storage.default != "longhorn":
         return None  # opt-in only: it needs iSCSI on every node and privileged daemons
     replicas = inventory.storage.longhorn_replicas
-    src = versions.source(inventory, "longhorn")
+    src = versions.source(inventory, Component.LONGHORN)
     values = {
         "persistence": {"defaultClass": True, "defaultClassReplicaCount": replicas},
         # Volumes made outside the StorageClass (UI); the chart demands a string, and this

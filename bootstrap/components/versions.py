@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from bootstrap.components.release import ComponentError
-from bootstrap.inventory.model import Inventory
+from bootstrap.inventory.model import Component, Inventory
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,18 @@ class Source:
     image: str | None = None  # for plain manifests: the image the version tags
 
 
-DEFAULTS: dict[str, Source] = {
-    "gpu_operator": Source("gpu-operator", "https://helm.ngc.nvidia.com/nvidia", "v26.7.0"),
+# One entry per Component (tests check none is missing).
+DEFAULTS: dict[Component, Source] = {
+    Component.GPU_OPERATOR: Source("gpu-operator", "https://helm.ngc.nvidia.com/nvidia", "v26.7.0"),
     # Multus with the whereabouts IPAM subchart (`rke2-whereabouts`), the chart k3s documents.
-    "multus": Source("rke2-multus", "https://rke2-charts.rancher.io", "v4.3.017"),
+    Component.MULTUS: Source("rke2-multus", "https://rke2-charts.rancher.io", "v4.3.017"),
     # Mellanox publishes no chart for the plugin; we render its DaemonSet + ConfigMap
     # (modelled on deployment/k8s/base/ at network-operator-v26.1.1, identical at v1.5.3).
-    "rdma_shared_device_plugin": Source(None, None, "v1.5.3", image="ghcr.io/mellanox/k8s-rdma-shared-dev-plugin"),
-    "nfs_csi": Source("csi-driver-nfs", "https://raw.githubusercontent.com/kubernetes-csi/csi-driver-nfs/master/charts",
+    Component.RDMA_SHARED_DEVICE_PLUGIN: Source(None, None, "v1.5.3", image="ghcr.io/mellanox/k8s-rdma-shared-dev-plugin"),
+    Component.NFS_CSI: Source("csi-driver-nfs", "https://raw.githubusercontent.com/kubernetes-csi/csi-driver-nfs/master/charts",
                       "4.13.4"),
-    "longhorn": Source("longhorn", "https://charts.longhorn.io", "1.12.1"),
-    "volcano": Source("volcano", "https://volcano-sh.github.io/helm-charts", "1.15.1"),
+    Component.LONGHORN: Source("longhorn", "https://charts.longhorn.io", "1.12.1"),
+    Component.VOLCANO: Source("volcano", "https://volcano-sh.github.io/helm-charts", "1.15.1"),
 }
 
 # From rke2-multus v4.3.010 the NetworkAttachmentDefinition and whereabouts CRDs live in a

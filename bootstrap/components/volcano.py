@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bootstrap.components import versions
 from bootstrap.components.release import Release
-from bootstrap.inventory.model import Inventory, Queue
+from bootstrap.inventory.model import Component, Inventory, Queue
 
 NAMESPACE = "volcano-system"
 
@@ -12,7 +12,7 @@ NAMESPACE = "volcano-system"
 def release(inventory: Inventory) -> Release | None:
     if not inventory.volcano.enabled:
         return None
-    src = versions.source(inventory, "volcano")
+    src = versions.source(inventory, Component.VOLCANO)
     # The chart pulls with "Always"; IfNotPresent keeps restarts working behind a slow or
     # rate-limited registry and with preloaded images.
     values = {"basic": {"image_pull_policy": "IfNotPresent"}}

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from bootstrap.hostparts import k3s_service, kernel, manifest, packages
+
 from . import parsers as p
 from .model import HostFacts, K3sInstall
 
@@ -89,11 +91,11 @@ p_pci() {
 }
 p_k3s() {
   if has k3s; then echo "binary: $(command -v k3s)"; k3s --version; fi
-  if [ -e /etc/rancher/k3s/config.yaml ]; then echo "config: present"; else echo "config: absent"; fi
+  if [ -e @@K3S_CONFIG@@ ]; then echo "config: present"; else echo "config: absent"; fi
 }
 p_units() {
   has systemctl || return 127
-  systemctl show -p Id -p LoadState -p ActiveState -p UnitFileState k3s.service k3s-agent.service
+  systemctl show -p Id -p LoadState -p ActiveState -p UnitFileState @@K3S_UNITS@@
 }
 # Port owners are only visible to root: ask sudo (non-interactively) when we are not root.
 p_ss() { has ss || return 127; if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n ss -Hltunp; else ss -Hltunp; fi; }
@@ -116,14 +118,7 @@ p_files() {
   if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n sh -c "$p_files_body" sh $BOOTSTRAP_FILES
   else sh -c "$p_files_body" sh $BOOTSTRAP_FILES; fi
 }
-p_modules() {
-  { [ -d /sys/module/br_netfilter ] || [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; } && echo br_netfilter
-  { [ -d /sys/module/overlay ] || grep -qw overlay /proc/filesystems; } && echo overlay
-  return 0
-}
-p_sysctl() {
-  for k in @@SYSCTLS@@; do f=/proc/sys/$(echo "$k" | tr . /); [ -r "$f" ] && echo "$k=$(cat "$f")"; done; return 0
-}
+@@KERNEL@@
 p_packages() {
   has dpkg-query || return 127
   # The status abbreviation says it all: 2nd letter i = installed, 1st letter h = held
@@ -131,14 +126,14 @@ p_packages() {
   dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\n' @@PACKAGES@@ 2>/dev/null | grep '^.i'
 }
 p_containerd() {
-  c=/var/lib/rancher/k3s/agent/etc/containerd/config.toml
+  c=@@CONTAINERD_CONFIG@@
   [ -r "$c" ] || return 1
   grep -E "runtimes\.[\"']?[a-z-]+[\"']?\]|bin_dir|BinaryName" "$c"
 }
-p_manifest() { cat /var/lib/bootstrap/manifest.json 2>/dev/null || true; }
+p_manifest() { cat @@MANIFEST@@ 2>/dev/null || true; }
 # Images in k3s's containerd (what pre-pulls compare against); only while k3s runs.
 p_images() {
-  [ -e /run/k3s/containerd/containerd.sock ] || return 1
+  [ -e @@CONTAINERD_SOCKET@@ ] || return 1
   if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n timeout 15 k3s crictl images --digests
   else timeout 15 k3s crictl images --digests; fi
 }
@@ -180,17 +175,17 @@ probe() {
 if has tr; then probe 2>&1 | tr -c '\11\12\40-\176' '?'; else probe 2>&1; fi
 exit 0
 """
-# Kernel settings k3s needs (see bootstrap.hostplan); read so that unchanged ones cost nothing.
-SYSCTLS = ("net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding",
-           "net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables")
-# Package names (dpkg globs) whose installed versions the plan needs.
-PACKAGES = ("nvidia-*", "libnvidia-*", "cuda-drivers*", "nfs-common", "open-iscsi", "rdma-core",
-            "linux-headers-*", "dkms")
-
+# The host parts' own sections and what they name (their kernel settings, packages, unit
+# names, paths), so unchanged state costs nothing and a part's change reaches the probe.
 PROBE_SCRIPT = (
     PROBE_SCRIPT.replace("@@DELIM@@", DELIMITER)
-    .replace("@@SYSCTLS@@", " ".join(SYSCTLS))
-    .replace("@@PACKAGES@@", " ".join(f"'{p}'" for p in PACKAGES))
+    .replace("@@KERNEL@@", kernel.probe_functions())
+    .replace("@@PACKAGES@@", " ".join(f"'{p}'" for p in packages.PROBE_GLOBS))
+    .replace("@@K3S_CONFIG@@", k3s_service.CONFIG)
+    .replace("@@K3S_UNITS@@", " ".join(f"{u}.service" for u in k3s_service.UNITS.values()))
+    .replace("@@CONTAINERD_CONFIG@@", k3s_service.CONTAINERD_CONFIG)
+    .replace("@@CONTAINERD_SOCKET@@", k3s_service.CONTAINERD_SOCKET)
+    .replace("@@MANIFEST@@", manifest.MANIFEST)
     .replace("@@COMMANDS@@", " ".join(COMMANDS))
     .replace("@@RANCHER@@", DF_PATHS[1])
     .replace("@@ROOT@@", DF_PATHS[0])

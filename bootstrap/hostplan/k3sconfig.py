@@ -9,7 +9,7 @@ import ipaddress
 
 import yaml
 
-from bootstrap.inventory.model import Inventory, Node
+from bootstrap.inventory.model import Inventory, Node, Role
 
 # Spot machines get a shutdown notice: let kubelet end pods cleanly before the VM goes.
 GRACEFUL_SHUTDOWN = ("shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s")
@@ -54,7 +54,7 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
         config["flannel-iface"] = inventory.k3s.flannel_iface
     config["kubelet-arg"] = list(GRACEFUL_SHUTDOWN)
     first = inventory.servers[0]
-    if node.role == "server":
+    if node.role == Role.SERVER:
         config.update(server_settings(inventory, embedded_mirror))
         if node.name == first.name and join_via is None:
             # Embedded etcd even for one server: it is what makes snapshots, restore after a
@@ -64,7 +64,7 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
             config["server"] = server_url(inventory, join_via)
     else:
         config["server"] = server_url(inventory, join_via)
-    extra = inventory.k3s.server_config if node.role == "server" else inventory.k3s.agent_config
+    extra = inventory.k3s.server_config if node.role == Role.SERVER else inventory.k3s.agent_config
     for key, value in extra.items():
         # Repeatable flags the tool also sets (kubelet-arg, node-label, tls-san...) add up.
         if isinstance(config.get(key), list):

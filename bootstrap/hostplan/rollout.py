@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bootstrap.facts.model import HostFacts
-from bootstrap.hostplan import desired as d
+from bootstrap.hostparts import k3s_binary
 from bootstrap.hostplan.plan import HostPlan
-from bootstrap.inventory.model import Inventory
+from bootstrap.inventory.model import Inventory, Role
 from bootstrap.preflight import Finding
 from bootstrap.rules.k3s_versions import upgrade_problem
 
@@ -45,11 +45,6 @@ class Rollout:
         return lines
 
 
-def replaces_binary(plan: HostPlan) -> bool:
-    return any(u.path == d.K3S_BINARY for u in plan.uploads) or any(
-        c.startswith("download k3s") for c in plan.changes)
-
-
 def running(plan: HostPlan, host: HostFacts) -> bool:
     unit = host.k3s.unit(f"{plan.unit}.service") if host.k3s else None
     return bool(unit and unit.active)
@@ -61,10 +56,10 @@ def plan_rollout(inventory: Inventory, facts: dict[str, HostFacts], plans: dict[
     agents = []
     for node in inventory.nodes:
         plan, host = plans.get(node.name), facts.get(node.name)
-        if plan is None or host is None or not (replaces_binary(plan) and running(plan, host)):
+        if plan is None or host is None or not (plan.replaces_binary and running(plan, host)):
             continue
         rollout.installed[node.name] = host.k3s.version
-        (rollout.servers if node.role == "server" else agents).append(node.name)
+        (rollout.servers if node.role == Role.SERVER else agents).append(node.name)
     size = max(1, max_unavailable)
     rollout.agent_batches = [agents[i:i + size] for i in range(0, len(agents), size)]
     return rollout if rollout.nodes else None
@@ -85,7 +80,7 @@ def version_findings(inventory: Inventory, facts: dict[str, HostFacts], target: 
             if problem:
                 findings.append(Finding(node.name, "k3s version", problem[0], problem[1]))
             continue
-        binary = host.files.get(d.K3S_BINARY)
+        binary = host.files.get(k3s_binary.PATH)
         wanted = airgap_sha.get(host.arch)
         if wanted and binary is not None and binary.sha256 != wanted:
             findings.append(Finding(

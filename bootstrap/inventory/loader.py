@@ -12,7 +12,7 @@ from dataclasses import replace
 from bootstrap.errors import InvalidInput, Problem, UsageError
 from bootstrap.inventory.addresses import DNS_LABEL, normal_endpoint, normal_host
 from bootstrap.inventory.kube import derived_name, nad_name, parse_taint
-from bootstrap.inventory.model import Inventory
+from bootstrap.inventory.model import Inventory, Role
 from bootstrap.inventory.schema import INVENTORY
 from bootstrap.inventory.source import MAX_BYTES, Located, load_located, size_problem
 from bootstrap.inventory.spec import Checker, TooManyProblems
@@ -66,7 +66,7 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
     raw_nodes = _as_list(data.get("nodes"))
     check_unique_nodes(data, raw_nodes, located, ck)
     if nodes:
-        servers = [n for n in nodes if n.get("role") == "server"]
+        servers = [n for n in nodes if n.get("role") == Role.SERVER]
         if not servers:
             ck.problem(("nodes",), "no node has role: server",
                        "give one node (or three, for an HA control plane) role: server", key=True)

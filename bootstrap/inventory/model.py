@@ -3,6 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """A node's k3s role. A str: the inventory's plain "server"/"agent" compare equal."""
+
+    SERVER = "server"
+    AGENT = "agent"
+
+
+class Component(StrEnum):
+    """The cluster components, as the inventory names them (the keys of `charts:`)."""
+
+    GPU_OPERATOR = "gpu_operator"
+    MULTUS = "multus"  # with whereabouts, which ships inside the multus chart
+    RDMA_SHARED_DEVICE_PLUGIN = "rdma_shared_device_plugin"
+    NFS_CSI = "nfs_csi"
+    LONGHORN = "longhorn"
+    VOLCANO = "volcano"
 
 
 @dataclass(frozen=True)
@@ -133,7 +152,7 @@ class NodeGpu:
 class Node:
     name: str
     address: str
-    role: str = "agent"
+    role: str = Role.AGENT
     node_ip: str | None = None  # private address for cluster traffic when `address` is public
     labels: dict = field(default_factory=dict)
     taints: tuple[str, ...] = ()
@@ -242,11 +261,11 @@ class Inventory:
 
     @property
     def servers(self) -> tuple[Node, ...]:
-        return tuple(n for n in self.nodes if n.role == "server")
+        return tuple(n for n in self.nodes if n.role == Role.SERVER)
 
     @property
     def agents(self) -> tuple[Node, ...]:
-        return tuple(n for n in self.nodes if n.role == "agent")
+        return tuple(n for n in self.nodes if n.role == Role.AGENT)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

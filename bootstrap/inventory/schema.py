@@ -26,16 +26,17 @@ from bootstrap.inventory.spec import (
     describe_type,
 )
 from bootstrap.rules.k3s_flags import flag_problem
+from bootstrap.rules.k3s_versions import VERSION_PATTERN
 
 DRIVER_MODES = ("preinstalled", "host", "operator")
-ROLES = ("server", "agent")
+ROLES = tuple(role.value for role in m.Role)
 STORAGE_CLASSES = ("local-path", "nfs", "longhorn")
 K3S_DISABLE = ("coredns", "servicelb", "traefik", "local-storage", "metrics-server", "runtimes")
 # Whereabouts ships inside the multus chart: pin charts.multus to move it.
-CHART_COMPONENTS = ("gpu_operator", "multus", "rdma_shared_device_plugin", "nfs_csi", "longhorn", "volcano")
+CHART_COMPONENTS = tuple(component.value for component in m.Component)
 
 # Patterns spell digits [0-9]: Python's backslash-d also matches '٣' and '３'.
-K3S_VERSION = r"v[0-9]+\.[0-9]+\.[0-9]+(-rc[0-9]+)?\+k3s[0-9]+"
+K3S_VERSION = VERSION_PATTERN
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 MIG_PROFILE = r"[0-9]+g\.[0-9]+gb(\+me)?"
 # A Linux network interface: up to 15 characters, never '-' first (it would read as an option).

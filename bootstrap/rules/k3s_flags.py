@@ -13,7 +13,9 @@ import difflib
 from functools import cache
 from importlib import resources
 
-ROLES = ("server", "agent")
+from bootstrap.inventory.model import Role
+
+ROLES = tuple(role.value for role in Role)
 
 # flag -> what to write instead (or why the tool keeps it)
 OWNED = {
@@ -60,7 +62,7 @@ def flags(role: str) -> frozenset[str]:
         listed_role, colon, name = line.partition(":")
         if colon and listed_role in listed and not line.startswith("#"):
             listed[listed_role].add(name.strip())
-    return frozenset(listed["agent"] | (listed["server"] if role == "server" else set()))
+    return frozenset(listed[Role.AGENT] | (listed[Role.SERVER] if role == Role.SERVER else set()))
 
 
 def owned(flag: str) -> str | None:
@@ -77,7 +79,7 @@ def flag_problem(role: str, flag: str) -> tuple[str, str | None] | None:
         return f"{flag} is set by the tool", why
     if flag in flags(role):
         return None
-    if role == "agent" and flag in flags("server"):
+    if role == Role.AGENT and flag in flags(Role.SERVER):
         return f"{flag} is a server flag, not an agent flag", "move it to k3s.server_config"
     close = difflib.get_close_matches(flag, sorted(flags(role)), n=1, cutoff=0.6)
     return (f"{flag} is not a k3s {role} flag",

@@ -8,7 +8,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-VERSION = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:-rc(\d+))?\+k3s(\d+)$")
+# The one spelling of a k3s release (the inventory's k3s.version is checked against it too).
+# Digits are spelled [0-9]: a backslash-d would also match '٣' and '３'.
+VERSION_PATTERN = r"v([0-9]+)\.([0-9]+)\.([0-9]+)(?:-rc([0-9]+))?\+k3s([0-9]+)"
+VERSION = re.compile(f"^{VERSION_PATTERN}$")
 
 
 @dataclass(frozen=True, order=True)

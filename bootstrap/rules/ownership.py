@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bootstrap.facts.model import HostFacts
-
-ID_KEY = "cluster_id"
-NAME_KEY = "cluster"
+from bootstrap.hostparts.manifest import ID_KEY, MANIFEST, NAME_KEY
 
 
 @dataclass(frozen=True)
@@ -35,11 +33,5 @@ def ownership(facts: HostFacts, cluster_id: str) -> Ownership:
         return Ownership("foreign", f"it belongs to another cluster set up by bootstrap"
                                     f"{f' ({name!r}' if name else ' ('}id {recorded})")
     if facts.k3s is not None:
-        return Ownership("foreign", "k3s is installed on it, but not by bootstrap (no "
-                                    "/var/lib/bootstrap/manifest.json)")
+        return Ownership("foreign", f"k3s is installed on it, but not by bootstrap (no {MANIFEST})")
     return Ownership("empty")
-
-
-def record(manifest: dict, cluster_id: str, cluster: str) -> dict:
-    """The manifest with this cluster's identity in it."""
-    return {**manifest, ID_KEY: cluster_id, NAME_KEY: cluster}

@@ -8,17 +8,22 @@ import pytest
 from bootstrap.artifacts import airgap_artifacts, online_artifacts
 from bootstrap.deploys.converge import placement_commands, wait_for_service
 from bootstrap.errors import UsageError
-from bootstrap.hostplan import desired as d
-from bootstrap.hostplan.plan import HostPlan, download_k3s
+from bootstrap.hostparts.base import text_file
+from bootstrap.hostparts.k3s_binary import download as download_k3s
+from bootstrap.hostparts.k3s_service import CONFIG
+from bootstrap.hostparts.kernel import SYSCTL_FILE
+from bootstrap.hostparts.manifest import MANIFEST
+from bootstrap.hostparts.packages import apt_lists_prefix
+from bootstrap.hostplan.plan import HostPlan
 from bootstrap.inventory.loader import parse_inventory
-from bootstrap.teardown import apt_lists_prefix, teardown_script
+from bootstrap.teardown import teardown_script
 
 INV = parse_inventory("cluster: t\nnodes: [{name: cp-1, address: 10.0.0.1, role: server}]\n")
 
 
 def test_uploads_are_staged_privately_and_installed_with_modes():
     plan = HostPlan(node=INV.nodes[0], unit="k3s",
-                    uploads=[d.text_file(d.CONFIG, "token: SECRET\n", 0o600, secret=True)],
+                    uploads=[text_file(CONFIG, "token: SECRET\n", 0o600, secret=True)],
                     prepare=["systemctl daemon-reload"])
     commands = placement_commands(plan)
     mkdir, upload, script = commands
@@ -26,14 +31,14 @@ def test_uploads_are_staged_privately_and_installed_with_modes():
     stage, sources = upload.args
     assert stage.startswith("/tmp/bootstrap-stage-") and len(sources) == 1
     text = str(script)
-    assert f"install -D -m 0600 -o root -g root {stage}/0 {d.CONFIG}" in text
+    assert f"install -D -m 0600 -o root -g root {stage}/0 {CONFIG}" in text
     assert "rm -rf /tmp/bootstrap-stage-" in text and text.startswith("set -e")
     assert "SECRET" not in "".join(str(c) for c in commands)
     assert placement_commands(HostPlan(node=INV.nodes[0], unit="k3s")) == []
 
 
 def test_the_staging_dir_goes_on_every_exit_of_the_root_script():
-    plan = HostPlan(node=INV.nodes[0], unit="k3s", uploads=[d.text_file(d.CONFIG, "token: SECRET\n", 0o600, secret=True)],
+    plan = HostPlan(node=INV.nodes[0], unit="k3s", uploads=[text_file(CONFIG, "token: SECRET\n", 0o600, secret=True)],
                     prepare=["false"])
     script = str(placement_commands(plan)[-1])
     stage = script.split("trap 'rm -rf ", 1)[1].split("'", 1)[0]
@@ -70,7 +75,7 @@ def test_airgap_folder_is_checked_against_its_checksums(tmp_path):
 
 
 def test_teardown_undoes_what_the_manifest_records():
-    manifest = {"files": [d.CONFIG, d.SYSCTL_FILE, d.MANIFEST], "sysctl_before": {"net.ipv4.ip_forward": "0"},
+    manifest = {"files": [CONFIG, SYSCTL_FILE, MANIFEST], "sysctl_before": {"net.ipv4.ip_forward": "0"},
                 "swap_disabled": True, "packages_installed": ["nvidia-container-toolkit", "nvidia-driver-580-server-open"],
                 "packages_held": ["nvidia-container-toolkit", "nvidia-driver-580-server-open", "libnvidia-compute-580"]}
     keep = teardown_script(manifest, purge_drivers=False, toolkit_source="deb [trusted=yes] http://10.200.0.1:8000/ ./")

@@ -11,6 +11,10 @@ from upstream import k3s_flags
 from bootstrap.artifacts import K3sArtifacts, LocalFile
 from bootstrap.facts.model import FileState, HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import parse_host_facts
+from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
+from bootstrap.hostparts.k3s_service import CONFIG
+from bootstrap.hostparts.kernel import MODULES, SYSCTLS
+from bootstrap.hostparts.manifest import MANIFEST
 from bootstrap.hostplan import desired as d
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.drivers import driver_packages
@@ -71,7 +75,7 @@ def _artifacts(tmp_path):
 def converged_facts(want: d.Desired, unit: str) -> HostFacts:
     """Facts of a host that holds exactly what is wanted, as the probe would report it."""
     files = {f.path: FileState(f.mode, f.sha256) for f in want.files}
-    return HostFacts(files=files, modules=list(d.MODULES), sysctls=dict(d.SYSCTLS),
+    return HostFacts(files=files, modules=list(MODULES), sysctls=dict(SYSCTLS),
                      packages={"nvidia-container-toolkit": "1.17.8-1"},
                      held_packages=["nvidia-container-toolkit"],
                      # as `crictl images` names them (full names) once pulled
@@ -84,18 +88,18 @@ def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
     node = INV.node("gpu-1")
     want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=True, driver_packages=[])
     fresh = plan_host(node, want, HostFacts(sysctls={"net.ipv4.ip_forward": "0"}, swap_mib=1024), CLUSTER_ID, "lab")
-    assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {d.CONFIG, d.K3S_BINARY, d.MANIFEST}
+    assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {CONFIG, K3S_BINARY, MANIFEST}
     assert any("apt-get install" in line and "nvidia-container-toolkit" in line for line in fresh.prepare)
     assert any(line.startswith("swapoff") for line in fresh.prepare)
     assert fresh.prepull == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36"]
-    manifest = yaml.safe_load(next(u for u in fresh.uploads if u.path == d.MANIFEST).content)
+    manifest = yaml.safe_load(next(u for u in fresh.uploads if u.path == MANIFEST).content)
     assert manifest["sysctl_before"] == {"net.ipv4.ip_forward": "0"} and manifest["swap_disabled"]
     assert manifest["packages_installed"] == ["nvidia-container-toolkit"]
 
     facts = converged_facts(want, "k3s-agent")
-    first_manifest = next(u for u in fresh.uploads if u.path == d.MANIFEST)
+    first_manifest = next(u for u in fresh.uploads if u.path == MANIFEST)
     facts = replace(facts, manifest=yaml.safe_load(first_manifest.content),
-                    files={**facts.files, d.MANIFEST: FileState(0o644, first_manifest.sha256)})
+                    files={**facts.files, MANIFEST: FileState(0o644, first_manifest.sha256)})
     noop = plan_host(node, want, facts, CLUSTER_ID, "lab")
     assert not noop.changed, noop.changes
 
@@ -104,10 +108,10 @@ def test_config_change_restarts_only_that_host(tmp_path):
     node = INV.node("gpu-1")
     want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=False, driver_packages=[])
     facts = converged_facts(want, "k3s-agent")
-    edited = replace(facts, files={**facts.files, d.CONFIG: FileState(0o600, "0" * 64)})
+    edited = replace(facts, files={**facts.files, CONFIG: FileState(0o600, "0" * 64)})
     plan = plan_host(node, want, edited, CLUSTER_ID, "lab")
-    assert plan.service == "restart" and [u.path for u in plan.uploads if u.path != d.MANIFEST] == [d.CONFIG]
-    assert all(u.secret for u in plan.uploads if u.path == d.CONFIG)
+    assert plan.service == "restart" and [u.path for u in plan.uploads if u.path != MANIFEST] == [CONFIG]
+    assert all(u.secret for u in plan.uploads if u.path == CONFIG)
     stopped = replace(facts, k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                             [SystemdUnit("k3s-agent.service", "loaded", "inactive", "enabled")]))
     assert plan_host(node, want, stopped, CLUSTER_ID, "lab").service == "start"
@@ -118,7 +122,7 @@ def test_secrets_never_appear_in_plan_text(tmp_path):
     want = d.desired_state(INV, node, "s3cr3t-token", _artifacts(tmp_path), gpu=False, driver_packages=[])
     plan = plan_host(node, want, HostFacts(), CLUSTER_ID, "lab")
     assert "s3cr3t-token" not in "\n".join(plan.changes + plan.prepare)
-    assert b"s3cr3t-token" in next(u for u in plan.uploads if u.path == d.CONFIG).content
+    assert b"s3cr3t-token" in next(u for u in plan.uploads if u.path == CONFIG).content
 
 
 @pytest.mark.parametrize("os_id, version, branch, expected", [

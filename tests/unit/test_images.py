@@ -5,7 +5,7 @@ import yaml
 from upstream import k3s_flags
 
 from bootstrap.hostplan import k3sconfig
-from bootstrap.hostplan.registries import embedded_mirror_on, registries_yaml
+from bootstrap.hostparts.registries import embedded_mirror_on, registries_yaml
 from bootstrap.inventory.loader import parse_inventory
 
 BASE = """\

@@ -15,7 +15,7 @@ from clirun import BOOTSTRAP
 
 from bootstrap.errors import Problem
 from bootstrap.hostplan import k3sconfig
-from bootstrap.hostplan.registries import registries_yaml
+from bootstrap.hostparts.registries import registries_yaml
 from bootstrap.inventory import cron, kube
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.rules import k3s_flags
@@ -146,6 +146,7 @@ def test_a_key_cannot_fake_a_clean_result():
 
 
 def test_no_pattern_in_the_inventory_code_uses_unicode_classes():
+    assert {"loader.py", "schema.py", "model.py"} <= {p.name for p in INVENTORY_CODE}, INVENTORY_CODE
     for path in INVENTORY_CODE:
         code = path.read_text()
         assert not re.search(r"\\[dwsDWS]", code.replace("\\\\", "")), f"{path.name}: use [0-9] or an explicit class"

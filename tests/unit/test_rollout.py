@@ -5,6 +5,8 @@ from dataclasses import replace
 
 from bootstrap.artifacts import K3sArtifacts, LocalFile
 from bootstrap.facts.model import FileState, HostFacts, K3sInstall, SystemdUnit
+from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
+from bootstrap.hostparts.kernel import MODULES, SYSCTLS
 from bootstrap.hostplan import desired as d
 from bootstrap.hostplan.plan import plan_host
 from bootstrap.hostplan.rollout import plan_rollout, version_findings
@@ -32,8 +34,8 @@ def running_on(node, version="v1.33.5+k3s1", binary=OLD, active=True):
     unit = "k3s" if node.role == "server" else "k3s-agent"
     want = d.desired_state(INV, node, "tok", artifacts(binary), gpu=False, driver_packages=[])
     files = {f.path: FileState(f.mode, f.sha256) for f in want.files}
-    return HostFacts(arch="amd64", files=files, modules=list(d.MODULES), sysctls=dict(d.SYSCTLS),
-                     k3s=K3sInstall(d.K3S_BINARY, version, True,
+    return HostFacts(arch="amd64", files=files, modules=list(MODULES), sysctls=dict(SYSCTLS),
+                     k3s=K3sInstall(K3S_BINARY, version, True,
                                     [SystemdUnit(f"{unit}.service", "loaded", "active" if active else "failed",
                                                  "enabled")]))
 

@@ -1,11 +1,18 @@
-"""/etc/rancher/k3s/registries.yaml from the inventory's mirrors and credentials."""
+"""/etc/rancher/k3s/registries.yaml from the inventory's mirrors and credentials.
+
+Written only when there is something to say; secret (credentials), so k3s restarts to read it.
+"""
 
 from __future__ import annotations
 
 import yaml
 
+from bootstrap.hostparts.base import FileSpec, text_file
 from bootstrap.inventory.model import Inventory
 from bootstrap.secrets import resolve
+
+REGISTRIES = "/etc/rancher/k3s/registries.yaml"
+PATHS = (REGISTRIES,)
 
 
 def embedded_mirror_on(inventory: Inventory, gpu_cluster: bool) -> bool:
@@ -43,3 +50,8 @@ def registries_yaml(inventory: Inventory, embedded_mirror: bool = False) -> str 
     if configs:
         data["configs"] = configs
     return "# Managed by bootstrap.\n" + yaml.safe_dump(data, default_flow_style=False, sort_keys=True)
+
+
+def file(inventory: Inventory, embedded_mirror: bool) -> FileSpec | None:
+    text = registries_yaml(inventory, embedded_mirror)
+    return None if text is None else text_file(REGISTRIES, text, 0o600, secret=True, restarts_k3s=True)
