@@ -40,25 +40,36 @@ class Identity:
     cluster: str
     id: str  # 16 hex digits: what hosts and snapshots carry
     inventory: str  # absolute path of the inventory file the folder belongs to
+    servers: tuple[str, ...] = ()  # that inventory's server addresses: what makes it this cluster
 
     def to_json(self) -> str:
-        return json.dumps({"cluster": self.cluster, "id": self.id, "inventory": self.inventory}, indent=1) + "\n"
+        return json.dumps({"cluster": self.cluster, "id": self.id, "inventory": self.inventory,
+                           "servers": list(self.servers)}, indent=1) + "\n"
 
 
 def new_cluster_id() -> str:
     return secrets.token_hex(8)
 
 
+def server_addresses(inventory: Inventory) -> tuple[str, ...]:
+    return tuple(sorted({s.address.lower() for s in inventory.servers}))
+
+
 def check_identity(found: Identity, inventory: Inventory, folder: Path, inventory_path: str) -> str | None:
     """None when `found` is this inventory's cluster; else why the folder is not ours. Pure,
-    apart from asking whether the other inventory file still exists (a moved file is adopted)."""
+    apart from asking whether the other inventory file still exists (a moved file is adopted).
+    Another file that names one of the cluster's servers is the same cluster (an edited copy
+    to `plan` a change); one with other servers is another cluster."""
     if found.cluster != inventory.cluster:
         return (f"the state folder {folder} belongs to cluster {found.cluster!r} (inventory {found.inventory}), "
                 f"not to {inventory.cluster!r}")
-    if found.inventory != inventory_path and Path(found.inventory).exists():
-        return (f"the state folder {folder} belongs to the cluster of {found.inventory} (id {found.id}); "
-                f"{inventory_path} has the same cluster name {inventory.cluster!r}")
-    return None
+    if found.inventory == inventory_path or not Path(found.inventory).exists():
+        return None
+    if set(found.servers) & set(server_addresses(inventory)):
+        return None
+    return (f"the state folder {folder} belongs to the cluster of {found.inventory} (id {found.id}, servers "
+            f"{', '.join(found.servers) or 'unknown'}); {inventory_path} has the same cluster name "
+            f"{inventory.cluster!r} but other servers")
 
 
 class StateDir:
@@ -94,8 +105,9 @@ class StateDir:
             problem = check_identity(found, self.inventory, self.path, self.inventory_path)
             if problem:
                 raise self._refuse(problem)
-            if found.inventory != self.inventory_path:  # the inventory file was moved or renamed
-                found = self._write_identity(found.id)
+            owner = found.inventory == self.inventory_path or not Path(found.inventory).exists()
+            if owner and (found.inventory, found.servers) != (self.inventory_path, server_addresses(self.inventory)):
+                found = self._write_identity(found.id)  # moved or renamed, or its servers changed
             self._identity = found
             return self.path
         entries = {p.name for p in self.path.iterdir()}
@@ -125,14 +137,15 @@ class StateDir:
         self._identity = self._write_identity(new_cluster_id())
 
     def _write_identity(self, cluster_id: str) -> Identity:
-        identity = Identity(self.inventory.cluster, cluster_id, self.inventory_path)
+        identity = Identity(self.inventory.cluster, cluster_id, self.inventory_path, server_addresses(self.inventory))
         self.write_file(IDENTITY, identity.to_json(), mode=0o600)
         return identity
 
     def _read_identity(self, marker: Path) -> Identity:
         try:
             data = json.loads(marker.read_text())
-            return Identity(str(data["cluster"]), str(data["id"]), str(data["inventory"]))
+            return Identity(str(data["cluster"]), str(data["id"]), str(data["inventory"]),
+                            tuple(str(a) for a in data.get("servers", [])))
         except (OSError, ValueError, KeyError, TypeError):
             raise self._refuse(f"{marker} is damaged") from None
 
@@ -140,8 +153,8 @@ class StateDir:
         where = f"state_dir in {self.inventory.source}" if self.inventory.state_dir else "state_dir"
         return UsageError(problem + "; nothing was changed",
                           f"give this cluster its own folder: set {where} to a new folder, or change cluster: "
-                          f"to a name of its own. If this inventory really is that cluster's (a copy of the "
-                          f"same file), edit \"inventory\" in {self.path / IDENTITY} to name this file")
+                          f"to a name of its own. If this inventory really is that cluster's (its servers were all "
+                          f"replaced), edit \"inventory\" in {self.path / IDENTITY} to name this file")
 
     def _adopt_legacy_snapshots(self) -> None:
         """Snapshots from before identities are this cluster's: give them its id's prefix."""

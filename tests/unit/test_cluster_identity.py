@@ -54,6 +54,15 @@ def test_a_second_inventory_with_the_same_cluster_name_is_refused(tmp_path):
     assert not (other.path / "token").exists()
 
 
+def test_an_edited_copy_naming_the_same_servers_is_the_same_cluster(tmp_path):
+    """`plan` of a copy with one change (a chart version) must not need a second folder."""
+    first = StateDir(inventory_file(tmp_path / "a.yaml"))
+    first.ensure()
+    copy = StateDir(inventory_file(tmp_path / "a-preview.yaml"))
+    assert copy.cluster_id == first.cluster_id
+    assert "a-preview" not in (first.path / IDENTITY).read_text()  # the original keeps the folder
+
+
 def test_a_shared_state_dir_with_another_cluster_name_is_refused(tmp_path):
     shared = tmp_path / "shared"
     StateDir(inventory_file(tmp_path / "a.yaml", cluster="alpha", state_dir=shared)).ensure()
