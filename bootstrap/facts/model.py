@@ -43,11 +43,6 @@ class Gpu(_ToDict):
     vbios_version: str | None = None
 
     @property
-    def gpu_hardware(self) -> bool:
-        """NVIDIA GPUs are in the machine, whether or not a driver drives them."""
-        return self.has_gpu or self.gpu_error is not None or any(d.is_gpu for d in self.nvidia_pci)
-
-    @property
     def mig_capable(self) -> bool:
         return self.mig_current is not None
 

@@ -4,7 +4,8 @@ install time) import from a checkout, and pytest runs there.
 
 The subprocesses run `python -S` (no site-packages, no .pth files, so no editable-install
 finder) with PYTHONPATH = the repository root and a folder of links to every third-party
-distribution of this interpreter except an installed bootstrap."""
+package on this interpreter's path (site-packages and what .pth files add) except an installed
+bootstrap."""
 
 import os
 import subprocess
@@ -24,8 +25,13 @@ OURS = ("bootstrap", "__editable__", "gpu_cluster_bootstrap")  # an install of t
 def deps(tmp_path_factory) -> Path:
     """The interpreter's third-party packages without any installed bootstrap."""
     folder = tmp_path_factory.mktemp("deps")
-    for site in dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib")):
-        for entry in Path(site).iterdir():
+    stdlib = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
+    tests = ROOT / "tests"
+    for site in dict.fromkeys(Path(p).resolve() for p in sys.path if p and Path(p).is_dir()):
+        if site in stdlib or site.parent in stdlib and site.name == "lib-dynload" or site in (ROOT, tests) \
+                or site.is_relative_to(tests):
+            continue  # the standard library comes with -S; the checkout and its tests are what we test
+        for entry in site.iterdir():
             if not entry.name.startswith(OURS) and not (folder / entry.name).exists():
                 (folder / entry.name).symlink_to(entry)
     return folder

@@ -14,8 +14,8 @@ import yaml
 from test_facts_parsers import h200_probe_output
 from upstream import upstream
 
-from bootstrap.components import (ComponentError, desired_manifests, desired_patches, desired_releases, gpu_operator,
-                                  gpu_sharing, node_labels, rdma, storage, versions)
+from bootstrap.components import (ComponentError, desired_manifests, desired_patches, desired_prerequisites,
+                                  desired_releases, gpu_operator, gpu_sharing, node_labels, rdma, storage, versions)
 from bootstrap.facts.model import ContainerdConfig, RdmaDevice
 from bootstrap.facts.probe import parse_host_facts
 from bootstrap.inventory.loader import parse_inventory
@@ -236,10 +236,33 @@ def test_thick_multus_values_exist_in_the_chart():
     check_release_values(multus)
 
 
+# Every plain object the tool applies in each scenario (prerequisites, then manifests): the
+# list is asserted first, so no scenario can pass by validating nothing.
+GPU_NAMESPACE = ("Namespace", None, "gpu-operator")
+APPLIED = {
+    "mixed": [GPU_NAMESPACE, ("ConfigMap", "gpu-operator", "bootstrap-device-plugin-config"),
+              ("ConfigMap", "gpu-operator", "bootstrap-mig-parted-config"),
+              ("ConfigMap", "kube-system", "rdma-devices"), ("DaemonSet", "kube-system", "rdma-shared-dp-ds"),
+              ("NetworkAttachmentDefinition", "default", "rdma-ibp26s0"),
+              ("NetworkAttachmentDefinition", "default", "rdma-ens1f0np0"),
+              ("StorageClass", None, "nfs-csi"), ("Queue", None, "research"), ("Queue", None, "batch")],
+    "defaults": [GPU_NAMESPACE],
+    "operator-driver": [GPU_NAMESPACE],
+    "operator-driver-old-version": [GPU_NAMESPACE],
+    "longhorn": [GPU_NAMESPACE],
+}
+
+
+def test_every_scenario_has_its_applied_objects_listed():
+    assert set(APPLIED) == set(SCENARIOS)
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_manifest_passes_its_schema(name):
     inv, facts = SCENARIOS[name]()
-    for obj in desired_manifests(inv, facts):
+    objects = desired_prerequisites(inv, facts) + desired_manifests(inv, facts)
+    assert [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects] == APPLIED[name]
+    for obj in objects:
         validate_object(obj)
 
 

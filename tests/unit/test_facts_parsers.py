@@ -3,6 +3,7 @@ run for real under sh (dash), and the pyinfra fact through the @local connector.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -390,6 +391,7 @@ def test_os_release_quoting():
 
 # --- garbage never crashes --------------------------------------------------------------
 
+RECORDINGS = sorted(FIXTURES.iterdir())
 PARSERS = [
     p.parse_os_release, p.parse_uname, p.parse_first_int, p.parse_first_word, p.parse_meminfo,
     p.parse_df, p.parse_commands, p.parse_nvidia_smi_header, p.parse_gpu_query,
@@ -412,13 +414,14 @@ def test_parsers_survive_empty_and_garbage(parser):
     parser(GARBAGE)
     parser(None)
     # every real recording through every parser
-    for fixture in sorted(FIXTURES.iterdir()):
+    assert len(RECORDINGS) >= 10, FIXTURES
+    for fixture in RECORDINGS:
         parser(recorded(fixture.name)[1])
 
 
 def test_host_facts_survive_shuffled_garbage():
     rng = random.Random(20261129)
-    pool = GARBAGE + [line for f in sorted(FIXTURES.iterdir()) for line in recorded(f.name)[1]]
+    pool = GARBAGE + [line for f in RECORDINGS for line in recorded(f.name)[1]]
     for _ in range(200):
         lines = []
         for name in rng.sample(SECTIONS, rng.randint(0, len(SECTIONS))):
@@ -502,6 +505,44 @@ def test_fact_through_pyinfra_local_connector():
     assert facts.hostname == os.uname().nodename
     assert facts.os_id and facts.arch and facts.cpus
     assert not state.failed_hosts
+
+
+def nested_facts(value):
+    """Every facts dataclass instance in `value`, itself included, through fields and lists."""
+    if dataclasses.is_dataclass(value):
+        yield value
+        for f in dataclasses.fields(value):
+            yield from nested_facts(getattr(value, f.name))
+    elif isinstance(value, (list, tuple, set)):
+        for item in value:
+            yield from nested_facts(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from nested_facts(item)
+
+
+def test_every_facts_property_reads_only_fields_its_class_has():
+    """Gpu once carried a copy of HostFacts.gpu_hardware, reading fields only HostFacts has."""
+    from bootstrap.facts import model
+
+    facts = dataclasses.replace(parse_host_facts(h200_probe_output()),
+                                rdma=[model.RdmaDevice("mlx5_0", 1, "InfiniBand", "ACTIVE", ["ibp26s0"])],
+                                k3s=model.K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
+                                                     [model.SystemdUnit("k3s.service", "loaded", "active")]))
+    seen, classes = set(), set()
+    for obj in nested_facts(facts):
+        classes.add(type(obj))
+        for name, attribute in vars(type(obj)).items():
+            if isinstance(attribute, property):
+                getattr(obj, name)  # raises AttributeError where a property reads a missing field
+                seen.add(f"{type(obj).__name__}.{name}")
+    with_properties = {cls for cls in vars(model).values() if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+                       and cls.__module__ == model.__name__
+                       and any(isinstance(a, property) for a in vars(cls).values())}
+    assert with_properties and with_properties <= classes, with_properties - classes  # every such class was tried
+    assert {"HostFacts.gpu_hardware", "Gpu.mig_capable", "RdmaDevice.active", "PciDevice.is_gpu"} <= seen, seen
+    assert "Gpu.gpu_hardware" not in seen
+    assert facts.to_dict()["gpu_hardware"] is True and all("gpu_hardware" not in g for g in facts.to_dict()["gpus"])
 
 
 def test_gpu_without_driver_is_seen_on_pci():

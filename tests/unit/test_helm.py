@@ -22,6 +22,7 @@ from bootstrap import helm
 from bootstrap.components import Release, desired_releases
 from bootstrap.errors import run_command
 
+RELEASES = ["multus-crd", "multus", "csi-driver-nfs", "gpu-operator", "volcano"]  # the mixed scenario's
 RECORDER = Path(__file__).resolve().parents[1] / "standins" / "helm_recorder.py"
 RELEASE = Release("gpu-operator", "gpu-operator", "gpu-operator", "https://helm.ngc.nvidia.com/nvidia", "v26.7.0",
                   {"driver": {"enabled": False}, "toolkit": {"env": [{"name": "A", "value": "true"}]},
@@ -186,6 +187,7 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def test_real_helm_accepts_our_flags_and_values_files(chart_repo):
     binary, url, env, releases, root = chart_repo
+    assert [r.name for r in releases] == RELEASES  # the loop below checks each of them
     for release in releases:
         release = Release(release.name, release.namespace, release.chart, url, release.version, release.values)
         folder = root / f"values-{release.name}"

@@ -104,6 +104,10 @@ def test_three_servers_are_fine_two_are_not():
     assert any("etcd quorum" in p.message for p in problems(two))
 
 
+def test_the_shipped_inventories_are_found():
+    assert {p.stem for p in SHIPPED} >= {"lab", "minimal", "mig-h200", "ib-2x8gpu", "spot-timeslicing"}
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_inventories_are_valid(path):
     result = run_bootstrap("check", str(path))
