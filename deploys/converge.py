@@ -1,9 +1,7 @@
-"""pyinfra operations that carry out a host plan. They only decide commands; the plan
-(bootstrap.hostplan) already compared desired state with the facts gathered up front.
-
-In pyinfra's API mode operations are matched across hosts by their position, so every
-host gets the same sequence of steps; a host with nothing to do in a step yields nothing
-(no round trip).
+"""The pyinfra commands that carry out a host plan. They only decide commands; the plan
+(bootstrap.hostplan) already compared desired state with the facts gathered up front, and
+bootstrap.hosts.executor runs them, step by step, all hosts of a step in parallel. A host
+with nothing to do in a step gets no commands (no round trip).
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import shlex
 
 import paramiko
 from pyinfra import logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 
 from bootstrap.hostparts import k3s_binary
 from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
@@ -23,12 +21,6 @@ from bootstrap.hostplan.plan import HostPlan
 from bootstrap.inventory.model import Role
 
 SERVICE_TIMEOUT_S = 300
-
-
-@operation(is_idempotent=False)
-def run(commands: list):
-    """Yield prepared commands (the list is decided by the plan, per host)."""
-    yield from commands
 
 
 def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> list:

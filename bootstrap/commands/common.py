@@ -1,14 +1,9 @@
-"""What host-touching commands share: node selection, the run log, the pyinfra session."""
+"""What commands share: choosing nodes by name."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
-
-from bootstrap.errors import HostsFailed, UsageError
+from bootstrap.errors import UsageError
 from bootstrap.inventory.model import Inventory, Node
-from bootstrap.statedir import StateDir
 
 
 def select_nodes(inventory: Inventory, names: list[str] | None) -> list[Node]:
@@ -20,26 +15,3 @@ def select_nodes(inventory: Inventory, names: list[str] | None) -> list[Node]:
         raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}",
                          f"nodes are: {', '.join(sorted(known))}")
     return [n for n in inventory.nodes if n.name in names]
-
-
-@contextlib.contextmanager
-def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
-    """Connect to `nodes` in parallel; the run log goes to the cluster's state folder."""
-    from bootstrap.hosts.session import HostSession  # (gevent is patched by bootstrap.cli)
-
-    state = StateDir(inventory)
-    log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
-    try:
-        with HostSession(inventory, state, nodes, log_file=log_file) as session:
-            yield session
-    finally:
-        if log_file.exists():
-            print(f"full log: {log_file}", file=sys.stderr)
-
-
-def report_failures(failures) -> None:
-    for failure in sorted(failures.values(), key=lambda f: f.node):
-        print(f"FAILED {failure.render()}", file=sys.stderr)
-    if failures:
-        raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
-                          f"{', '.join(sorted(failures))}")

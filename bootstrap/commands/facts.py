@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from bootstrap.commands.common import open_hosts, report_failures, select_nodes
+from bootstrap.commands.common import select_nodes
+from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bootstrap.commands.common import open_hosts
-from bootstrap.commands.up import gather_and_plan
+from bootstrap.hosts.connections import open_hosts
+from bootstrap.flows.host_phase import gather_and_plan
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir

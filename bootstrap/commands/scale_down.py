@@ -10,7 +10,7 @@ from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.inventory.model import Role
 from bootstrap.lock import cluster_lock
-from bootstrap.rebuild import quorum_after
+from bootstrap.rules.lost_nodes import quorum_after
 from bootstrap.statedir import StateDir
 
 
@@ -68,7 +68,7 @@ def run(args) -> int:
                     blocked[node.name] = result.blocked
                     continue
                 if node.role == Role.SERVER:
-                    from bootstrap.commands.rebuild import remove_lost
+                    from bootstrap.flows.repair import remove_lost
 
                     remove_lost(inventory, state, [node.name], [node.name])
                 else:
@@ -88,8 +88,8 @@ def run(args) -> int:
 
 def uninstall(inventory, state, nodes, purge_drivers: bool) -> None:
     """What `down` does, for these hosts only."""
-    from bootstrap.commands.common import open_hosts, report_failures
-    from bootstrap.commands.down import uninstall as remove_from_hosts
+    from bootstrap.hosts.connections import open_hosts, report_failures
+    from bootstrap.flows.uninstall import uninstall as remove_from_hosts
 
     with open_hosts(inventory, nodes, "scale-down") as session:
         remove_from_hosts(session, inventory, state, nodes, purge_drivers)

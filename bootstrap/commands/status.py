@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from bootstrap.commands.common import open_hosts
+from bootstrap.hosts.connections import open_hosts
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir

@@ -1,161 +1,16 @@
-"""`bootstrap up INVENTORY`: preflight every host, then converge them into a k3s cluster."""
+"""`bootstrap up INVENTORY`: preflight every host, then converge them into a k3s cluster
+(bootstrap.flows.host_phase)."""
 
 from __future__ import annotations
 
-import sys
-import time
-
-from bootstrap import artifacts as art
-from bootstrap import progress
-from bootstrap import up as flow
-from bootstrap.commands.common import open_hosts
-from bootstrap.commands.common import report_failures
+from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.inventory.loader import load_inventory
-from bootstrap.lock import cluster_lock
-from bootstrap.preflight import ownership_findings, preflight
 from bootstrap.statedir import StateDir
-
-
-def gather_facts(session, inventory) -> dict:
-    """Facts in one round trip per host, including the state of every file the tool manages."""
-    from bootstrap.facts.host_facts import HostFactsFact
-
-    facts = session.gather(HostFactsFact, paths=tuple(flow.managed_paths(inventory)))
-    for node in session.nodes:
-        if node.name not in facts and node.name not in session.failures:
-            session.fail(node.name, "the facts probe returned no output")
-    return facts
-
-
-def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None, tolerate_unreachable=False,
-                    join_via=None):
-    """Facts, preflight, then each host's plan. Raises when preflight fails or (unless
-    tolerated, as `rebuild` does) a host cannot be reached: then nothing has been changed."""
-    from bootstrap.hostplan.rollout import version_findings
-
-    facts = facts if facts is not None else gather_facts(session, inventory)
-    findings = preflight(inventory, facts) + ownership_findings(inventory, facts, state.cluster_id)
-    artifacts, target = None, None  # the k3s release to run (one for every arch)
-    unreachable = bool(session.failures) and not tolerate_unreachable
-    # An unreachable host is the problem to name; resolving a channel online can wait for it.
-    if not unreachable and not any(f.severity == "error" for f in findings):
-        artifacts = art.k3s_artifacts(inventory, {f.arch for f in facts.values()})
-        target = next(iter(artifacts.values())).version if artifacts else None
-        findings += version_findings(inventory, facts, target, {a: x.binary_sha256 for a, x in artifacts.items()})
-    flow.print_findings(findings)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors or unreachable:
-        for failure in sorted(session.failures.values(), key=lambda f: f.node):
-            print(f"FAILED {failure.render()}", file=sys.stderr)
-        problems = len(errors) + len(session.failures)
-        raise flow.PreflightFailed(f"preflight found {problems} problem(s); no host was changed",
-                                   "fix the problems above and run the command again")
-    token = flow.load_or_create_token(state, facts, inventory, create=create_token)
-    plans = flow.make_plans(inventory, facts, token, artifacts, state.cluster_id, join_via)
-    plans.target_version = target
-    return facts, plans
 
 
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
-    state = StateDir(inventory)
-    started = time.monotonic()
-    with cluster_lock(state, "up"):
-        with open_hosts(inventory, list(inventory.nodes), "up") as session:
-            facts, plans = gather_and_plan(session, inventory, state, create_token=True)
-            if not any(p.changed for p in plans.plans.values()):
-                if not (state.path / "kubeconfig").exists():
-                    flow.fetch_kubeconfig(session, inventory, state)
-                progress.current().event("hosts", changed=[], no_change=sorted(plans.plans), failed=[])
-                print(f"hosts: no change, {len(plans.plans)} hosts already converged "
-                      f"({time.monotonic() - started:.1f}s)")
-            else:
-                from bootstrap.hosts.executor import execute
-
-                rollout = plans.rollout(inventory, facts, args.max_unavailable)
-                results: dict = {}
-                rest = {n: p for n, p in plans.plans.items() if not rollout or n not in rollout.nodes}
-
-                def converge_rest():
-                    results.update(execute(session, flow.converge_steps(inventory, rest, set(session.failures))))
-                    flow.fetch_kubeconfig(session, inventory, state)
-
-                if rollout:
-                    from bootstrap.upgrade import run_rollout
-
-                    from bootstrap.hosts.executor import StepResult
-
-                    run_rollout(session, inventory, state, plans, rollout, converge_rest,
-                                drain_timeout=args.drain_timeout, force=args.force)
-                    for name in rollout.nodes:
-                        results.setdefault(name, {})["upgrade k3s"] = StepResult("changed")
-                else:
-                    converge_rest()
-                summarise(results, started)
-                report_failures(session.failures)
-                if not args.hosts_only:
-                    # What k3s and the installs just created (the CNI bin dir in containerd's
-                    # config, a freshly installed driver) decides the cluster side: look again.
-                    facts = gather_facts(session, inventory)
-        if args.hosts_only:
-            return 0
-        hosts_changed = any(p.changed for p in plans.plans.values())
-        cluster_changed = cluster_phase(inventory, state, facts, validate=not args.no_validate,
-                                        hosts_changed=hosts_changed)
-        if hosts_changed or cluster_changed:
-            # A snapshot of what was just built: what `rebuild` restores after losing a server.
-            from bootstrap import snapshots
-
-            path = snapshots.take(inventory, state)
-            print(f"snapshot: {path.name} copied to the state folder")
-        record_applied(inventory, state)
+    bring_up(inventory, StateDir(inventory), UpOptions(
+        hosts_only=args.hosts_only, validate=not args.no_validate, max_unavailable=args.max_unavailable,
+        drain_timeout=args.drain_timeout, force=args.force))
     return 0
-
-
-def record_applied(inventory, state) -> None:
-    """The digest of the inventory last applied in full, for `status` and later runs."""
-    import hashlib
-    from pathlib import Path
-
-    digest = hashlib.sha256(Path(inventory.source).read_bytes()).hexdigest()
-    (state.path / "applied-inventory.sha256").write_text(f"{digest}  {inventory.source}\n")
-
-
-def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: bool = True) -> bool:
-    """Components through the API tunnel, then the checks (raises when one fails) when
-    anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
-    Returns whether anything in the cluster changed."""
-    from bootstrap.cluster.apply import apply_cluster
-    from bootstrap.cluster.client import connect
-    from bootstrap.commands.validate import validate as run_validate
-    from bootstrap.errors import HostsFailed
-
-    started = time.monotonic()
-    with connect(inventory, state) as cluster:
-        summary = apply_cluster(cluster, inventory, facts)
-    changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
-    progress.current().event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
-                             relabelled=list(summary["labelled"]))
-    if changes:
-        for line in summary["objects"]:
-            print(f"  {line}")
-        print(f"cluster: {len(summary['releases'])} release(s) applied, {len(summary['objects'])} object(s) "
-              f"changed, {len(summary['labelled'])} node(s) relabelled ({time.monotonic() - started:.1f}s)")
-    else:
-        print(f"cluster: no change ({time.monotonic() - started:.1f}s)")
-    if validate and not (changes or hosts_changed):
-        print("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
-    elif validate and run_validate(inventory, state, facts) != 0:
-        raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
-    return bool(changes)
-
-
-def summarise(results, started) -> None:
-    words = {}
-    for name in sorted(results):
-        statuses = {r.status for r in results[name].values()}
-        words[name] = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "no change"
-        print(f"{name}: {words[name]}")
-    progress.current().event("hosts", **{w.replace(" ", "_"): [n for n in words if words[n] == w]
-                                         for w in ("changed", "no change", "failed")})
-    print(f"done in {time.monotonic() - started:.1f}s")

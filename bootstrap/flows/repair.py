@@ -1,4 +1,4 @@
-"""`bootstrap rebuild INVENTORY`: bring the cluster back after spot loss, touching nothing healthy.
+"""Repair (`bootstrap rebuild`): bring the cluster back after spot loss, touching nothing healthy.
 
 1. facts from whatever answers; the API through any server that answers;
 2. the API does not answer: only when no server's k3s answers at the connection level
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 from bootstrap import snapshots
 from bootstrap import up as flow
-from bootstrap.commands.common import open_hosts
-from bootstrap.commands.up import cluster_phase, gather_and_plan, gather_facts
+from bootstrap.hosts.connections import open_hosts
+from bootstrap.flows.cluster_side import cluster_phase
+from bootstrap.flows.host_phase import gather_and_plan, gather_facts
 from bootstrap.errors import BootstrapError, HostsFailed, UsageError
-from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
-from bootstrap.rebuild import classify, quorum_after, stale_after_restore
-from bootstrap.statedir import StateDir
+from bootstrap.rules.lost_nodes import classify, quorum_after, stale_after_restore
 
 REMOVE_ANNOTATION = "etcd.k3s.cattle.io/remove"
 REMOVED_ANNOTATION = "etcd.k3s.cattle.io/removed-node-name"
@@ -62,12 +62,12 @@ def control_plane_lost(inventory, state, facts, api_error: str) -> list:
     return liveness
 
 
-def choose_snapshot(state, args):
-    if args.snapshot:
-        found = snapshots.find(state, args.snapshot)
+def choose_snapshot(state, name: str | None):
+    if name:
+        found = snapshots.find(state, name)
         if found is None:
             names = [s.name for s in snapshots.local_snapshots(state)]
-            raise UsageError(f"no snapshot named {args.snapshot} of this cluster in {state.path}/snapshots",
+            raise UsageError(f"no snapshot named {name} of this cluster in {state.path}/snapshots",
                              f"snapshots are: {', '.join(names) or 'none'}")
         return found
     return snapshots.newest(state)
@@ -105,9 +105,15 @@ def remove_lost(inventory, state, lost: list[str], lost_servers: list[str]) -> N
             request(cluster, "DELETE", f"/api/v1/namespaces/kube-system/secrets/{name}.node-password.k3s")
 
 
-def run(args) -> int:
-    inventory = load_inventory(args.inventory)
-    state = StateDir(inventory)
+@dataclass(frozen=True)
+class RepairOptions:
+    restore: bool = False  # --restore: allowed to restore a lost control plane
+    snapshot: str | None = None  # --snapshot NAME
+    assume_yes: bool = False  # --yes
+    validate: bool = True
+
+
+def repair(inventory, state, options: RepairOptions) -> None:
     if not (state.path / "token").exists():
         raise BootstrapError(f"no join token in {state.path}: rebuild needs the state folder `up` wrote",
                              "restore the state folder, or set state_dir in the inventory to it")
@@ -121,19 +127,19 @@ def run(args) -> int:
             restore = None
             if nodes is None:
                 control_plane_lost(inventory, state, facts, api_error)
-                snapshot = choose_snapshot(state, args)
+                snapshot = choose_snapshot(state, options.snapshot)
                 if plan.restore_on is None or snapshot is None:
                     raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "
                                       + ("the first server in the inventory does not answer either"
                                          if plan.restore_on is None else f"no snapshot in {state.path}/snapshots"),
                                       "add a replacement server (first in the inventory) and keep snapshots "
                                       "(`bootstrap snapshot`)")
-                if not args.restore:
+                if not options.restore:
                     raise HostsFailed(
                         "no server's k3s answers: the control plane is lost; nothing was changed",
                         f"to restore it onto {plan.restore_on} from {snapshot.name} (taken {snapshot.age()} ago; "
                         f"everything recorded after it is lost), run: bootstrap rebuild {inventory.source} --restore")
-                confirm_restore(inventory, plan.restore_on, snapshot, args.yes)
+                confirm_restore(inventory, plan.restore_on, snapshot, options.assume_yes)
                 restore = (plan.restore_on, snapshot.path)
                 report["restored"] = f"{plan.restore_on} from {snapshot.name}"
             else:
@@ -184,10 +190,9 @@ def run(args) -> int:
                 # The old servers' etcd members went with the reset: plain Node deletes.
                 remove_lost(inventory, state, stale, [])
                 report["lost"] = stale
-        cluster_phase(inventory, state, facts, validate=not args.no_validate)
+        cluster_phase(inventory, state, facts, validate=options.validate)
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
     print(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "
           f"unchanged {', '.join(healthy) or 'none'}"
           + (f"; not answering {', '.join(plan.unreachable)}" if plan.unreachable else ""))
-    return 0

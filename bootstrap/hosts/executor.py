@@ -1,16 +1,26 @@
-"""Run prepared steps on hosts through pyinfra and report each host's result per step.
+"""Run prepared steps on hosts and report each host's result per step.
 
-Steps run in order; within a step all hosts run in parallel. A host that fails a step
-is reported with the first line of its error and takes no further step; the others go on.
+Steps run in order; within a step all hosts run in parallel (one greenlet each, on the
+connections the session opened). A host that fails a step is reported with the last line
+of its error and takes no further step; the others go on.
+
+Commands are pyinfra's own (StringCommand, FileUploadCommand, FunctionCommand), run with
+their public `execute(state, host, arguments)` on pyinfra's connected hosts: no operation
+queue, so a session can execute step lists one after another (a rolling upgrade runs node
+by node) without touching pyinfra's operation-ordering internals.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from bootstrap import progress
-from bootstrap.hosts.session import HostFailure, HostSession
+from bootstrap.hosts.session import HostSession
+
+logger = logging.getLogger("pyinfra.bootstrap")  # the run log (see HostSession._configure_logging)
+NO_OUTPUT = "command failed (connection lost?)"
 
 
 @dataclass
@@ -26,102 +36,72 @@ class Step:
     commands: dict[str, list] = field(default_factory=dict)  # node name -> pyinfra commands
 
 
-def _first_error_line(meta) -> str:
+def last_error_line(output) -> str:
+    """The line that says why: the last non-empty stderr line, else stdout's."""
     try:
-        lines = [l.strip() for l in meta.stderr_lines if l.strip()] or [l.strip() for l in meta.stdout_lines if l.strip()]
-    except Exception:  # output not recorded (e.g. a connection drop)
+        lines = [l.strip() for l in output.stderr_lines if l.strip()] or \
+                [l.strip() for l in output.stdout_lines if l.strip()]
+    except AttributeError:  # no output recorded (an upload, a dropped connection)
         lines = []
-    return lines[-1] if lines else "command failed (connection lost?)"
+    return lines[-1] if lines else NO_OUTPUT
+
+
+def run_commands(state, host, commands: list) -> str | None:
+    """Run one host's commands of a step in order; None when all succeed, else the error."""
+    from pyinfra.api import StringCommand
+
+    base = {"_sudo": bool(host.data.get("_sudo", False))}
+    for command in commands:
+        arguments = {**base, **command.connector_arguments}
+        try:
+            result = command.execute(state, host, arguments)
+        except Exception as exc:  # a dropped connection, a timeout: this host's failure only
+            logger.error("%s: %s failed: %s", host.name, type(command).__name__, exc)
+            return f"{type(exc).__name__}: {exc}" if str(exc) else NO_OUTPUT
+        if isinstance(command, StringCommand):
+            ok, output = result
+            if not ok:
+                for line in getattr(output, "combined_lines", []):
+                    logger.error("%s: %s", host.name, line.line)
+                return last_error_line(output)
+        elif result is False:
+            return NO_OUTPUT
+    return None
 
 
 def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, StepResult]]:
     import gevent
-    from pyinfra.api import BaseStateCallback
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operation import add_op
-    from pyinfra.api.operations import run_ops
-    from pyinfra.api.state import StateStage
-
-    from bootstrap.deploys.converge import run
 
     state = session.pyinfra_state
-    hosts = [h for h in state.inventory if h.name not in session.failures]
-    results: dict[str, dict[str, StepResult]] = {h.name: {} for h in hosts}
-    metas: list[tuple[Step, dict]] = []
-    # One session may execute several times (a rolling upgrade runs node by node): ops
-    # added now are queued, not run at once, and only they run below.
-    state.is_executing = False
-    if state.current_stage < StateStage.Prepare:
-        state.set_stage(StateStage.Prepare)
-    earlier = {h: list(h.op_hash_order) for h in state.inventory}
-    for step in steps:
-        per_host = {}
-        for host in hosts:
-            per_host.update(add_op(state, run, name=step.name, commands=step.commands.get(host.name, []), host=host))
-        metas.append((step, per_host))
-
-    started: dict[tuple[str, str], float] = {}
-    step_of = {}
-    working = set()  # (host, op): the host has commands in that step; the others are not reported
-    for step, per_host in metas:
-        for host, meta in per_host.items():
-            step_of[meta._hash] = step.name
-            if step.commands.get(host.name):
-                working.add((host.name, meta._hash))
-
     reporter = progress.current()
-
-    class Progress(BaseStateCallback):
-        # Steps are added for every host (pyinfra matches ops by position); where a host
-        # had nothing to do in one, nothing ran and there is nothing to show.
-        def operation_host_start(self, state, host, op_hash):
-            started[(host.name, op_hash)] = time.monotonic()
-            if (host.name, op_hash) in working:
-                reporter.step_started(host.name, step_of.get(op_hash, "?"))
-
-        def operation_host_success(self, state, host, op_hash, retry_count=0):
-            if (host.name, op_hash) not in working:
-                return
-            elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
-            reporter.step_finished(host.name, step_of.get(op_hash, "?"), "ok", elapsed)
-
-        def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
-            elapsed = time.monotonic() - started.get((host.name, op_hash), time.monotonic())
-            meta = state.get_op_data_for_host(host, op_hash).operation_meta
-
-            def report():  # pyinfra records the output just after this callback returns
-                reporter.step_finished(host.name, step_of.get(op_hash, "?"), "failed", elapsed,
-                                       _first_error_line(meta))
-
-            pending.append(gevent.spawn(report))
-
-    pending: list = []
-    handler = Progress()
-    state.add_callback_handler(handler)
-    if state.current_stage < StateStage.Execute:
-        state.set_stage(StateStage.Execute)
-    queued = {h: h.op_hash_order[len(earlier[h]):] for h in state.inventory}
-    for host in state.inventory:
-        host.op_hash_order = queued[host]
-    reporter.run_started([h.name for h in hosts if any(step.commands.get(h.name) for step in steps)])
+    alive = [n.name for n in session.active_nodes()]
+    results: dict[str, dict[str, StepResult]] = {name: {} for name in alive}
+    reporter.run_started([n for n in alive if any(step.commands.get(n) for step in steps)])
     try:
-        run_ops(state)
-    except PyinfraError:
-        pass  # every host failed: each already has its result
+        for step in steps:
+            working = [n for n in alive if n not in session.failures and step.commands.get(n)]
+            for name in alive:
+                if name in session.failures:
+                    results[name][step.name] = StepResult("not run")
+                elif name not in working:
+                    results[name][step.name] = StepResult("no change")
+            jobs = {name: gevent.spawn(_run_step, state, name, step, reporter) for name in working}
+            gevent.joinall(list(jobs.values()))
+            for name, job in jobs.items():
+                result = job.value or StepResult("failed", error=NO_OUTPUT)
+                results[name][step.name] = result
+                if result.status == "failed":
+                    session.fail(name, f"{step.name}: {result.error}")
     finally:
-        for host in state.inventory:  # keep the whole history: new op hashes stay unique
-            host.op_hash_order = earlier[host] + queued[host]
-        state.callback_handlers.remove(handler)
-        gevent.joinall(pending)
         reporter.run_finished()
-    for step, per_host in metas:
-        for host, meta in per_host.items():
-            if not meta.is_complete():
-                result = StepResult("not run")
-            elif meta.did_error():
-                result = StepResult("failed", error=_first_error_line(meta))
-                session.failures.setdefault(host.name, HostFailure(host.name, f"{step.name}: {result.error}"))
-            else:
-                result = StepResult("changed" if meta.did_change() else "no change")
-            results[host.name][step.name] = result
     return results
+
+
+def _run_step(state, name: str, step: Step, reporter) -> StepResult:
+    host = state.inventory.get_host(name)
+    started = time.monotonic()
+    reporter.step_started(name, step.name)
+    error = run_commands(state, host, step.commands[name])
+    elapsed = time.monotonic() - started
+    reporter.step_finished(name, step.name, "failed" if error else "ok", elapsed, error)
+    return StepResult("failed", elapsed, error) if error else StepResult("changed", elapsed)

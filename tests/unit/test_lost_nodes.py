@@ -2,7 +2,7 @@
 
 from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.inventory.loader import parse_inventory
-from bootstrap.rebuild import classify, quorum_after
+from bootstrap.rules.lost_nodes import classify, quorum_after
 
 INV = parse_inventory("""\
 cluster: t
@@ -57,7 +57,7 @@ def test_quorum():
 
 
 def test_after_a_restore_nodes_that_are_gone_are_stale_even_if_they_still_say_ready():
-    from bootstrap.rebuild import stale_after_restore
+    from bootstrap.rules.lost_nodes import stale_after_restore
 
     cluster = {"old-cp": node(True, True), "a1": node(True), "a2": node(True)}
     assert stale_after_restore(INV, cluster, {"cp-1": K3S, "a1": K3S}) == ["a2", "old-cp"]

@@ -1,0 +1,14 @@
+"""`bootstrap rebuild INVENTORY`: repair after spot loss (bootstrap.flows.repair)."""
+
+from __future__ import annotations
+
+from bootstrap.flows.repair import RepairOptions, repair
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.statedir import StateDir
+
+
+def run(args) -> int:
+    inventory = load_inventory(args.inventory)
+    repair(inventory, StateDir(inventory), RepairOptions(restore=args.restore, snapshot=args.snapshot,
+                                                        assume_yes=args.yes, validate=not args.no_validate))
+    return 0

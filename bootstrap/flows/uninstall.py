@@ -1,0 +1,84 @@
+"""Uninstall (`bootstrap down`, `bootstrap scale-down`): remove k3s, agents first, and give
+the hosts back.
+
+Only hosts this cluster set up are touched (their manifest carries its id); a host of
+another cluster, or with a k3s the tool did not install, is refused unless --force. The
+join token and kubeconfig are deleted only once every server was really uninstalled:
+while a server may still run k3s, they are what reaches it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from bootstrap.hosts.connections import open_hosts, report_failures
+from bootstrap.errors import HostsFailed
+from bootstrap.lock import cluster_lock
+
+
+def uninstall(session, inventory, state, nodes, purge_drivers: bool, force: bool = False) -> list[str]:
+    """Remove k3s and what the tool installed from `nodes`: agents first, then servers.
+    (`down` for the whole cluster, `scale-down` for a few hosts.) Hosts with nothing of
+    anyone's on them are left alone; returns their names. A host another cluster owns
+    stops the whole command before anything changes, unless `force`."""
+    from pyinfra.api import StringCommand
+
+    from bootstrap.facts.host_facts import HostFactsFact
+    from bootstrap.hosts.executor import Step, execute
+    from bootstrap.rules.ownership import ownership
+    from bootstrap.teardown import teardown_script
+    from bootstrap.up import managed_paths
+
+    names = {n.name for n in nodes}
+    facts = {n: f for n, f in session.gather(HostFactsFact, paths=tuple(managed_paths(inventory))).items()
+             if n in names}
+    for name in sorted(names - set(facts) - set(session.failures)):
+        session.fail(name, "the facts probe returned no output; nothing was removed")
+    owners = {name: ownership(f, state.cluster_id) for name, f in facts.items()}
+    foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
+    if foreign and not force:
+        for name, reason in sorted(foreign.items()):
+            print(f"REFUSED {name}: {reason}", file=sys.stderr)
+        raise HostsFailed(f"not removing k3s from {', '.join(sorted(foreign))}: not set up by this cluster; "
+                          "nothing was changed on any host",
+                          "remove those nodes from the inventory, or add --force to wipe k3s from them anyway")
+    empty = sorted(name for name, o in owners.items() if o.verdict == "empty" and not force)
+    source = inventory.gpu.container_toolkit.apt_source
+    scripts = {name: [StringCommand(teardown_script(f.manifest, purge_drivers=purge_drivers, toolkit_source=source))]
+               for name, f in facts.items() if name not in empty}
+    agents = Step("remove agent", {n.name: scripts[n.name] for n in inventory.agents if n.name in scripts})
+    servers = Step("remove server", {n.name: scripts[n.name] for n in inventory.servers if n.name in scripts})
+    execute(session, [agents, servers])
+    for name in empty:
+        print(f"{name}: nothing of bootstrap's or k3s's on it; left untouched")
+    return empty
+
+
+def tear_down(inventory, state, *, purge_drivers: bool, force: bool) -> None:
+    """The whole cluster; the state folder's secrets go only when no server may run k3s."""
+    started = time.monotonic()
+    with cluster_lock(state, "down"):
+        with open_hosts(inventory, list(inventory.nodes), "down") as session:
+            untouched = uninstall(session, inventory, state, list(inventory.nodes), purge_drivers, force)
+        removed = [n.name for n in inventory.nodes if n.name not in session.failures and n.name not in untouched]
+        print(f"removed k3s from {len(removed)} host(s) in {time.monotonic() - started:.1f}s"
+              + ("" if purge_drivers else "; NVIDIA drivers were left in place (--purge-drivers removes "
+                 "those the tool installed)"))
+        left = sorted(session.failures)
+        servers_left = [n.name for n in inventory.servers if n.name in session.failures]
+        if servers_left:
+            # The token and kubeconfig are the only way back into a server still running k3s.
+            print(f"kept the join token and kubeconfig in {state.path}: k3s may still run on "
+                  f"{', '.join(left)} (not reached or not removed); run `bootstrap down` again once they answer",
+                  file=sys.stderr)
+        else:
+            for name in ("token", "kubeconfig"):
+                (state.path / name).unlink(missing_ok=True)
+            if not left:
+                state.renew_identity()  # the next `up` builds a new cluster, with its own id
+            else:
+                print(f"k3s may still run on {', '.join(left)} (not reached): its server is gone, so it can "
+                      "never rejoin; remove k3s from it by hand or run `bootstrap down` again once it answers",
+                      file=sys.stderr)
+    report_failures(session.failures)
