@@ -27,7 +27,10 @@ def deps(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("deps")
     stdlib = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
     tests = ROOT / "tests"
+    scripts = {Path(sysconfig.get_paths()["scripts"]).resolve(), Path(sys.argv[0]).resolve().parent}
     for site in dict.fromkeys(Path(p).resolve() for p in sys.path if p and Path(p).is_dir()):
+        if site in scripts:
+            continue  # `pytest` run as a script puts bin/ on the path: bin/pyinfra is no package
         if site in stdlib or site.parent in stdlib and site.name == "lib-dynload" or site in (ROOT, tests) \
                 or site.is_relative_to(tests):
             continue  # the standard library comes with -S; the checkout and its tests are what we test
