@@ -76,3 +76,14 @@ def test_pytest_collects_the_whole_suite_in_a_checkout(deps):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "error" not in result.stdout.splitlines()[-1]
     assert "tests/unit/test_converge.py::" in result.stdout
+
+
+def test_every_package_of_the_tree_ships_in_the_wheel():
+    """pyproject lists the packages by hand (deploys/ and manifests/ are mapped in): a new
+    package missing from the list imports from a checkout and is absent from a real install."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "bootstrap").rglob("__init__.py")}
+    found |= {"bootstrap.deploys", "bootstrap.manifests"}
+    assert found - listed == set(), f"add to pyproject's packages: {sorted(found - listed)}"
