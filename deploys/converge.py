@@ -17,7 +17,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 
 from bootstrap.hostparts import k3s_binary
 from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
-from bootstrap.hostplan.plan import HostPlan
+from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.inventory.model import Role
 
 SERVICE_TIMEOUT_S = 300

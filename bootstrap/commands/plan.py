@@ -38,10 +38,10 @@ def show_plan(args, inventory, state) -> int:
 
 def component_changes(inventory, state, facts) -> list[str]:
     """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
-    from bootstrap import components as comp
+    from bootstrap import components
     from bootstrap.errors import BootstrapError
 
-    releases = comp.desired_releases(inventory, facts)
+    releases = components.desired_releases(inventory, facts)
     applied: dict = {}
     try:
         from bootstrap.cluster.apply import read_digests

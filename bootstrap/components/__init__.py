@@ -2,7 +2,7 @@
 releases and Kubernetes objects. Pure: inventory + facts in, plans out; `bootstrap.helm`
 applies releases."""
 
-from bootstrap.components.plan import (desired_manifests, desired_patches, desired_prerequisites, desired_releases,
+from bootstrap.components.cluster_plan import (desired_manifests, desired_patches, desired_prerequisites, desired_releases,
                                        node_labels)
 from bootstrap.components.release import ComponentError, Patch, Release
 

@@ -42,9 +42,9 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
 
 
 def validate_cluster(inventory, state, facts, *, as_json: bool = False) -> int:
-    """The checks (bootstrap.cluster.validate) as a table, JSON or events; exit 1 when one fails."""
+    """The checks (bootstrap.cluster.checks) as a table, JSON or events; exit 1 when one fails."""
     from bootstrap.cluster.client import connect
-    from bootstrap.cluster.validate import render_table, run_checks
+    from bootstrap.cluster.checks import render_table, run_checks
 
     with connect(inventory, state) as cluster:
         results = run_checks(cluster, inventory, facts)

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 
 from bootstrap import snapshots
-from bootstrap import up as flow
+from bootstrap.hostplan.steps import converge_steps
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.flows.cluster_side import cluster_phase
-from bootstrap.flows.host_phase import gather_and_plan, gather_facts
+from bootstrap.flows.host_phase import fetch_kubeconfig, gather_and_plan, gather_facts
 from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.lock import cluster_lock
 from bootstrap.rules.lost_nodes import classify, quorum_after, stale_after_restore
@@ -174,8 +174,8 @@ def repair(inventory, state, options: RepairOptions) -> None:
 
                 for name in plan.unreachable:
                     session.fail(name, "does not answer over SSH")
-                execute(session, flow.converge_steps(inventory, plans.plans, set(session.failures), restore=restore))
-                flow.fetch_kubeconfig(session, inventory, state)
+                execute(session, converge_steps(inventory, plans.plans, set(session.failures), restore=restore))
+                fetch_kubeconfig(session, inventory, state)
             report["replaced"] = sorted(changed & set(plan.join))
             failed = {n: f for n, f in session.failures.items() if n not in plan.unreachable}
         if failed:

@@ -28,7 +28,7 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, force: bool
     from bootstrap.hosts.executor import Step, execute
     from bootstrap.rules.ownership import ownership
     from bootstrap.teardown import teardown_script
-    from bootstrap.up import managed_paths
+    from bootstrap.hostparts.paths import managed_paths
 
     names = {n.name for n in nodes}
     facts = {n: f for n, f in session.gather(HostFactsFact, paths=tuple(managed_paths(inventory))).items()

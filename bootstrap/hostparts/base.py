@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bootstrap.hostplan.plan import HostPlan
+    from bootstrap.hostplan.host_plan import HostPlan
 
 
 @dataclass(frozen=True)

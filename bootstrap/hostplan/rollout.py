@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from bootstrap.facts.model import HostFacts
 from bootstrap.hostparts import k3s_binary
-from bootstrap.hostplan.plan import HostPlan
+from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.inventory.model import Inventory, Role
 from bootstrap.preflight import Finding
 from bootstrap.rules.k3s_versions import upgrade_problem

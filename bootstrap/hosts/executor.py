@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from bootstrap import progress
+from bootstrap.hostplan.steps import Step  # noqa: F401  (callers build steps; they run here)
 from bootstrap.hosts.session import HostSession
 
 logger = logging.getLogger("pyinfra.bootstrap")  # the run log (see HostSession._configure_logging)
@@ -28,12 +29,6 @@ class StepResult:
     status: str  # changed | no change | failed | not run
     seconds: float = 0.0
     error: str | None = None
-
-
-@dataclass
-class Step:
-    name: str
-    commands: dict[str, list] = field(default_factory=dict)  # node name -> pyinfra commands
 
 
 def last_error_line(output) -> str:

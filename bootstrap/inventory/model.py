@@ -230,7 +230,7 @@ class ImageSettings:
 class Nccl:
     enabled: bool = True
     min_busbw_gbps: float | None = None
-    image: str | None = None  # nccl-tests with MPI and sshd (default: see bootstrap.cluster.validate)
+    image: str | None = None  # nccl-tests with MPI and sshd (default: see bootstrap.cluster.checks)
     gpus_per_node: int | None = None  # default: every GPU of the node
 
 

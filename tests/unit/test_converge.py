@@ -14,7 +14,7 @@ from bootstrap.hostparts.k3s_service import CONFIG
 from bootstrap.hostparts.kernel import SYSCTL_FILE
 from bootstrap.hostparts.manifest import MANIFEST
 from bootstrap.hostparts.packages import apt_lists_prefix
-from bootstrap.hostplan.plan import HostPlan
+from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.teardown import teardown_script
 

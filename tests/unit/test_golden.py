@@ -1,9 +1,9 @@
 """Golden files for the pure planning outputs, as pyinfra tests its operations: facts in
 (JSON under tests/fixtures/golden/), actions and commands out (tests/fixtures/golden/expected/).
 
-- the host plans of a fresh cluster and of the same cluster converged (bootstrap.up.make_plans,
+- the host plans of a fresh cluster and of the same cluster converged (bootstrap.hostplan.all_hosts.make_plans,
   which runs desired_state and plan_host per host),
-- the step list `bootstrap.up.converge_steps` renders (step names, each host's command texts;
+- the step list `bootstrap.hostplan.steps.converge_steps` renders (step names, each host's command texts;
   the random staging dir name normalised),
 - the teardown script for a recorded manifest (bootstrap.teardown.teardown_script).
 
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import up
+from bootstrap.hostplan.all_hosts import make_plans
+from bootstrap.hostplan.steps import converge_steps
 from bootstrap.artifacts import online_artifacts
 from bootstrap.facts import model
 from bootstrap.inventory.loader import load_inventory
@@ -85,7 +86,7 @@ INVENTORY = load_inventory(GOLDEN / "inventory.yaml")
 
 def plans_for(facts: dict[str, model.HostFacts]):
     artifacts = {"amd64": online_artifacts(INVENTORY.k3s.version, "amd64")}
-    return up.make_plans(INVENTORY, facts, TOKEN, artifacts, CLUSTER_ID).plans
+    return make_plans(INVENTORY, facts, TOKEN, artifacts, CLUSTER_ID).plans
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -185,18 +186,18 @@ def test_converged_cluster_plans_nothing():
 
 def test_fresh_cluster_converge_steps():
     plans = plans_for(load_facts("facts-fresh.json"))
-    steps = up.converge_steps(INVENTORY, plans, failed=set())
+    steps = converge_steps(INVENTORY, plans, failed=set())
     names = [s.name for s in steps]
     assert names[0] == "prepare host" and "start server cp-1" in names and "join agents" in names
     assert all(step.commands for step in steps), [s.name for s in steps if not s.commands]
     text = render_steps(steps)
-    assert text == render_steps(up.converge_steps(INVENTORY, plans, failed=set()))  # nothing random is left
+    assert text == render_steps(converge_steps(INVENTORY, plans, failed=set()))  # nothing random is left
     check_golden("steps-fresh.txt", text)
 
 
 def test_converged_cluster_converge_steps_run_nothing():
     plans = plans_for(load_facts("facts-converged.json"))
-    steps = up.converge_steps(INVENTORY, plans, failed=set())
+    steps = converge_steps(INVENTORY, plans, failed=set())
     assert not [s.name for s in steps if any(s.commands.values())]
     check_golden("steps-converged.txt", render_steps(steps))
 

@@ -17,7 +17,7 @@ from bootstrap.hostparts import k3s_binary, k3s_images, k3s_service, kernel, man
 from bootstrap.hostparts.base import Action
 from bootstrap.hostparts.paths import FIXED, managed_paths
 from bootstrap.hostplan import desired as d
-from bootstrap.hostplan.plan import plan_host
+from bootstrap.hostplan.host_plan import plan_host
 from bootstrap.hostplan.rollout import plan_rollout
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.inventory.model import Component, Role

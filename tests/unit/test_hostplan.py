@@ -18,7 +18,7 @@ from bootstrap.hostparts.manifest import MANIFEST
 from bootstrap.hostplan import desired as d
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.drivers import driver_packages
-from bootstrap.hostplan.plan import plan_host
+from bootstrap.hostplan.host_plan import plan_host
 from bootstrap.inventory.loader import parse_inventory
 
 INV = parse_inventory("""\

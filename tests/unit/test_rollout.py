@@ -8,7 +8,7 @@ from bootstrap.facts.model import FileState, HostFacts, K3sInstall, SystemdUnit
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.kernel import MODULES, SYSCTLS
 from bootstrap.hostplan import desired as d
-from bootstrap.hostplan.plan import plan_host
+from bootstrap.hostplan.host_plan import plan_host
 from bootstrap.hostplan.rollout import plan_rollout, version_findings
 from bootstrap.inventory.loader import parse_inventory
 

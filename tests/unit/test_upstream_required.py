@@ -10,7 +10,7 @@ from pathlib import Path
 import upstream
 
 ROOT = Path(__file__).resolve().parents[2]
-VOLCANO = "tests/unit/test_validate.py::test_volcano_jobs_validate_against_the_upstream_crd"
+VOLCANO = "tests/unit/test_checks.py::test_volcano_jobs_validate_against_the_upstream_crd"
 
 
 def pytest_run(*args, **env):

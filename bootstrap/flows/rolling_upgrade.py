@@ -73,7 +73,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
     """Upgrade `names` together (one server, or one batch of agents); raise RolloutStopped."""
     from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, uncordon
     from bootstrap.cluster.drain import drain as drain_node
-    from bootstrap.deploys import converge as c
+    from bootstrap.deploys import converge
     from bootstrap.errors import BootstrapError
     from bootstrap.hosts.executor import Step, execute
 
@@ -89,8 +89,8 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
     step = Step("upgrade k3s", {})
     for name in names:
         plan = plans[name]
-        step.commands[name] = c.placement_commands(plan, keep_previous_binary=True) + [
-            c.wait_for_service(plan.unit, "restart")] + ([c.prepull_command(plan.prepull)] if plan.prepull else [])
+        step.commands[name] = converge.placement_commands(plan, keep_previous_binary=True) + [
+            converge.wait_for_service(plan.unit, "restart")] + ([converge.prepull_command(plan.prepull)] if plan.prepull else [])
     execute(session, [step])
     replaced = [n for n in names if n not in session.failures]
     for name in names:

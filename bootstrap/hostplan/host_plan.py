@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bootstrap.facts.model import HostFacts
 from bootstrap.hostparts import k3s_binary, k3s_images, k3s_service, kernel, manifest, packages
 from bootstrap.hostparts.base import Action, Draft, FileSpec
-from bootstrap.hostplan import desired as d
+from bootstrap.hostplan.desired import Desired, needs_host_toolkit_runtime
 from bootstrap.inventory.model import Node
 
 
@@ -39,7 +39,7 @@ class HostPlan:
         return Action.REPLACE_BINARY in self.actions
 
 
-def plan_host(node: Node, desired: d.Desired, facts: HostFacts, cluster_id: str, cluster: str) -> HostPlan:
+def plan_host(node: Node, desired: Desired, facts: HostFacts, cluster_id: str, cluster: str) -> HostPlan:
     """`cluster_id`/`cluster`: recorded in the host's manifest, so a later `down` or another
     cluster's `up` knows whose host this is."""
     draft = Draft(HostPlan(node=node, unit=k3s_service.unit_name(node.role)),
@@ -53,7 +53,7 @@ def plan_host(node: Node, desired: d.Desired, facts: HostFacts, cluster_id: str,
     manifest.plan(draft, desired.paths(), facts.manifest)
     k3s_images.plan_prepull(draft, desired.prepull, facts)
     plan = draft.plan
-    if desired.gpu and d.needs_host_toolkit_runtime(desired):
+    if desired.gpu and needs_host_toolkit_runtime(desired):
         runtimes = facts.containerd.runtimes if facts.containerd else []
         plan.verify_nvidia_runtime = plan.service is not None or "nvidia" not in runtimes
     return plan

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from test_facts_parsers import h200_probe_output
 
-from bootstrap.cluster.validate import CheckResult, expected_gpu_resources, parse_busbw, render_table
+from bootstrap.cluster.checks import CheckResult, expected_gpu_resources, parse_busbw, render_table
 from bootstrap.facts.probe import parse_host_facts
 from bootstrap.inventory.loader import parse_inventory
 
@@ -45,7 +45,7 @@ def test_table_has_one_row_per_check():
 
 
 def test_nccl_job_has_one_worker_per_gpu_node_and_a_launcher(tmp_path):
-    from bootstrap.cluster.validate import nccl_job
+    from bootstrap.cluster.checks import nccl_job
 
     inventory = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}, "
                                 "{name: a, address: 10.0.0.2}, {name: b, address: 10.0.0.3}]\n"
@@ -64,7 +64,7 @@ def test_volcano_jobs_validate_against_the_upstream_crd():
     import yaml
     from upstream import upstream
 
-    from bootstrap.cluster.validate import gang_job, nccl_job
+    from bootstrap.cluster.checks import gang_job, nccl_job
 
     crd = yaml.safe_load(upstream("volcano/1.15.1/crd/bases/batch.volcano.sh_jobs.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -80,7 +80,7 @@ def test_volcano_jobs_validate_against_the_upstream_crd():
 def test_validation_pods_and_claim_are_valid_kubernetes_objects():
     import kubernetes_validate
 
-    from bootstrap.cluster.validate import _pod
+    from bootstrap.cluster.checks import _pod
 
     pod = _pod("gpu-test-g", "g", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", {"nvidia.com/gpu": 1})
     writer = _pod("pvc-writer", None, "busybox:1.36", command=["sh", "-c", "true"],

@@ -1,0 +1,46 @@
+"""Every host's plan at once: desired state per node from the inventory and the facts,
+compared with what each host holds. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bootstrap.artifacts import K3sArtifacts
+from bootstrap.facts.model import HostFacts
+from bootstrap.hostplan.desired import desired_state
+from bootstrap.hostplan.drivers import driver_packages
+from bootstrap.hostplan.host_plan import HostPlan, plan_host
+from bootstrap.inventory.model import Inventory
+from bootstrap.preflight import is_gpu_node
+
+
+@dataclass
+class Plans:
+    plans: dict[str, HostPlan]
+    gpu_nodes: set[str]
+    target_version: str | None = None  # the k3s release being installed
+
+    def rollout(self, inventory: Inventory, facts: dict[str, HostFacts], max_unavailable: int = 1):
+        """The rolling upgrade these plans imply (running nodes whose binary changes), or None."""
+        from bootstrap.hostplan.rollout import plan_rollout
+
+        return plan_rollout(inventory, facts, self.plans, self.target_version, max_unavailable)
+
+
+def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
+               artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
+    from bootstrap.hostparts.registries import embedded_mirror_on
+
+    plans = {}
+    gpu_nodes = {n.name for n in inventory.nodes if n.name in facts and is_gpu_node(inventory, n, facts[n.name])}
+    mirror = embedded_mirror_on(inventory, bool(gpu_nodes))
+    for node in inventory.nodes:
+        host = facts.get(node.name)
+        if host is None:
+            continue
+        gpu = node.name in gpu_nodes
+        packages = driver_packages(inventory, host) if gpu else []
+        want = desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
+                               embedded_mirror=mirror)
+        plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
+    return Plans(plans, gpu_nodes)

@@ -1,0 +1,51 @@
+"""The steps `up` and `rebuild` run, in order, from the hosts' plans: prepare every host,
+the first server, the other servers one at a time (etcd joins one member at a time), all
+agents, the NVIDIA runtime check on GPU nodes, the image pre-pulls. Pure: it decides the
+commands (bootstrap.deploys.converge); bootstrap.hosts.executor runs them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootstrap.deploys import converge
+from bootstrap.hostplan.host_plan import HostPlan
+from bootstrap.inventory.model import Inventory
+
+
+@dataclass
+class Step:
+    name: str
+    commands: dict[str, list] = field(default_factory=dict)  # node name -> pyinfra commands
+
+
+def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set[str],
+                   restore: tuple[str, Path] | None = None):
+    """`restore`: (server name, local snapshot) to restore the control plane from before
+    that server first starts (`rebuild` after the only server was lost)."""
+    prepare = Step("prepare host", {n: converge.placement_commands(p) for n, p in plans.items()})
+    steps = [prepare]
+    if restore:
+        steps.append(Step(f"restore etcd snapshot on {restore[0]}", {restore[0]: converge.restore_commands(restore[1])}))
+    first = inventory.servers[0].name
+    for server in inventory.servers:
+        plan = plans.get(server.name)
+        step = Step(f"{'start' if server.name == first else 'join'} server {server.name}")
+        if plan and plan.service:
+            if server.name != first and first in failed:
+                step.commands[server.name] = [converge.refuse(f"not joining: the first server {first} failed")]
+            else:
+                step.commands[server.name] = [converge.wait_for_service(plan.unit, plan.service)]
+        steps.append(step)
+    agents = Step("join agents")
+    for agent in inventory.agents:
+        plan = plans.get(agent.name)
+        if plan and plan.service:
+            agents.commands[agent.name] = [converge.wait_for_service(plan.unit, plan.service)]
+    steps.append(agents)
+    steps.append(Step("check nvidia runtime", {n: [converge.verify_nvidia_runtime_command()]
+                                                for n, p in plans.items() if p.verify_nvidia_runtime}))
+    # Every GPU node at once: validate and the first jobs then start without downloads.
+    steps.append(Step("pre-pull images", {n: [converge.prepull_command(p.prepull)] for n, p in plans.items()
+                                          if p.prepull and n not in failed}))
+    return steps
