@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request
+from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request, wait_for
 from bootstrap.components import gpu_sharing
 from bootstrap.components.rdma import resource_key
 from bootstrap.facts.model import HostFacts
@@ -277,12 +277,12 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
                        + (f" (floor {floor:g})" if floor is not None else ""))
 
 
-def cleanup(cluster: Cluster) -> None:
-    request(cluster, "DELETE", f"/api/v1/namespaces/{NAMESPACE}")
-    # Objects a stand-in or a slow namespace finaliser may leave: remove them by name too.
-    for path in (object_path("v1", "Pod", None, NAMESPACE),):
-        for item in (get(cluster, path) or {}).get("items", []):
-            request(cluster, "DELETE", f"{path}/{item['metadata']['name']}")
+def cleanup(cluster: Cluster, timeout_s: float = 120) -> None:
+    """Delete the checks' namespace and wait until it is gone: the API server refuses new
+    objects in a terminating namespace, so the next `validate` would fail on its own leftovers."""
+    path = f"/api/v1/namespaces/{NAMESPACE}"
+    request(cluster, "DELETE", path)
+    wait_for(f"namespace {NAMESPACE} to be deleted", lambda: get(cluster, path) is None, timeout_s)
 
 
 def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]) -> list[CheckResult]:

@@ -24,8 +24,8 @@ from .model import HostFacts, K3sInstall
 
 DELIMITER = "@@bootstrap-probe@@"
 
-# The exact nvidia-smi invocations recorded in tests/fixtures/gpu-vm-h200, so the
-# nvidia-smi stand-in in tests/standins can answer every one of them.
+# The exact nvidia-smi invocations recorded on a real H200 VM (tests/fixtures/gpu-vm-h200):
+# the parsers are tested on that output, so the probe must ask the same questions.
 NVSMI_QUERY_ARGS = (
     "--query-gpu=index,uuid,name,pci.bus_id,memory.total,driver_version,mig.mode.current,"
     "mig.mode.pending,compute_cap,persistence_mode,vbios_version,serial --format=csv"
