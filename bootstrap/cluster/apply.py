@@ -9,12 +9,11 @@ from __future__ import annotations
 import sys
 import time
 
-from bootstrap import components
+from bootstrap.components.cluster_plan import ClusterPlan
 from bootstrap import helm
 from bootstrap.cluster.client import Cluster, ClusterError, apply_object, get, merge_patch, object_path, wait_for
 from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
 from bootstrap.components import gpu_operator, gpu_sharing
-from bootstrap.facts.model import HostFacts
 from bootstrap.inventory.model import Inventory
 
 DIGESTS = ("kube-system", "bootstrap-releases")
@@ -108,25 +107,24 @@ def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TI
     wait_for(f"MIG layouts to apply ({', '.join(f'{n}: {l}' for n, l in wanted.items())})", check, timeout_s)
 
 
-def apply_cluster(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], out=sys.stdout) -> dict:
-    """Converge the cluster side; returns counts of what changed (for the summary)."""
+def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, out=sys.stdout) -> dict:
+    """Converge the cluster side to `plan`; returns what changed (for the summary)."""
     summary = {"labelled": [], "objects": [], "releases": []}
     nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes])
-    labels = components.node_labels(inventory, facts)
+    labels = plan.labels
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
     # A rolling upgrade that stopped and was fixed by hand: its cordons, now the node is back.
     for name in cordoned_for_upgrade(n for n in nodes.values() if node_ready(n)):
         uncordon(cluster, name, CORDONED_FOR_UPGRADE)
         summary["objects"].append(f"Node {name} uncordoned (cordoned for an upgrade, Ready again)")
     plugin_config_changed = False
-    for obj in components.desired_prerequisites(inventory, facts):
+    for obj in plan.prerequisites:
         result = apply_object(cluster, obj)
         if result != "unchanged":
             summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
             plugin_config_changed |= obj["metadata"]["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
-    releases = components.desired_releases(inventory, facts)
     digests = read_digests(cluster)
-    todo = helm.releases_to_apply(releases, digests)
+    todo = helm.releases_to_apply(plan.releases, digests)
     if todo:
         helm.check_version()
     for release in todo:
@@ -135,11 +133,11 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, facts: dict[str, HostF
         digests[release.name] = release.digest()
         record_digest(cluster, digests)
         summary["releases"].append(release.name)
-    for obj in components.desired_manifests(inventory, facts):
+    for obj in plan.manifests:
         result = apply_object(cluster, obj)
         if result != "unchanged":
             summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
-    for patch in components.desired_patches(inventory):
+    for patch in plan.patches:
         summary["objects"] += apply_patch(cluster, patch)
     if plugin_config_changed and gpu_operator.RELEASE not in summary["releases"]:
         restart_device_plugin(cluster)

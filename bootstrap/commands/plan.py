@@ -38,10 +38,10 @@ def show_plan(args, inventory, state) -> int:
 
 def component_changes(inventory, state, facts) -> list[str]:
     """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
-    from bootstrap import components
+    from bootstrap.components.cluster_plan import plan_cluster
     from bootstrap.errors import BootstrapError
 
-    releases = components.desired_releases(inventory, facts)
+    releases = plan_cluster(inventory, facts).releases
     applied: dict = {}
     try:
         from bootstrap.cluster.apply import read_digests

@@ -74,8 +74,8 @@ def run(args) -> int:
 
 def cluster_view(inventory, state, facts):
     """Node objects and component versions, or (None, {}) when no server's API answers."""
-    from bootstrap import components
     from bootstrap.cluster.apply import read_digests
+    from bootstrap.components.cluster_plan import plan_cluster
     from bootstrap.cluster.client import connect, get
     from bootstrap.errors import BootstrapError
 
@@ -87,7 +87,7 @@ def cluster_view(inventory, state, facts):
         return None, {}
     components = {}
     try:
-        releases = components.desired_releases(inventory, facts)
+        releases = plan_cluster(inventory, facts).releases
     except BootstrapError:
         releases = []
     for release in releases:

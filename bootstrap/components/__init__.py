@@ -2,10 +2,9 @@
 releases and Kubernetes objects. Pure: inventory + facts in, plans out; `bootstrap.helm`
 applies releases."""
 
-from bootstrap.components.cluster_plan import (desired_manifests, desired_patches, desired_prerequisites, desired_releases,
-                                       node_labels)
+from bootstrap.components.cluster_plan import (ClusterPlan, desired_manifests, desired_patches,
+                                               desired_prerequisites, desired_releases, node_labels, plan_cluster)
 from bootstrap.components.release import ComponentError, Patch, Release
 
-__all__ = ["ComponentError", "Patch", "Release", "desired_manifests", "desired_patches", "desired_prerequisites",
-           "desired_releases",
-           "node_labels"]
+__all__ = ["ClusterPlan", "ComponentError", "Patch", "Release", "desired_manifests", "desired_patches",
+           "desired_prerequisites", "desired_releases", "node_labels", "plan_cluster"]

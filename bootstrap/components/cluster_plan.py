@@ -8,6 +8,8 @@ after Volcano.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bootstrap.components import gpu_operator, gpu_sharing, rdma, storage, volcano
 from bootstrap.components.release import Patch, Release
 from bootstrap.facts.model import HostFacts
@@ -53,3 +55,22 @@ def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> di
     sharing = gpu_sharing.sharing_labels(inventory, facts_by_node)
     return {node.name: {**{str(k): str(v) for k, v in node.labels.items()}, **sharing.get(node.name, {})}
             for node in inventory.nodes}
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """What the cluster should hold, built once and read by `up` (apply), `plan` and `status`."""
+
+    labels: dict[str, dict[str, str]]  # node -> wanted labels
+    prerequisites: list[dict]  # objects releases refer to
+    releases: list[Release]
+    manifests: list[dict]
+    patches: list[Patch]
+
+
+def plan_cluster(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> ClusterPlan:
+    return ClusterPlan(labels=node_labels(inventory, facts_by_node),
+                       prerequisites=desired_prerequisites(inventory, facts_by_node),
+                       releases=desired_releases(inventory, facts_by_node),
+                       manifests=desired_manifests(inventory, facts_by_node),
+                       patches=desired_patches(inventory))

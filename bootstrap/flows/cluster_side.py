@@ -18,12 +18,13 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
     anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
     Returns whether anything in the cluster changed."""
     from bootstrap.cluster.apply import apply_cluster
+    from bootstrap.components.cluster_plan import plan_cluster
     from bootstrap.cluster.client import connect
     from bootstrap.errors import HostsFailed
 
     started = time.monotonic()
     with connect(inventory, state) as cluster:
-        summary = apply_cluster(cluster, inventory, facts)
+        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts))
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     progress.current().event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))
