@@ -13,7 +13,9 @@ import shlex
 from bootstrap.hostparts import k3s_binary, k3s_service, kernel, manifest, packages
 
 # Removed whatever the manifest lists: an `up` that failed early may not have recorded them.
-ALWAYS_REMOVED = (k3s_binary.PATH, *k3s_service.UNIT_PATHS)
+# The previous binary an upgrade kept lives in the manifest's folder, which stays when drivers
+# are kept: named here so it goes either way.
+ALWAYS_REMOVED = (k3s_binary.PATH, k3s_binary.PREVIOUS, *k3s_service.UNIT_PATHS)
 
 
 def teardown_script(recorded: dict, *, purge_drivers: bool, toolkit_source: str | None = None) -> str:

@@ -115,6 +115,8 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
     prefix = apt_lists_prefix(toolkit_source) if toolkit_source else None
     if prefix and TOOLKIT in remove:
         lines.append(f"rm -f /var/lib/apt/lists/{shlex.quote(prefix)}_*")
+    if TOOLKIT in remove:
+        lines.append(f"rm -f {TOOLKIT_KEYRING}")  # fetched by curl when NVIDIA's repository is used
     keep = [p for p in installed if p not in remove]
     kept = {"packages_installed": keep, "packages_held": [p for p in held if p in keep]} if keep else {}
     return lines, kept
