@@ -46,9 +46,12 @@ def normal_host(value: str) -> str:
     """One spelling per host: 2001:DB8:0::1 and 2001:db8::1 are one address, Box.example.com
     and box.example.com one name."""
     try:
-        return str(ipaddress.ip_address(value))
+        address = ipaddress.ip_address(value)
     except ValueError:
-        return value.lower()
+        return value.lower().rstrip(".")
+    # ::ffff:203.0.113.10 reaches the same host as 203.0.113.10.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
 
 
 def endpoint_parts(value: str) -> tuple[str | None, str, str | None] | None:

@@ -155,7 +155,7 @@ def test_no_pattern_in_the_inventory_code_uses_unicode_classes():
 # ---- addresses ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("first, second", [("2001:db8::1", "2001:DB8:0::1"), ("box.example.com", "BOX.example.COM"),
-                                           ("10.0.0.7", "10.0.0.7")])
+                                           ("10.0.0.7", "10.0.0.7"), ("203.0.113.10", "::ffff:203.0.113.10")])
 def test_one_address_in_two_spellings_is_a_duplicate(first, second):
     found = problems(MINIMAL.replace("203.0.113.10", f"'{first}'") + f"  - {{name: b, address: '{second}'}}\n")
     assert [p.path for p in found] == ["nodes[1].address"]
