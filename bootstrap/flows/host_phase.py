@@ -61,15 +61,13 @@ def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
     if not answering:
         return
     first = answering[0]
-    host = session.pyinfra_state.inventory.get_host(first.name)
-    ok, output = host.run_shell_command(f"cat {KUBECONFIG}", _sudo=host.data.get("_sudo", False),
-                                        print_output=False, print_input=False)
-    if not ok:
+    text = session.read_root_file(first.name, KUBECONFIG)
+    if text is None:
         session.fail(first.name, f"cannot read {KUBECONFIG}")
         return
     from bootstrap.cluster.kubeconfig import rewrite
 
-    state.write_secret("kubeconfig", rewrite(output.stdout, inventory, state.cluster_id, address=first.address))
+    state.write_secret("kubeconfig", rewrite(text, inventory, state.cluster_id, address=first.address))
 
 
 def gather_facts(session, inventory) -> dict:
@@ -133,14 +131,12 @@ def bring_up(inventory, state, options: UpOptions) -> None:
                 print(f"hosts: no change, {len(plans.plans)} hosts already converged "
                       f"({time.monotonic() - started:.1f}s)")
             else:
-                from bootstrap.hosts.executor import execute
-
                 rollout = plans.rollout(inventory, facts, options.max_unavailable)
                 results: dict = {}
                 rest = {n: p for n, p in plans.plans.items() if not rollout or n not in rollout.nodes}
 
                 def converge_rest():
-                    results.update(execute(session, converge_steps(inventory, rest, set(session.failures))))
+                    results.update(session.execute(converge_steps(inventory, rest, set(session.failures))))
                     fetch_kubeconfig(session, inventory, state)
 
                 if rollout:

@@ -170,11 +170,9 @@ def repair(inventory, state, options: RepairOptions) -> None:
                     "rebuild with the k3s.version the cluster runs now, then upgrade with `bootstrap up`")
             changed = {name for name, p in plans.plans.items() if p.changed}
             if changed:
-                from bootstrap.hosts.executor import execute
-
                 for name in plan.unreachable:
                     session.fail(name, "does not answer over SSH")
-                execute(session, converge_steps(inventory, plans.plans, set(session.failures), restore=restore))
+                session.execute(converge_steps(inventory, plans.plans, set(session.failures), restore=restore))
                 fetch_kubeconfig(session, inventory, state)
             report["replaced"] = sorted(changed & set(plan.join))
             failed = {n: f for n, f in session.failures.items() if n not in plan.unreachable}

@@ -75,7 +75,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
     from bootstrap.cluster.drain import drain as drain_node
     from bootstrap.deploys import converge
     from bootstrap.errors import BootstrapError
-    from bootstrap.hosts.executor import Step, execute
+    from bootstrap.hostplan.steps import Step
 
     done = [n for n in rollout.nodes if rollout.nodes.index(n) < rollout.nodes.index(names[0])]
     if drain:
@@ -91,7 +91,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
         plan = plans[name]
         step.commands[name] = converge.placement_commands(plan, keep_previous_binary=True) + [
             converge.wait_for_service(plan.unit, "restart")] + ([converge.prepull_command(plan.prepull)] if plan.prepull else [])
-    execute(session, [step])
+    session.execute([step])
     replaced = [n for n in names if n not in session.failures]
     for name in names:
         failure = session.failures.get(name)

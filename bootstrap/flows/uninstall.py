@@ -25,7 +25,7 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, force: bool
     from pyinfra.api import StringCommand
 
     from bootstrap.facts.host_facts import HostFactsFact
-    from bootstrap.hosts.executor import Step, execute
+    from bootstrap.hostplan.steps import Step
     from bootstrap.rules.ownership import ownership
     from bootstrap.teardown import teardown_script
     from bootstrap.hostparts.paths import managed_paths
@@ -49,17 +49,18 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, force: bool
                for name, f in facts.items() if name not in empty}
     agents = Step("remove agent", {n.name: scripts[n.name] for n in inventory.agents if n.name in scripts})
     servers = Step("remove server", {n.name: scripts[n.name] for n in inventory.servers if n.name in scripts})
-    execute(session, [agents, servers])
+    session.execute([agents, servers])
     for name in empty:
         print(f"{name}: nothing of bootstrap's or k3s's on it; left untouched")
     return empty
 
 
-def tear_down(inventory, state, *, purge_drivers: bool, force: bool) -> None:
-    """The whole cluster; the state folder's secrets go only when no server may run k3s."""
+def tear_down(inventory, state, *, purge_drivers: bool, force: bool, open_session=open_hosts) -> None:
+    """The whole cluster; the state folder's secrets go only when no server may run k3s.
+    `open_session(inventory, nodes, command)`: the hosts (a fake one in tests)."""
     started = time.monotonic()
     with cluster_lock(state, "down"):
-        with open_hosts(inventory, list(inventory.nodes), "down") as session:
+        with open_session(inventory, list(inventory.nodes), "down") as session:
             untouched = uninstall(session, inventory, state, list(inventory.nodes), purge_drivers, force)
         removed = [n.name for n in inventory.nodes if n.name not in session.failures and n.name not in untouched]
         print(f"removed k3s from {len(removed)} host(s) in {time.monotonic() - started:.1f}s"

@@ -276,6 +276,22 @@ class HostSession:
         self._state.failed_hosts.add(host)
         self._state.active_hosts.discard(host)
 
+    def execute(self, steps: list) -> dict:
+        """Run prepared steps (bootstrap.hostplan.steps.Step) on the active hosts: the one
+        way flows change hosts. {node: {step: StepResult}}"""
+        from bootstrap.hosts.executor import execute
+
+        return execute(self, steps)
+
+    def read_root_file(self, name: str, path: str) -> str | None:
+        """A root-only file's text from one host (never logged), or None when it cannot be read."""
+        import shlex
+
+        host = self._state.inventory.get_host(name)
+        ok, output = host.run_shell_command(f"cat {shlex.quote(path)}", _sudo=bool(host.data.get("_sudo", False)),
+                                            print_output=False, print_input=False)
+        return output.stdout if ok else None
+
     def gather(self, fact_cls, **fact_kwargs) -> dict:
         """Run one fact on every active host in parallel: {node name: value}."""
         from pyinfra.api.facts import get_facts
