@@ -111,7 +111,18 @@ def upgrade_install(release: Release, kubeconfig_path: str | Path, timeout: int 
                         f"re-run to retry; inspect with `helm status {release.name} -n {release.namespace}`")
 
 
+APPLIED, PENDING, NOT_INSTALLED = "applied", "changes pending", "not installed"
+
+
+def release_state(release: Release, applied_digests: dict[str, str]) -> str:
+    """Where a release stands against the digests recorded when releases were last applied:
+    the one answer `up`, `plan` and `status` all read."""
+    if release.name not in applied_digests:
+        return NOT_INSTALLED
+    return APPLIED if applied_digests[release.name] == release.digest() else PENDING
+
+
 def releases_to_apply(releases: list[Release], applied_digests: dict[str, str]) -> list[Release]:
     """The releases whose digest differs from the one recorded when last applied (or that
     were never applied), in the given order."""
-    return [r for r in releases if applied_digests.get(r.name) != r.digest()]
+    return [r for r in releases if release_state(r, applied_digests) != APPLIED]

@@ -36,10 +36,17 @@ class Finding:
         return f"{tag} {self.node}: {self.check}: {self.message}" + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
-def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts) -> bool:
+def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts | None) -> bool:
+    """The inventory's gpu.enabled wins; else the host's GPUs decide. A host that does not
+    answer (no facts) is a GPU node only when the inventory says so."""
     if node.gpu.enabled is not None:
         return node.gpu.enabled
-    return facts.gpu_hardware
+    return facts is not None and facts.gpu_hardware
+
+
+def gpu_nodes(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Node]:
+    """The cluster's GPU nodes, in inventory order: the one answer every part reads."""
+    return [n for n in inventory.nodes if is_gpu_node(inventory, n, facts.get(n.name))]
 
 
 def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluster_id: str) -> list[Finding]:
@@ -63,7 +70,7 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding
     from bootstrap.hostparts.registries import embedded_mirror_on
 
     findings: list[Finding] = []
-    gpu_cluster = any(is_gpu_node(inventory, n, facts[n.name]) for n in inventory.nodes if n.name in facts)
+    gpu_cluster = bool(gpu_nodes(inventory, facts))
     ports = dict(PORTS)
     if embedded_mirror_on(inventory, gpu_cluster):
         ports[EMBEDDED_MIRROR_PORT] = ("tcp", "all")

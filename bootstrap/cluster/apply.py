@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+from bootstrap.cluster.node_status import node_ready
 from bootstrap.components.cluster_plan import ClusterPlan
 from bootstrap import helm
 from bootstrap.cluster.client import Cluster, ClusterError, apply_object, get, merge_patch, object_path, wait_for
@@ -19,11 +20,6 @@ from bootstrap.inventory.model import Inventory
 DIGESTS = ("kube-system", "bootstrap-releases")
 NODE_TIMEOUT_S = 300
 MIG_TIMEOUT_S = 900
-
-
-def node_ready(node: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in node.get("status", {}).get("conditions", []))
 
 
 def wait_nodes_ready(cluster: Cluster, names: list[str], timeout_s: float = NODE_TIMEOUT_S) -> dict[str, dict]:

@@ -16,7 +16,7 @@ from bootstrap.images import BUSYBOX, NCCL_IMAGE
 from bootstrap.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import is_gpu_node
+from bootstrap.preflight import gpu_nodes
 from bootstrap.rules import mig
 
 NAMESPACE = "bootstrap-validate"
@@ -287,17 +287,18 @@ def cleanup(cluster: Cluster, timeout_s: float = 120) -> None:
 
 def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]) -> list[CheckResult]:
     timeout = inventory.validate.timeout_s
-    gpu_nodes = [n for n in inventory.nodes if n.name in facts and is_gpu_node(inventory, n, facts[n.name])]
+    # The checks read each node's GPUs from its facts: GPU nodes that answered.
+    checked = [n for n in gpu_nodes(inventory, facts) if n.name in facts]
     request(cluster, "POST", "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     results: list[CheckResult] = []
     try:
-        results += check_capacity(cluster, inventory, gpu_nodes, facts)
-        results += check_rdma(cluster, inventory, gpu_nodes)
-        results += check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout)
+        results += check_capacity(cluster, inventory, checked, facts)
+        results += check_rdma(cluster, inventory, checked)
+        results += check_gpu_pods(cluster, inventory, checked, facts, timeout)
         results.append(check_pvc(cluster, inventory, timeout))
-        results.append(check_gang(cluster, inventory, gpu_nodes, facts, timeout))
-        results.append(check_nccl(cluster, inventory, gpu_nodes, facts, timeout))
+        results.append(check_gang(cluster, inventory, checked, facts, timeout))
+        results.append(check_nccl(cluster, inventory, checked, facts, timeout))
     finally:
         cleanup(cluster)
     return results

@@ -52,13 +52,16 @@ def component_changes(inventory, state, facts) -> list[str]:
                 applied = read_digests(cluster)
     except BootstrapError:
         applied = {}
+    from bootstrap.helm import APPLIED, NOT_INSTALLED, release_state
+
     lines = []
     for release in releases:
-        if release.name not in applied:
+        state_now = release_state(release, applied)
+        if state_now == NOT_INSTALLED:
             lines.append(f"component {release.name}: install {release.chart} {release.version}")
-        elif applied[release.name] != release.digest():
+        elif state_now == APPLIED:
+            lines.append(f"component {release.name}: no change")
+        else:
             lines.append(f"component {release.name}: upgrade to {release.chart} {release.version} "
                          "(version or values changed)")
-        else:
-            lines.append(f"component {release.name}: no change")
     return lines

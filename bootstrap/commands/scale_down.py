@@ -38,8 +38,9 @@ def _node(cluster, name):
 
 
 def run(args) -> int:
-    from bootstrap.cluster.client import connect, request
+    from bootstrap.cluster.client import connect
     from bootstrap.cluster.drain import cordon, drain
+    from bootstrap.cluster.node_removal import remove_node
 
     inventory = load_inventory(args.inventory)
     if not args.node and not args.idle:
@@ -67,13 +68,7 @@ def run(args) -> int:
                 if not result.complete:
                     blocked[node.name] = result.blocked
                     continue
-                if node.role == Role.SERVER:
-                    from bootstrap.flows.repair import remove_lost
-
-                    remove_lost(inventory, state, [node.name], [node.name])
-                else:
-                    request(cluster, "DELETE", f"/api/v1/nodes/{node.name}")
-                    request(cluster, "DELETE", f"/api/v1/namespaces/kube-system/secrets/{node.name}.node-password.k3s")
+                remove_node(cluster, node.name, etcd_member=node.role == Role.SERVER)
         if blocked:
             lines = [f"{name}: {pod} ({why})" for name, pods in blocked.items() for pod, why in pods.items()]
             raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),

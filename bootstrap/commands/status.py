@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from bootstrap.cluster.node_status import ready_word
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
@@ -28,13 +29,11 @@ def run(args) -> int:
     for node in inventory.nodes:
         host = facts.get(node.name)
         api = (nodes or {}).get(node.name, {})
-        ready = next((c.get("status") for c in api.get("status", {}).get("conditions", [])
-                      if c.get("type") == "Ready"), None)
         allocatable = {k: v for k, v in api.get("status", {}).get("allocatable", {}).items()
                        if k.startswith(RESOURCE_PREFIXES)}
         rows.append({
             "node": node.name, "role": node.role, "answers_ssh": host is not None,
-            "ready": {"True": "Ready", "False": "NotReady", "Unknown": "NotReady"}.get(ready, "absent"),
+            "ready": ready_word(api),
             "gpus": f"{len(host.gpus)} x {host.gpus[0].name}" if host and host.gpus else "-",
             "driver": host.driver_version if host and host.driver_version else "-",
             "cuda": host.cuda_version if host and host.cuda_version else "-",
@@ -90,8 +89,8 @@ def cluster_view(inventory, state, facts):
         releases = plan_cluster(inventory, facts).releases
     except BootstrapError:
         releases = []
+    from bootstrap.helm import release_state
+
     for release in releases:
-        state_word = ("applied" if digests.get(release.name) == release.digest()
-                      else "changes pending" if release.name in digests else "not installed")
-        components[release.name] = {"version": release.version, "state": state_word}
+        components[release.name] = {"version": release.version, "state": release_state(release, digests)}
     return nodes, components

@@ -14,7 +14,7 @@ import yaml
 from bootstrap.components.release import ComponentError, canonical_json
 from bootstrap.facts.model import HostFacts
 from bootstrap.inventory.model import Inventory, Mig, Node, Sharing
-from bootstrap.preflight import is_gpu_node
+from bootstrap.preflight import gpu_nodes  # noqa: F401  (components read it from here)
 from bootstrap.rules import mig as mig_rules
 
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
@@ -23,10 +23,6 @@ MIG_DISABLED = "all-disabled"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 GPU_RESOURCE = "nvidia.com/gpu"
-
-
-def gpu_nodes(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[Node]:
-    return [n for n in inventory.nodes if is_gpu_node(inventory, n, facts_by_node.get(n.name) or HostFacts())]
 
 
 def mig_strategy(inventory: Inventory) -> str:

@@ -26,8 +26,6 @@ from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.lock import cluster_lock
 from bootstrap.rules.lost_nodes import classify, quorum_after, stale_after_restore
 
-REMOVE_ANNOTATION = "etcd.k3s.cattle.io/remove"
-REMOVED_ANNOTATION = "etcd.k3s.cattle.io/removed-node-name"
 
 
 def cluster_nodes(inventory, state):
@@ -89,20 +87,12 @@ def confirm_restore(inventory, target: str, snapshot, assume_yes: bool) -> None:
 
 
 def remove_lost(inventory, state, lost: list[str], lost_servers: list[str]) -> None:
-    from bootstrap.cluster.client import connect, get, merge_patch, request, wait_for
+    from bootstrap.cluster.client import connect
+    from bootstrap.cluster.node_removal import remove_node
 
     with connect(inventory, state) as cluster:
         for name in lost:
-            path = f"/api/v1/nodes/{name}"
-            if name in lost_servers:
-                # Through k3s's etcd member controller: the member goes, then the Node.
-                merge_patch(cluster, path, {"metadata": {"annotations": {REMOVE_ANNOTATION: "true"}}})
-                wait_for(f"etcd to remove member {name}",
-                         lambda: REMOVED_ANNOTATION in (get(cluster, path) or {}).get("metadata", {}).get(
-                             "annotations", {}) or get(cluster, path) is None, 120)
-            request(cluster, "DELETE", path)
-            # So that a replacement may reuse the name (k3s keeps a password per node name).
-            request(cluster, "DELETE", f"/api/v1/namespaces/kube-system/secrets/{name}.node-password.k3s")
+            remove_node(cluster, name, etcd_member=name in lost_servers)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ class RolloutStopped(HostsFailed):
 
 def node_state(cluster, name: str) -> tuple[bool, str | None]:
     """(Ready, kubelet version) of a Node as the API reports it."""
-    from bootstrap.cluster.apply import node_ready
+    from bootstrap.cluster.node_status import node_ready
     from bootstrap.cluster.client import ClusterError, get
 
     try:

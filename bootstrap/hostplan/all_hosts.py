@@ -11,7 +11,7 @@ from bootstrap.hostplan.desired import desired_state
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import is_gpu_node
+from bootstrap.preflight import gpu_nodes
 
 
 @dataclass
@@ -32,15 +32,15 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
     from bootstrap.hostparts.registries import embedded_mirror_on
 
     plans = {}
-    gpu_nodes = {n.name for n in inventory.nodes if n.name in facts and is_gpu_node(inventory, n, facts[n.name])}
-    mirror = embedded_mirror_on(inventory, bool(gpu_nodes))
+    gpu_names = {n.name for n in gpu_nodes(inventory, facts)}
+    mirror = embedded_mirror_on(inventory, bool(gpu_names))
     for node in inventory.nodes:
         host = facts.get(node.name)
         if host is None:
             continue
-        gpu = node.name in gpu_nodes
+        gpu = node.name in gpu_names
         packages = driver_packages(inventory, host) if gpu else []
         want = desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
                                embedded_mirror=mirror)
         plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
-    return Plans(plans, gpu_nodes)
+    return Plans(plans, gpu_names)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bootstrap.cluster.node_status import is_server, node_ready
 from bootstrap.facts.model import HostFacts
 from bootstrap.inventory.model import Inventory
 
@@ -24,16 +25,6 @@ class RebuildPlan:
     healthy: list[str] = field(default_factory=list)
     restore_on: str | None = None  # the server to restore the control plane onto
     unreachable: list[str] = field(default_factory=list)  # inventory hosts not answering
-
-
-def node_ready(node: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in node.get("status", {}).get("conditions", []))
-
-
-def is_server(node: dict) -> bool:
-    labels = node.get("metadata", {}).get("labels", {})
-    return "node-role.kubernetes.io/control-plane" in labels or "node-role.kubernetes.io/etcd" in labels
 
 
 def fresh(facts: HostFacts | None) -> bool:
