@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from bootstrap.errors import UsageError
+from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.inventory.model import SecretRef
 
 
@@ -38,3 +38,32 @@ def warn_if_readable_by_others(path: Path, what: str) -> None:
         _warned.add(str(path))
         print(f"warning: {what}: {path} can be read by other users (mode {mode:04o}); "
               f"run: chmod 600 {path}", file=sys.stderr)
+
+
+def with_secret_values(inventory):
+    """The inventory with the secrets that end up in host files read (I/O, once, before
+    planning): S3 credentials (config.yaml) and registry credentials (registries.yaml)."""
+    from dataclasses import replace
+
+    def filled(ref: SecretRef | None, what: str) -> SecretRef | None:
+        return None if ref is None else replace(ref, value=resolve(ref, what))
+
+    k3s = inventory.k3s
+    s3 = k3s.snapshots.s3
+    if s3 is not None:
+        s3 = replace(s3, access_key=filled(s3.access_key, "k3s.snapshots.s3.access_key"),
+                     secret_key=filled(s3.secret_key, "k3s.snapshots.s3.secret_key"))
+        k3s = replace(k3s, snapshots=replace(k3s.snapshots, s3=s3))
+    auth = {host: replace(a, password=filled(a.password, f"registries.auth.{host}.password"),
+                          token=filled(a.token, f"registries.auth.{host}.token"))
+            for host, a in inventory.registries.auth.items()}
+    return replace(inventory, k3s=k3s, registries=replace(inventory.registries, auth=auth))
+
+
+def secret_value(ref: SecretRef | None, what: str) -> str | None:
+    """A secret the flow already read (pure: no environment, no files)."""
+    if ref is None:
+        return None
+    if ref.value is None:
+        raise BootstrapError(f"{what} was not read before planning (bootstrap.secrets.with_secret_values)")
+    return ref.value

@@ -21,6 +21,7 @@ from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.model import Inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.preflight import Finding, ownership_findings, preflight
+from bootstrap.secrets import with_secret_values
 from bootstrap.statedir import StateDir
 
 
@@ -105,7 +106,8 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
         raise PreflightFailed(f"preflight found {problems} problem(s); no host was changed",
                                    "fix the problems above and run the command again")
     token = load_or_create_token(state, facts, inventory, create=create_token)
-    plans = make_plans(inventory, facts, token, artifacts, state.cluster_id, join_via)
+    # The secrets that go into host files are read here, once: the planners stay pure.
+    plans = make_plans(with_secret_values(inventory), facts, token, artifacts, state.cluster_id, join_via)
     plans.target_version = target
     return facts, plans
 

@@ -9,7 +9,7 @@ import yaml
 
 from bootstrap.hostparts.base import FileSpec, text_file
 from bootstrap.inventory.model import Inventory
-from bootstrap.secrets import resolve
+from bootstrap.secrets import secret_value
 
 REGISTRIES = "/etc/rancher/k3s/registries.yaml"
 PATHS = (REGISTRIES,)
@@ -40,10 +40,10 @@ def registries_yaml(inventory: Inventory, embedded_mirror: bool = False) -> str 
         entry: dict = {}
         if auth.username:
             entry["username"] = auth.username
-        password = resolve(auth.password, f"registries.auth.{host}.password")
+        password = secret_value(auth.password, f"registries.auth.{host}.password")
         if password is not None:
             entry["password"] = password
-        token = resolve(auth.token, f"registries.auth.{host}.token")
+        token = secret_value(auth.token, f"registries.auth.{host}.token")
         if token is not None:
             entry["identitytoken"] = token
         configs[host] = {"auth": entry}

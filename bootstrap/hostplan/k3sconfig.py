@@ -105,7 +105,7 @@ def s3_settings(s3) -> dict:
     (config.yaml is 0600, like the token in it)."""
     if s3 is None:
         return {}
-    from bootstrap.secrets import resolve
+    from bootstrap.secrets import secret_value
 
     settings = {"etcd-s3": True, "etcd-s3-bucket": s3.bucket, "etcd-s3-endpoint": s3.endpoint,
                 "etcd-s3-region": s3.region}
@@ -113,8 +113,8 @@ def s3_settings(s3) -> dict:
         settings["etcd-s3-folder"] = s3.folder
     if s3.insecure:
         settings["etcd-s3-insecure"] = True
-    access = resolve(s3.access_key, "k3s.snapshots.s3.access_key")
-    secret = resolve(s3.secret_key, "k3s.snapshots.s3.secret_key")
+    access = secret_value(s3.access_key, "k3s.snapshots.s3.access_key")
+    secret = secret_value(s3.secret_key, "k3s.snapshots.s3.secret_key")
     if access:
         settings["etcd-s3-access-key"] = access
     if secret:

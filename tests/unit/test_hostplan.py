@@ -19,7 +19,9 @@ from bootstrap.hostplan import desired as d
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import plan_host
+from bootstrap.errors import BootstrapError
 from bootstrap.inventory.loader import parse_inventory
+from bootstrap.secrets import with_secret_values
 
 INV = parse_inventory("""\
 cluster: t
@@ -157,6 +159,10 @@ k3s: {snapshots: {retention: 4, s3: {bucket: k3s-snaps, endpoint: s3.example.com
                                        access_key_env: S3_KEY, secret_key_env: S3_SECRET}}}
 nodes: [{name: cp-1, address: 10.0.0.1, role: server}, {name: a, address: 10.0.0.2}]
 """)
+    with pytest.raises(BootstrapError, match="not read before planning"):  # planning reads no environment
+        k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
+    inv = with_secret_values(inv)
+    assert "s3cr3t" not in repr(inv)
     server = k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
     assert server["etcd-s3"] is True and server["etcd-s3-bucket"] == "k3s-snaps"
     assert server["etcd-s3-access-key"] == "AKIAEXAMPLE" and server["etcd-s3-secret-key"] == "s3cr3t"

@@ -6,6 +6,7 @@ from upstream import k3s_flags
 
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostparts.registries import embedded_mirror_on, registries_yaml
+from bootstrap.secrets import with_secret_values
 from bootstrap.inventory.loader import parse_inventory
 
 BASE = """\
@@ -62,7 +63,7 @@ registries:
   auth: {nvcr.io: {username: $oauthtoken, password_env: NGC_KEY}}
 images: {mirror_registries: [docker.io, nvcr.io, registry.k8s.io]}
 """)
-    data = yaml.safe_load(registries_yaml(inv, embedded_mirror=True))
+    data = yaml.safe_load(registries_yaml(with_secret_values(inv), embedded_mirror=True))
     check_documented(data)
     # An entry with no endpoint is what turns the embedded mirror on for a registry.
     assert data["mirrors"] == {"docker.io": {"endpoint": ["https://mirror.example.com"]}, "nvcr.io": {},

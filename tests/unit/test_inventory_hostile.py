@@ -275,7 +275,9 @@ def test_cron_schedules_k3s_refuses(schedule):
 def test_ngc_user_name_lands_quoted_in_registries_yaml(monkeypatch):
     monkeypatch.setenv("NGC_KEY", "k")
     inv = parse_inventory(MINIMAL + "registries: {auth: {nvcr.io: {username: $oauthtoken, password_env: NGC_KEY}}}\n")
-    text = registries_yaml(inv)
+    from bootstrap.secrets import with_secret_values
+
+    text = registries_yaml(with_secret_values(inv))
     assert yaml.safe_load(text)["configs"]["nvcr.io"]["auth"]["username"] == "$oauthtoken"
 
 
