@@ -62,12 +62,15 @@ def api_port_accepts(inventory: Inventory, node: Node, state: StateDir) -> tuple
         client.close()
 
 
-def servers_liveness(inventory: Inventory, state: StateDir, facts: dict[str, HostFacts]) -> list[ServerLiveness]:
+def servers_liveness(inventory: Inventory, state: StateDir, facts: dict[str, HostFacts],
+                     port_check=None) -> list[ServerLiveness]:
+    """`port_check(inventory, node, state) -> (accepts, reason)`: api_port_accepts (tests: a fake)."""
+    port_check = port_check or api_port_accepts
     found = []
     for server in inventory.servers:
         verdict = service_verdict(server, facts.get(server.name))
         if verdict is None:
-            answers, reason = api_port_accepts(inventory, server, state)
+            answers, reason = port_check(inventory, server, state)
             verdict = ServerLiveness(server.name, answers, reason)
         found.append(verdict)
     return found

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bootstrap import snapshots
@@ -28,10 +29,24 @@ from bootstrap.rules.lost_nodes import classify, quorum_after, stale_after_resto
 
 
 
-def cluster_nodes(inventory, state):
-    """({name: Node}, None) through any server that answers, or (None, why not)."""
-    from bootstrap.cluster.client import ClusterError, connect, get
+@dataclass(frozen=True)
+class Edges:
+    """Where repair meets the world; None means the real one (tests give fakes)."""
 
+    open_session: Callable | None = None  # (inventory, nodes, command) -> context manager of a session
+    connect: Callable | None = None  # (inventory, state) -> context manager of a Cluster
+    api_port_accepts: Callable | None = None  # (inventory, node, state) -> (accepts, reason)
+
+
+REAL = Edges()
+
+
+def cluster_nodes(inventory, state, connect=None):
+    """({name: Node}, None) through any server that answers, or (None, why not)."""
+    from bootstrap.cluster import client
+    from bootstrap.cluster.client import ClusterError, get
+
+    connect = connect or client.connect
     try:
         with connect(inventory, state) as cluster:
             nodes = get(cluster, "/api/v1/nodes") or {}
@@ -42,12 +57,12 @@ def cluster_nodes(inventory, state):
         return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-def control_plane_lost(inventory, state, facts, api_error: str) -> list:
+def control_plane_lost(inventory, state, facts, api_error: str, port_check=None) -> list:
     """Restore is only for a control plane that is really gone: no server's k3s answers at
     the connection level (SSH, service, API port). Anything else is an error with its cause."""
     from bootstrap.cluster.liveness import servers_liveness
 
-    liveness = servers_liveness(inventory, state, facts)
+    liveness = servers_liveness(inventory, state, facts, port_check)
     alive = [s for s in liveness if s.answers]
     if alive:
         raise HostsFailed(
@@ -103,20 +118,20 @@ class RepairOptions:
     validate: bool = True
 
 
-def repair(inventory, state, options: RepairOptions) -> None:
+def repair(inventory, state, options: RepairOptions, edges: Edges = REAL) -> None:
     if not (state.path / "token").exists():
         raise BootstrapError(f"no join token in {state.path}: rebuild needs the state folder `up` wrote",
                              "restore the state folder, or set state_dir in the inventory to it")
     started = time.monotonic()
     report = {"lost": [], "replaced": [], "restored": None}
     with cluster_lock(state, "rebuild"):
-        with open_hosts(inventory, list(inventory.nodes), "rebuild") as session:
+        with (edges.open_session or open_hosts)(inventory, list(inventory.nodes), "rebuild") as session:
             facts = gather_facts(session, inventory)
-            nodes, api_error = cluster_nodes(inventory, state)
+            nodes, api_error = cluster_nodes(inventory, state, edges.connect)
             plan = classify(inventory, nodes, facts)
             restore = None
             if nodes is None:
-                control_plane_lost(inventory, state, facts, api_error)
+                control_plane_lost(inventory, state, facts, api_error, edges.api_port_accepts)
                 snapshot = choose_snapshot(state, options.snapshot)
                 if plan.restore_on is None or snapshot is None:
                     raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "
