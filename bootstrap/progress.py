@@ -3,14 +3,12 @@
 Three reporters share one interface: a live view on a terminal (one row per host, the
 current step and its elapsed time, finished steps with their times, failures in red and
 redrawn in place), plain lines in logs and pipes, and with `--json` one JSON event per line
-on stdout (anything else the command prints becomes a `message` event, so stdout stays
-machine-readable). The CLI picks one per run with `configure`; the rest of the code asks
-`current()`.
+on stdout (a command's own lines, said through its `Console`, become `message` events, so
+stdout stays machine-readable). The CLI picks one per run with `configure`.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -183,38 +181,38 @@ class JsonReporter(Reporter):
         self._emit("error", message=text, exit_code=code)
 
 
-class _MessageLines(io.TextIOBase):
-    """stdout under --json: each line printed by the command becomes a `message` event."""
+class Console:
+    """Where a command's own lines go: stdout, or under --json `message` events, so that
+    stdout stays one JSON object per line. Flows are given one; nothing replaces sys.stdout."""
 
-    def __init__(self, reporter: JsonReporter):
+    def __init__(self, reporter: Reporter):
         self.reporter = reporter
-        self.pending = ""
 
-    def writable(self):
-        return True
+    @property
+    def json(self) -> bool:
+        return isinstance(self.reporter, JsonReporter)
 
-    def write(self, text):
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            self.reporter.event("message", text=line)
-        return len(text)
+    def say(self, text: str = "") -> None:
+        if self.json:
+            for line in str(text).split("\n"):
+                self.reporter.event("message", text=line)
+        else:
+            print(text, file=self.reporter.out, flush=True)
 
-    def flush(self):
-        self.reporter.stream.flush()
+    def event(self, kind: str, **fields) -> None:
+        self.reporter.event(kind, **fields)
 
 
 _current: Reporter = Reporter()
 
 
 def configure(*, json_events: bool = False, stream=None) -> Reporter:
-    """Choose the reporter for this run. With `json_events`, sys.stdout is redirected so
-    that every other line printed is wrapped as an event too."""
+    """Choose the reporter for this run (the step executor and the error mapper report to
+    it); commands hand its `console()` to the flows they call."""
     global _current
     stream = stream or sys.stdout
     if json_events:
         _current = JsonReporter(stream)
-        sys.stdout = _MessageLines(_current)
     elif is_live_terminal(stream):
         _current = LiveReporter(stream)
     else:
@@ -228,6 +226,10 @@ def is_live_terminal(stream) -> bool:
 
 def current() -> Reporter:
     return _current
+
+
+def console() -> Console:
+    return Console(_current)
 
 
 def json_events() -> bool:

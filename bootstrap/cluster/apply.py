@@ -6,7 +6,6 @@ Helm is called only for releases whose version or values changed since the last 
 
 from __future__ import annotations
 
-import sys
 import time
 
 from bootstrap.cluster.node_status import node_ready
@@ -103,7 +102,7 @@ def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TI
     wait_for(f"MIG layouts to apply ({', '.join(f'{n}: {l}' for n, l in wanted.items())})", check, timeout_s)
 
 
-def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, out=sys.stdout) -> dict:
+def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say=print) -> dict:
     """Converge the cluster side to `plan`; returns what changed (for the summary)."""
     summary = {"labelled": [], "objects": [], "releases": []}
     nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes])
@@ -124,7 +123,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, out
     if todo:
         helm.check_version()
     for release in todo:
-        print(f"  helm upgrade --install {release.name} {release.chart} {release.version}", file=out, flush=True)
+        say(f"  helm upgrade --install {release.name} {release.chart} {release.version}")
         helm.upgrade_install(release, cluster.kubeconfig)
         digests[release.name] = release.digest()
         record_digest(cluster, digests)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from bootstrap import progress
 from bootstrap.errors import UsageError
 from bootstrap.flows.uninstall import tear_down
 from bootstrap.inventory.loader import load_inventory
@@ -27,5 +28,6 @@ def confirm(inventory, assume_yes: bool) -> None:
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
     confirm(inventory, args.yes)
-    tear_down(inventory, StateDir(inventory), purge_drivers=args.purge_drivers, force=args.force)
+    tear_down(inventory, StateDir(inventory), progress.console(), purge_drivers=args.purge_drivers,
+              force=args.force)
     return 0

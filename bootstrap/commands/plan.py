@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bootstrap.hosts.connections import open_hosts
+from bootstrap import progress
 from bootstrap.flows.host_phase import gather_and_plan
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
@@ -18,7 +19,7 @@ def run(args) -> int:
 
 def show_plan(args, inventory, state) -> int:
     with open_hosts(inventory, list(inventory.nodes), "plan") as session:
-        facts, plans = gather_and_plan(session, inventory, state, create_token=False)
+        facts, plans = gather_and_plan(session, inventory, state, progress.console(), create_token=False)
     for node in inventory.nodes:
         plan = plans.plans[node.name]
         if not plan.changed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bootstrap import progress
 from bootstrap.flows.repair import RepairOptions, repair
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
@@ -9,6 +10,7 @@ from bootstrap.statedir import StateDir
 
 def run(args) -> int:
     inventory = load_inventory(args.inventory)
-    repair(inventory, StateDir(inventory), RepairOptions(restore=args.restore, snapshot=args.snapshot,
-                                                        assume_yes=args.yes, validate=not args.no_validate))
+    options = RepairOptions(restore=args.restore, snapshot=args.snapshot, assume_yes=args.yes,
+                            validate=not args.no_validate)
+    repair(inventory, StateDir(inventory), options, progress.console())
     return 0

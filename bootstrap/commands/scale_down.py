@@ -6,6 +6,7 @@ edit to make, so the next `up` does not bring the node back.
 
 from __future__ import annotations
 
+from bootstrap import progress
 from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.inventory.model import Role
@@ -43,6 +44,7 @@ def run(args) -> int:
     from bootstrap.cluster.node_removal import remove_node
 
     inventory = load_inventory(args.inventory)
+    console = progress.console()
     if not args.node and not args.idle:
         raise UsageError("name the nodes to remove with --node NAME (repeatable), or use --idle")
     state = StateDir(inventory)
@@ -50,7 +52,7 @@ def run(args) -> int:
         with connect(inventory, state) as cluster:
             nodes = choose(inventory, args, cluster)
             if not nodes:
-                print("nothing to remove: no idle GPU node" if args.idle else "nothing to remove")
+                console.say("nothing to remove: no idle GPU node" if args.idle else "nothing to remove")
                 return 0
             servers = [n.name for n in nodes if n.role == Role.SERVER]
             if servers and len(servers) >= len(inventory.servers):
@@ -63,7 +65,7 @@ def run(args) -> int:
             for node in nodes:
                 cordon(cluster, node.name)
                 result = drain(cluster, node.name, args.timeout, args.force)
-                print(f"{node.name}: cordoned; evicted {len(result.evicted)} pod(s)"
+                console.say(f"{node.name}: cordoned; evicted {len(result.evicted)} pod(s)"
                       + (f", deleted {len(result.forced)} after the time-out" if result.forced else ""))
                 if not result.complete:
                     blocked[node.name] = result.blocked
@@ -74,18 +76,18 @@ def run(args) -> int:
             raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
                               "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
         removed = [n for n in nodes if n.name not in blocked]
-        uninstall(inventory, state, removed, args.purge_drivers)
-    print("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
+        uninstall(inventory, state, removed, args.purge_drivers, console)
+    console.say("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
     for node in removed:
-        print(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
+        console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
     return 0
 
 
-def uninstall(inventory, state, nodes, purge_drivers: bool) -> None:
+def uninstall(inventory, state, nodes, purge_drivers: bool, console) -> None:
     """What `down` does, for these hosts only."""
     from bootstrap.hosts.connections import open_hosts, report_failures
     from bootstrap.flows.uninstall import uninstall as remove_from_hosts
 
     with open_hosts(inventory, nodes, "scale-down") as session:
-        remove_from_hosts(session, inventory, state, nodes, purge_drivers)
+        remove_from_hosts(session, inventory, state, nodes, purge_drivers, console)
     report_failures(session.failures)

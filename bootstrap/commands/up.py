@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from bootstrap import progress
 from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
@@ -12,5 +13,5 @@ def run(args) -> int:
     inventory = load_inventory(args.inventory)
     bring_up(inventory, StateDir(inventory), UpOptions(
         hosts_only=args.hosts_only, validate=not args.no_validate, max_unavailable=args.max_unavailable,
-        drain_timeout=args.drain_timeout, force=args.force))
+        drain_timeout=args.drain_timeout, force=args.force), progress.console())
     return 0

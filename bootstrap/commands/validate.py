@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bootstrap.hosts.connections import open_hosts
+from bootstrap import progress
 from bootstrap.flows.cluster_side import validate
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
@@ -17,4 +18,4 @@ def run(args) -> int:
             from bootstrap.facts.host_facts import HostFactsFact
 
             facts = session.gather(HostFactsFact)
-        return validate(inventory, state, facts, as_json=args.json)
+        return validate(inventory, state, facts, progress.console(), as_json=args.json)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import time
 
-from bootstrap import progress
 from bootstrap.errors import EXIT_FAILED, EXIT_OK
 
 
-def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: bool = True) -> bool:
+def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_changed: bool = True) -> bool:
     """Components through the API tunnel, then the checks (raises when one fails) when
     anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
     Returns whether anything in the cluster changed."""
@@ -24,42 +23,41 @@ def cluster_phase(inventory, state, facts, *, validate: bool, hosts_changed: boo
 
     started = time.monotonic()
     with connect(inventory, state) as cluster:
-        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts))
+        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts), console.say)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
-    progress.current().event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
+    console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))
     if changes:
         for line in summary["objects"]:
-            print(f"  {line}")
-        print(f"cluster: {len(summary['releases'])} release(s) applied, {len(summary['objects'])} object(s) "
+            console.say(f"  {line}")
+        console.say(f"cluster: {len(summary['releases'])} release(s) applied, {len(summary['objects'])} object(s) "
               f"changed, {len(summary['labelled'])} node(s) relabelled ({time.monotonic() - started:.1f}s)")
     else:
-        print(f"cluster: no change ({time.monotonic() - started:.1f}s)")
+        console.say(f"cluster: no change ({time.monotonic() - started:.1f}s)")
     if validate and not (changes or hosts_changed):
-        print("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
-    elif validate and validate_cluster(inventory, state, facts) != 0:
+        console.say("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
+    elif validate and validate_cluster(inventory, state, facts, console) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
     return bool(changes)
 
 
-def validate_cluster(inventory, state, facts, *, as_json: bool = False) -> int:
+def validate_cluster(inventory, state, facts, console, *, as_json: bool = False) -> int:
     """The checks (bootstrap.cluster.checks) as a table, JSON or events; exit 1 when one fails."""
     from bootstrap.cluster.client import connect
     from bootstrap.cluster.checks import render_table, run_checks
 
     with connect(inventory, state) as cluster:
         results = run_checks(cluster, inventory, facts)
-    from bootstrap import progress
 
-    if progress.json_events():  # inside `up --json`: one event, not a document
-        progress.current().event("validate", checks=[r.to_dict() for r in results])
+    if console.json:  # inside `up --json`: one event, not a document
+        console.event("validate", checks=[r.to_dict() for r in results])
     elif as_json:
-        print(json.dumps({"cluster": inventory.cluster, "checks": [r.to_dict() for r in results]}, indent=2))
+        console.say(json.dumps({"cluster": inventory.cluster, "checks": [r.to_dict() for r in results]}, indent=2))
     else:
-        print(render_table(results))
+        console.say(render_table(results))
     failed = [r for r in results if r.status == "FAIL"]
-    if failed and not as_json and not progress.json_events():
-        print(f"{len(failed)} check(s) failed")
+    if failed and not as_json and not console.json:
+        console.say(f"{len(failed)} check(s) failed")
     return EXIT_FAILED if failed else EXIT_OK
 
 

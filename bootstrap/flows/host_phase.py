@@ -8,7 +8,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bootstrap import progress
 from bootstrap.artifacts import k3s_artifacts
 from bootstrap.errors import BootstrapError
 from bootstrap.facts.model import HostFacts
@@ -49,9 +48,9 @@ def load_or_create_token(state: StateDir, facts: dict[str, HostFacts], inventory
     return token
 
 
-def print_findings(findings: list[Finding], out=sys.stdout) -> None:
+def print_findings(findings: list[Finding], console) -> None:
     for finding in sorted(findings, key=lambda f: (f.node, f.severity != "error")):
-        print(finding.render(), file=out)
+        console.say(finding.render())
 
 
 def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
@@ -82,8 +81,8 @@ def gather_facts(session, inventory) -> dict:
     return facts
 
 
-def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None, tolerate_unreachable=False,
-                    join_via=None):
+def gather_and_plan(session, inventory, state, console, *, create_token: bool, facts=None,
+                    tolerate_unreachable=False, join_via=None):
     """Facts, preflight, then each host's plan. Raises when preflight fails or (unless
     tolerated, as `rebuild` does) a host cannot be reached: then nothing has been changed."""
     from bootstrap.hostplan.rollout import version_findings
@@ -97,7 +96,7 @@ def gather_and_plan(session, inventory, state, *, create_token: bool, facts=None
         artifacts = k3s_artifacts(inventory, {f.arch for f in facts.values()})
         target = next(iter(artifacts.values())).version if artifacts else None
         findings += version_findings(inventory, facts, target, {a: x.binary_sha256 for a, x in artifacts.items()})
-    print_findings(findings)
+    print_findings(findings, console)
     errors = [f for f in findings if f.severity == "error"]
     if errors or unreachable:
         for failure in sorted(session.failures.values(), key=lambda f: f.node):
@@ -121,16 +120,16 @@ class UpOptions:
     force: bool = False
 
 
-def bring_up(inventory, state, options: UpOptions) -> None:
+def bring_up(inventory, state, options: UpOptions, console) -> None:
     started = time.monotonic()
     with cluster_lock(state, "up"):
         with open_hosts(inventory, list(inventory.nodes), "up") as session:
-            facts, plans = gather_and_plan(session, inventory, state, create_token=True)
+            facts, plans = gather_and_plan(session, inventory, state, console, create_token=True)
             if not any(p.changed for p in plans.plans.values()):
                 if not (state.path / "kubeconfig").exists():
                     fetch_kubeconfig(session, inventory, state)
-                progress.current().event("hosts", changed=[], no_change=sorted(plans.plans), failed=[])
-                print(f"hosts: no change, {len(plans.plans)} hosts already converged "
+                console.event("hosts", changed=[], no_change=sorted(plans.plans), failed=[])
+                console.say(f"hosts: no change, {len(plans.plans)} hosts already converged "
                       f"({time.monotonic() - started:.1f}s)")
             else:
                 rollout = plans.rollout(inventory, facts, options.max_unavailable)
@@ -146,13 +145,13 @@ def bring_up(inventory, state, options: UpOptions) -> None:
 
                     from bootstrap.hosts.executor import StepResult
 
-                    run_rollout(session, inventory, state, plans, rollout, converge_rest,
+                    run_rollout(session, inventory, state, plans, rollout, converge_rest, console,
                                 drain_timeout=options.drain_timeout, force=options.force)
                     for name in rollout.nodes:
                         results.setdefault(name, {})["upgrade k3s"] = StepResult("changed")
                 else:
                     converge_rest()
-                summarise(results, started)
+                summarise(results, started, console)
                 report_failures(session.failures)
                 if not options.hosts_only:
                     # What k3s and the installs just created (the CNI bin dir in containerd's
@@ -161,14 +160,14 @@ def bring_up(inventory, state, options: UpOptions) -> None:
         if options.hosts_only:
             return
         hosts_changed = any(p.changed for p in plans.plans.values())
-        cluster_changed = cluster_phase(inventory, state, facts, validate=options.validate,
+        cluster_changed = cluster_phase(inventory, state, facts, console, validate=options.validate,
                                         hosts_changed=hosts_changed)
         if hosts_changed or cluster_changed:
             # A snapshot of what was just built: what `rebuild` restores after losing a server.
             from bootstrap import snapshots
 
             path = snapshots.take(inventory, state)
-            print(f"snapshot: {path.name} copied to the state folder")
+            console.say(f"snapshot: {path.name} copied to the state folder")
         record_applied(inventory, state)
 
 
@@ -181,12 +180,12 @@ def record_applied(inventory, state) -> None:
     (state.path / "applied-inventory.sha256").write_text(f"{digest}  {inventory.source}\n")
 
 
-def summarise(results, started) -> None:
+def summarise(results, started, console) -> None:
     words = {}
     for name in sorted(results):
         statuses = {r.status for r in results[name].values()}
         words[name] = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "no change"
-        print(f"{name}: {words[name]}")
-    progress.current().event("hosts", **{w.replace(" ", "_"): [n for n in words if words[n] == w]
+        console.say(f"{name}: {words[name]}")
+    console.event("hosts", **{w.replace(" ", "_"): [n for n in words if words[n] == w]
                                          for w in ("changed", "no change", "failed")})
-    print(f"done in {time.monotonic() - started:.1f}s")
+    console.say(f"done in {time.monotonic() - started:.1f}s")

@@ -57,7 +57,7 @@ def cluster_nodes(inventory, state, connect=None):
         return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-def control_plane_lost(inventory, state, facts, api_error: str, port_check=None) -> list:
+def control_plane_lost(inventory, state, facts, api_error: str, console, port_check=None) -> list:
     """Restore is only for a control plane that is really gone: no server's k3s answers at
     the connection level (SSH, service, API port). Anything else is an error with its cause."""
     from bootstrap.cluster.liveness import servers_liveness
@@ -71,7 +71,7 @@ def control_plane_lost(inventory, state, facts, api_error: str, port_check=None)
             "if the saved kubeconfig is stale, `bootstrap kubeconfig INVENTORY` fetches it again; "
             "otherwise fix the API error above and run rebuild again")
     for server in liveness:
-        print(f"{server.node}: {server.reason}")
+        console.say(f"{server.node}: {server.reason}")
     return liveness
 
 
@@ -118,7 +118,7 @@ class RepairOptions:
     validate: bool = True
 
 
-def repair(inventory, state, options: RepairOptions, edges: Edges = REAL) -> None:
+def repair(inventory, state, options: RepairOptions, console, edges: Edges = REAL) -> None:
     if not (state.path / "token").exists():
         raise BootstrapError(f"no join token in {state.path}: rebuild needs the state folder `up` wrote",
                              "restore the state folder, or set state_dir in the inventory to it")
@@ -131,7 +131,7 @@ def repair(inventory, state, options: RepairOptions, edges: Edges = REAL) -> Non
             plan = classify(inventory, nodes, facts)
             restore = None
             if nodes is None:
-                control_plane_lost(inventory, state, facts, api_error, edges.api_port_accepts)
+                control_plane_lost(inventory, state, facts, api_error, console, edges.api_port_accepts)
                 snapshot = choose_snapshot(state, options.snapshot)
                 if plan.restore_on is None or snapshot is None:
                     raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "
@@ -163,7 +163,7 @@ def repair(inventory, state, options: RepairOptions, edges: Edges = REAL) -> Non
             join_via = None
             if nodes is not None and first.name not in plan.healthy:
                 join_via = next((s for s in inventory.servers if s.name in plan.healthy), None)
-            facts, plans = gather_and_plan(session, inventory, state, create_token=False, facts=facts,
+            facts, plans = gather_and_plan(session, inventory, state, console, create_token=False, facts=facts,
                                            tolerate_unreachable=True, join_via=join_via)
             rollout = plans.rollout(inventory, facts)
             if rollout:
@@ -183,7 +183,7 @@ def repair(inventory, state, options: RepairOptions, edges: Edges = REAL) -> Non
             failed = {n: f for n, f in session.failures.items() if n not in plan.unreachable}
         if failed:
             for failure in failed.values():
-                print(f"FAILED {failure.render()}")
+                console.say(f"FAILED {failure.render()}")
             raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
         if restore:
             # The snapshot brought back Node objects of machines that are gone: a second pass.
@@ -193,9 +193,9 @@ def repair(inventory, state, options: RepairOptions, edges: Edges = REAL) -> Non
                 # The old servers' etcd members went with the reset: plain Node deletes.
                 remove_lost(inventory, state, stale, [])
                 report["lost"] = stale
-        cluster_phase(inventory, state, facts, validate=options.validate)
+        cluster_phase(inventory, state, facts, console, validate=options.validate)
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
-    print(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
+    console.say(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "
           f"unchanged {', '.join(healthy) or 'none'}"
           + (f"; not answering {', '.join(plan.unreachable)}" if plan.unreachable else ""))

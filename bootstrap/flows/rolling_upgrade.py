@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.hostparts import k3s_binary
 from bootstrap.hostparts.k3s_service import unit_name
@@ -50,7 +49,7 @@ def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY
     wait_for(f"node {name} to be Ready on {version or 'the new k3s'}", check, timeout_s, interval_s=1.0)
 
 
-def settle_earlier_cordons(cluster, rollout: Rollout) -> None:
+def settle_earlier_cordons(cluster, rollout: Rollout, console) -> None:
     """A resumed rollout: the node it stopped at (fixed since, and started again just now)
     is waited for and uncordoned before the next batch, so never more than a batch is out."""
     from bootstrap.cluster.client import get
@@ -65,10 +64,10 @@ def settle_earlier_cordons(cluster, rollout: Rollout) -> None:
         except BootstrapError as exc:
             stop(rollout, name, [], f"still cordoned from the last rollout and not back: {exc.message}")
         uncordon(cluster, name, CORDONED_FOR_UPGRADE)
-        print(f"uncordoned {name} (upgraded earlier, Ready again)")
+        console.say(f"uncordoned {name} (upgraded earlier, Ready again)")
 
 
-def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, drain: bool,
+def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], console, *, drain: bool,
                drain_timeout: int, force: bool) -> None:
     """Upgrade `names` together (one server, or one batch of agents); raise RolloutStopped."""
     from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, uncordon
@@ -104,8 +103,8 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], *, d
             stop(rollout, name, done, exc.message)
         if drain:
             uncordon(cluster, name, CORDONED_FOR_UPGRADE)
-        progress.current().event("upgraded", node=name, version=rollout.target)
-        print(f"upgraded {name} to {rollout.target or 'the k3s.airgap binary'}")
+        console.event("upgraded", node=name, version=rollout.target)
+        console.say(f"upgraded {name} to {rollout.target or 'the k3s.airgap binary'}")
 
 
 def stop(rollout: Rollout, name: str, done: list[str], reason: str, drained_only: bool = False):
@@ -120,31 +119,31 @@ def stop(rollout: Rollout, name: str, done: list[str], reason: str, drained_only
         f"fix {name} and run `bootstrap up` again to resume from it; or {roll_back}")
 
 
-def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_between, *, drain_timeout: int,
-                force: bool) -> None:
+def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_between, console, *,
+                drain_timeout: int, force: bool) -> None:
     """Servers one at a time, then `phase_between()` (new and reconfigured nodes converge
     as usual), then the agents batch by batch."""
     from bootstrap.cluster.client import connect
 
     for line in rollout.describe():
-        print(line)
+        console.say(line)
     started = time.monotonic()
     with connect(inventory, state) as cluster:
         for name in rollout.servers:
-            roll_nodes(session, cluster, plans.plans, rollout, [name], drain=False,
+            roll_nodes(session, cluster, plans.plans, rollout, [name], console, drain=False,
                        drain_timeout=drain_timeout, force=force)
     phase_between()
     if session.failures:
         for failure in sorted(session.failures.values(), key=lambda f: f.node):
-            print(f"FAILED {failure.render()}")
+            console.say(f"FAILED {failure.render()}")
         failed = ", ".join(sorted(session.failures))
         raise RolloutStopped(f"rolling upgrade stopped before the agents: {failed} failed (see above); upgraded: "
                              f"{', '.join(rollout.servers) or 'none'}; untouched: "
                              f"{', '.join(n for b in rollout.agent_batches for n in b)}",
                              "fix the failed hosts and run `bootstrap up` again to resume")
     with connect(inventory, state) as cluster:
-        settle_earlier_cordons(cluster, rollout)
+        settle_earlier_cordons(cluster, rollout, console)
         for batch in rollout.agent_batches:
-            roll_nodes(session, cluster, plans.plans, rollout, batch, drain=True,
+            roll_nodes(session, cluster, plans.plans, rollout, batch, console, drain=True,
                        drain_timeout=drain_timeout, force=force)
-    print(f"k3s upgrade: {len(rollout.nodes)} node(s) upgraded ({time.monotonic() - started:.1f}s)")
+    console.say(f"k3s upgrade: {len(rollout.nodes)} node(s) upgraded ({time.monotonic() - started:.1f}s)")

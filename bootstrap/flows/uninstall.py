@@ -17,7 +17,7 @@ from bootstrap.errors import HostsFailed
 from bootstrap.lock import cluster_lock
 
 
-def uninstall(session, inventory, state, nodes, purge_drivers: bool, force: bool = False) -> list[str]:
+def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, force: bool = False) -> list[str]:
     """Remove k3s and what the tool installed from `nodes`: agents first, then servers.
     (`down` for the whole cluster, `scale-down` for a few hosts.) Hosts with nothing of
     anyone's on them are left alone; returns their names. A host another cluster owns
@@ -51,19 +51,19 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, force: bool
     servers = Step("remove server", {n.name: scripts[n.name] for n in inventory.servers if n.name in scripts})
     session.execute([agents, servers])
     for name in empty:
-        print(f"{name}: nothing of bootstrap's or k3s's on it; left untouched")
+        console.say(f"{name}: nothing of bootstrap's or k3s's on it; left untouched")
     return empty
 
 
-def tear_down(inventory, state, *, purge_drivers: bool, force: bool, open_session=open_hosts) -> None:
+def tear_down(inventory, state, console, *, purge_drivers: bool, force: bool, open_session=open_hosts) -> None:
     """The whole cluster; the state folder's secrets go only when no server may run k3s.
     `open_session(inventory, nodes, command)`: the hosts (a fake one in tests)."""
     started = time.monotonic()
     with cluster_lock(state, "down"):
         with open_session(inventory, list(inventory.nodes), "down") as session:
-            untouched = uninstall(session, inventory, state, list(inventory.nodes), purge_drivers, force)
+            untouched = uninstall(session, inventory, state, list(inventory.nodes), purge_drivers, console, force)
         removed = [n.name for n in inventory.nodes if n.name not in session.failures and n.name not in untouched]
-        print(f"removed k3s from {len(removed)} host(s) in {time.monotonic() - started:.1f}s"
+        console.say(f"removed k3s from {len(removed)} host(s) in {time.monotonic() - started:.1f}s"
               + ("" if purge_drivers else "; NVIDIA drivers were left in place (--purge-drivers removes "
                  "those the tool installed)"))
         left = sorted(session.failures)

@@ -63,21 +63,27 @@ def test_plain_lines_when_not_on_a_terminal():
                                            "✗ b              start agents 1.0s: timed out"]
 
 
-def test_json_mode_turns_every_stdout_line_into_an_event(monkeypatch):
+def test_json_mode_turns_what_a_command_says_into_events_and_leaves_stdout_alone():
     import sys
 
+    stdout = sys.stdout
     out = io.StringIO()
-    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test
     reporter = progress.configure(json_events=True, stream=out)
+    console = progress.console()
     reporter.step_started("a", "prepare host")
     reporter.step_finished("a", "prepare host", "ok", 0.5)
-    print("hosts: no change")
+    console.say("hosts: no change\ndone in 0.1s")
     reporter.event("exit", code=0)
+    assert sys.stdout is stdout  # nothing is redirected: flows are given the console
     events = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [e["event"] for e in events] == ["step_start", "step_end", "message", "exit"]
+    assert [e["event"] for e in events] == ["step_start", "step_end", "message", "message", "exit"]
     assert events[1]["status"] == "ok" and events[1]["seconds"] == 0.5
-    assert events[2]["text"] == "hosts: no change"
+    assert [events[2]["text"], events[3]["text"]] == ["hosts: no change", "done in 0.1s"]
     assert all(isinstance(e["time"], float) for e in events)
+    plain = io.StringIO()
+    progress.configure(stream=plain)
+    progress.console().say("hosts: no change")
+    assert plain.getvalue() == "hosts: no change\n"
     progress.configure(stream=io.StringIO())
 
 

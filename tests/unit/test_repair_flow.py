@@ -11,6 +11,7 @@ import yaml
 
 from bootstrap import snapshots
 from bootstrap.cluster.client import ClusterError
+from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.repair import Edges, RepairOptions, repair
@@ -65,7 +66,7 @@ def run(inventory, state, session, *, port=(True, "accepts"), **options):
     edges = Edges(open_session=lambda *a: contextlib.nullcontext(session),
                   connect=lambda *a: api_refuses("401 Unauthorized"),
                   api_port_accepts=lambda *a: port)
-    repair(inventory, state, RepairOptions(**options), edges)
+    repair(inventory, state, RepairOptions(**options), progress.Console(progress.Reporter()), edges)
 
 
 def test_an_api_error_with_k3s_running_is_an_error_never_a_restore(cluster):

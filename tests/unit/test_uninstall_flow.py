@@ -6,6 +6,7 @@ import contextlib
 import pytest
 import yaml
 
+from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.uninstall import tear_down
@@ -55,7 +56,7 @@ def cluster(tmp_path):
 
 
 def run(inventory, state, session, force=False):
-    tear_down(inventory, state, purge_drivers=False, force=force,
+    tear_down(inventory, state, progress.Console(progress.Reporter()), purge_drivers=False, force=force,
               open_session=lambda *args: contextlib.nullcontext(session))
 
 
