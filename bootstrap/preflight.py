@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.rules import cuda, mig

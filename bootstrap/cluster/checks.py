@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request, wait_for
 from bootstrap.components import gpu_sharing
 from bootstrap.components.rdma import resource_key
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.images import BUSYBOX, NCCL_IMAGE
 from bootstrap.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.kube import derived_name

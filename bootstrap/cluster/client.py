@@ -49,12 +49,12 @@ def connect(inventory: Inventory, state: StateDir):
     """Open the tunnel to the first reachable server and yield a Cluster."""
     from kubernetes import client, config
 
-    from bootstrap.cluster import kubeconfig
+    from bootstrap.cluster import kubeconfig_file
     from bootstrap.cluster.tunnel import Tunnel
 
     saved = state.path / "kubeconfig"
     if not saved.exists():
-        kubeconfig.fetch_over_ssh(inventory, state)
+        kubeconfig_file.fetch_over_ssh(inventory, state)
     errors = []
     for server in inventory.servers:
         try:
@@ -67,7 +67,7 @@ def connect(inventory: Inventory, state: StateDir):
             with tempfile.TemporaryDirectory(prefix="bootstrap-kube-") as tmp:
                 local = Path(tmp) / "kubeconfig"
                 local.touch(mode=0o600)
-                local.write_text(kubeconfig.with_server(saved, f"127.0.0.1:{port}"))
+                local.write_text(kubeconfig_file.with_server(saved, f"127.0.0.1:{port}"))
                 configuration = client.Configuration()
                 config.load_kube_config(config_file=str(local), client_configuration=configuration)
                 api_client = client.ApiClient(configuration)

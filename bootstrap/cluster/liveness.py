@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bootstrap.cluster.tunnel import API_PORT
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import unit_name
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.statedir import StateDir

@@ -16,7 +16,7 @@ def run(args) -> int:
     nodes = select_nodes(inventory, args.node)
     # Read-only, but first contact pins host keys: known_hosts is written under the lock only.
     with cluster_lock(StateDir(inventory), "facts"), open_hosts(inventory, nodes, "facts") as session:
-        from bootstrap.facts.host_facts import HostFactsFact
+        from bootstrap.facts.pyinfra_fact import HostFactsFact
 
         facts = session.gather(HostFactsFact)
     for node in nodes:

@@ -16,7 +16,7 @@ RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
 def run(args) -> int:
     from bootstrap import snapshots
-    from bootstrap.facts.host_facts import HostFactsFact
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)

@@ -15,7 +15,7 @@ def run(args) -> int:
     state = StateDir(inventory)
     with cluster_lock(state, "validate"):  # it pins first-contact host keys
         with open_hosts(inventory, list(inventory.nodes), "validate") as session:
-            from bootstrap.facts.host_facts import HostFactsFact
+            from bootstrap.facts.pyinfra_fact import HostFactsFact
 
             facts = session.gather(HostFactsFact)
         return validate(inventory, state, facts, progress.console(), as_json=args.json)

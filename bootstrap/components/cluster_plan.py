@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from bootstrap.components import gpu_operator, gpu_sharing, rdma, storage, volcano
 from bootstrap.components.release import Patch, Release
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 
 

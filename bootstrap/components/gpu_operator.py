@@ -6,7 +6,7 @@ import yaml
 
 from bootstrap.components import gpu_sharing, versions
 from bootstrap.components.release import Release
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.packages import needs_host_toolkit
 from bootstrap.inventory.model import Component, Inventory
 

@@ -12,7 +12,7 @@ import hashlib
 import yaml
 
 from bootstrap.components.release import ComponentError, canonical_json
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Mig, Node, Sharing
 from bootstrap.preflight import gpu_nodes  # noqa: F401  (components read it from here)
 from bootstrap.rules import mig as mig_rules

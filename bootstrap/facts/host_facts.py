@@ -1,27 +1,207 @@
-"""The probe as a pyinfra fact: `get_facts(state, HostFactsFact)` -> {host: HostFacts}."""
+"""What the tool knows about a host after one probe: plain, frozen, JSON-able values.
+
+Every field has a default so that an unknown or unparsable source simply stays at its
+"unknown" value (None / empty) instead of failing the whole fact, and so that tests and
+other modules can build a HostFacts with only the fields they care about.
+"""
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
-from .model import HostFacts
-from .probe import parse_host_facts, probe_script
+
+def _jsonable(value: Any) -> Any:
+    # asdict() keeps tuples and sets; JSON has only lists, and sets are not ordered.
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_jsonable(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
-class HostFactsFact(FactBase[HostFacts | None]):
-    """Everything the tool needs to know about a host, in one round trip.
+class _ToDict:
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))  # type: ignore[call-overload]
 
-    pyinfra runs `command()` as `sh -c '<script>'` (under `sudo -H -n` when _sudo is set)
-    and calls `process()` only for exit 0 with some stdout; the probe always exits 0 and
-    prints its section delimiters, so a host that answers always yields a HostFacts.
-    Returns None (the default) only if the command itself could not run.
-    """
 
-    # The script is POSIX sh; do not let a host-data _shell_executable swap it out.
-    shell_executable = "sh"
+@dataclass(frozen=True)
+class Gpu(_ToDict):
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str = ""
+    memory_mib: int | None = None
+    driver_version: str | None = None
+    mig_current: bool | None = None  # None: "[N/A]", the GPU cannot do MIG
+    mig_pending: bool | None = None  # differs from current until the GPU is reset
+    compute_capability: str | None = None  # "9.0"
+    persistence_mode: bool | None = None
+    vbios_version: str | None = None
 
-    def command(self, paths: tuple[str, ...] = ()) -> str:
-        return probe_script(paths)
+    @property
+    def mig_capable(self) -> bool:
+        return self.mig_current is not None
 
-    def process(self, output: list[str]) -> HostFacts:
-        return parse_host_facts(output)
+
+@dataclass(frozen=True)
+class MigProfile(_ToDict):
+    gpu_index: int
+    name: str  # "1g.18gb", "1g.18gb+me"
+    profile_id: int
+    instances_free: int
+    instances_total: int
+    memory_gib: float
+    placements: list[tuple[int, int]] = field(default_factory=list)  # (start, size)
+
+
+@dataclass(frozen=True)
+class RdmaDevice(_ToDict):
+    name: str  # "mlx5_0"
+    port: int
+    link_layer: str | None = None  # "InfiniBand" or "Ethernet" (RoCE)
+    state: str | None = None  # "ACTIVE", "DOWN", ... (sysfs "4: ACTIVE" without the number)
+    netdevs: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+
+@dataclass(frozen=True)
+class SystemdUnit(_ToDict):
+    name: str  # "k3s.service"
+    load_state: str | None = None  # "loaded", "not-found", ...
+    active_state: str | None = None  # "active", "inactive", "failed", ...
+    unit_file_state: str | None = None  # "enabled", "disabled", ...
+
+    @property
+    def present(self) -> bool:
+        return self.load_state == "loaded"
+
+    @property
+    def active(self) -> bool:
+        return self.active_state == "active"
+
+
+@dataclass(frozen=True)
+class K3sInstall(_ToDict):
+    binary: str | None = None  # path of `k3s` on PATH
+    version: str | None = None  # "v1.31.4+k3s1"
+    config_present: bool = False  # /etc/rancher/k3s/config.yaml
+    units: list[SystemdUnit] = field(default_factory=list)  # k3s.service, k3s-agent.service
+
+    def unit(self, name: str) -> SystemdUnit | None:
+        wanted = name if "." in name else f"{name}.service"
+        return next((u for u in self.units if u.name == wanted), None)
+
+
+@dataclass(frozen=True)
+class ListeningPort(_ToDict):
+    proto: str  # "tcp" or "udp"
+    port: int
+    address: str = ""  # "0.0.0.0", "::", "127.0.0.53%lo", "*"
+    process: str | None = None  # only visible for our own sockets unless probed as root
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class PciDevice(_ToDict):
+    bus_id: str  # "0000:00:06.0"
+    device_id: str  # "0x2335" (H200)
+    pci_class: str  # "0x030200": 0x03xxxx is a display controller, i.e. a GPU
+    driver: str | None = None  # kernel driver bound: "nvidia", "nouveau", "vfio-pci", None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.pci_class.startswith("0x03")
+
+
+@dataclass(frozen=True)
+class FileState(_ToDict):
+    mode: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ContainerdConfig(_ToDict):
+    """What k3s wrote into its generated containerd config.toml."""
+
+    runtimes: list[str] = field(default_factory=list)  # "runc", "nvidia", "nvidia-cdi", ...
+    cni_bin_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class HostFacts(_ToDict):
+    hostname: str | None = None
+    os_id: str | None = None  # "ubuntu", "debian"
+    os_version_id: str | None = None  # "24.04", "12"
+    os_pretty: str | None = None
+    arch: str | None = None  # "amd64", "arm64", else `uname -m` as is
+    kernel: str | None = None
+    cpus: int | None = None
+    memory_mib: int | None = None
+    swap_mib: int | None = None
+    # Keyed by the path asked about ("/", "/var/lib/rancher"); measured on the nearest
+    # existing parent, since /var/lib/rancher does not exist before k3s is installed.
+    disk_free_gib: dict[str, float] = field(default_factory=dict)
+    has_systemd: bool = False
+    init_process: str | None = None  # comm of PID 1
+    probe_uid: int | None = None  # 0 when probed as root (process names fully visible)
+    sudo_ok: bool | None = None  # `sudo -n` works (or we are root); None when not probed
+    sudo_error: str | None = None
+    package_manager: str | None = None  # "apt", "dnf", "yum", "zypper", "apk"
+    commands: dict[str, str] = field(default_factory=dict)  # found tools -> path
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_error: str | None = None  # nvidia-smi present but failing
+    driver_version: str | None = None
+    cuda_version: str | None = None  # highest CUDA the driver supports, "13.0"
+    mig_profiles: list[MigProfile] = field(default_factory=list)
+    rdma: list[RdmaDevice] = field(default_factory=list)
+    nvidia_pci: list[PciDevice] = field(default_factory=list)
+    files: dict[str, FileState] = field(default_factory=dict)  # managed paths that exist
+    modules: list[str] = field(default_factory=list)  # of br_netfilter, overlay: the loaded ones
+    sysctls: dict[str, str] = field(default_factory=dict)
+    packages: dict[str, str] = field(default_factory=dict)  # installed: name -> version
+    held_packages: list[str] = field(default_factory=list)
+    containerd: ContainerdConfig | None = None
+    manifest: dict = field(default_factory=dict)  # what the tool recorded installing here
+    images: tuple | None = None  # image references in k3s's containerd; None: k3s not running
+    k3s: K3sInstall | None = None
+    listening_ports: list[ListeningPort] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def gpu_hardware(self) -> bool:
+        """NVIDIA GPUs are in the machine, whether or not a driver drives them."""
+        return self.has_gpu or self.gpu_error is not None or any(d.is_gpu for d in self.nvidia_pci)
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.mig_profiles) or any(g.mig_capable for g in self.gpus)
+
+    @property
+    def tcp_ports(self) -> set[int]:
+        return {p.port for p in self.listening_ports if p.proto == "tcp"}
+
+    @property
+    def udp_ports(self) -> set[int]:
+        return {p.port for p in self.listening_ports if p.proto == "udp"}
+
+    def listener(self, port: int, proto: str = "tcp") -> ListeningPort | None:
+        """A socket bound to `port`, e.g. to name the process holding 6443 (IPv4 and IPv6
+        sockets of one port are separate entries: prefer one whose owner is known)."""
+        bound = [p for p in self.listening_ports if p.port == port and p.proto == proto]
+        return next((p for p in bound if p.process), bound[0] if bound else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["has_gpu"] = self.has_gpu
+        data["gpu_hardware"] = self.gpu_hardware
+        return data

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
-from .model import (ContainerdConfig, FileState, Gpu, ListeningPort, MigProfile, PciDevice, RdmaDevice,
+from .host_facts import (ContainerdConfig, FileState, Gpu, ListeningPort, MigProfile, PciDevice, RdmaDevice,
                     SystemdUnit)
 
 # What nvidia-smi prints for a value the GPU or driver does not have.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from bootstrap.hostparts import k3s_service, kernel, manifest, packages
 
 from . import parsers as p
-from .model import HostFacts, K3sInstall
+from .host_facts import HostFacts, K3sInstall
 
 DELIMITER = "@@bootstrap-probe@@"
 

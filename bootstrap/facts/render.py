@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 
 
 def _gib(mib: int | None) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from bootstrap.artifacts import k3s_artifacts
 from bootstrap.errors import BootstrapError
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
@@ -65,14 +65,14 @@ def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
     if text is None:
         session.fail(first.name, f"cannot read {KUBECONFIG}")
         return
-    from bootstrap.cluster.kubeconfig import rewrite
+    from bootstrap.cluster.kubeconfig_file import rewrite
 
     state.write_secret("kubeconfig", rewrite(text, inventory, state.cluster_id, address=first.address))
 
 
 def gather_facts(session, inventory) -> dict:
     """Facts in one round trip per host, including the state of every file the tool manages."""
-    from bootstrap.facts.host_facts import HostFactsFact
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
 
     facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory)))
     for node in session.nodes:

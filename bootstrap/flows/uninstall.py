@@ -24,7 +24,7 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     stops the whole command before anything changes, unless `force`."""
     from pyinfra.api import StringCommand
 
-    from bootstrap.facts.host_facts import HostFactsFact
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
     from bootstrap.hostplan.steps import Step
     from bootstrap.rules.ownership import ownership
     from bootstrap.teardown import teardown_script

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft, FileSpec
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from bootstrap.artifacts import K3sArtifacts, airgap_folder, image_archives
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft, FileSpec
 from bootstrap.images import missing
 from bootstrap.inventory.model import Inventory

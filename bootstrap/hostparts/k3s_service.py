@@ -8,7 +8,7 @@ k3s it started writes the kubeconfig, the containerd config and its data folders
 from __future__ import annotations
 
 from bootstrap import templates
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft, FileSpec, text_file
 from bootstrap.hostparts.k3s_binary import PATH as BINARY
 from bootstrap.inventory.model import Inventory, Node, Role

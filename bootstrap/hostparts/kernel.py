@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from bootstrap import templates
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft, FileSpec, text_file
 
 MODULES_FILE = "/etc/modules-load.d/bootstrap-k3s.conf"

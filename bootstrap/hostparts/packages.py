@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft
 from bootstrap.inventory.model import Inventory
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bootstrap.artifacts import K3sArtifacts
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostplan.desired import desired_state
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bootstrap.errors import BootstrapError
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 
 DEFAULT_BRANCH = "580"  # the current long-term-support branch (CUDA 13.x)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts import k3s_binary, k3s_images, k3s_service, kernel, manifest, packages
 from bootstrap.hostparts.base import Action, Draft, FileSpec
 from bootstrap.hostplan.desired import Desired, needs_host_toolkit_runtime

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts import k3s_binary
 from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.inventory.model import Inventory, Role

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bootstrap.cluster.node_status import is_server, node_ready
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 
 

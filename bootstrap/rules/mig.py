@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from bootstrap.facts.model import MigProfile
+from bootstrap.facts.host_facts import MigProfile
 from bootstrap.inventory.model import Mig
 
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from bootstrap import snapshots
-from bootstrap.cluster import kubeconfig as kc
+from bootstrap.cluster import kubeconfig_file as kc
 from bootstrap.cluster.liveness import service_verdict
 from bootstrap.errors import BootstrapError, UsageError
-from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.preflight import ownership_findings
 from bootstrap.rules.ownership import ownership

@@ -16,7 +16,7 @@ from upstream import upstream
 
 from bootstrap.components import (ComponentError, desired_manifests, desired_patches, desired_prerequisites,
                                   desired_releases, gpu_operator, gpu_sharing, node_labels, rdma, storage, versions)
-from bootstrap.facts.model import ContainerdConfig, RdmaDevice
+from bootstrap.facts.host_facts import ContainerdConfig, RdmaDevice
 from bootstrap.facts.probe import parse_host_facts
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.inventory.model import Mig

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.facts import parsers as p
-from bootstrap.facts.model import HostFacts
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.facts.probe import DELIMITER, PROBE_SCRIPT, SECTIONS, parse_host_facts, split_sections
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-vm-h200"
@@ -494,7 +494,7 @@ def test_fact_through_pyinfra_local_connector():
     from pyinfra.api.connect import connect_all
     from pyinfra.api.facts import get_facts
 
-    from bootstrap.facts.host_facts import HostFactsFact
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
 
     state = State(Inventory(([("@local", {})], {})), Config())
     connect_all(state)
@@ -523,7 +523,7 @@ def nested_facts(value):
 
 def test_every_facts_property_reads_only_fields_its_class_has():
     """Gpu once carried a copy of HostFacts.gpu_hardware, reading fields only HostFacts has."""
-    from bootstrap.facts import model
+    from bootstrap.facts import host_facts as model
 
     facts = dataclasses.replace(parse_host_facts(h200_probe_output()),
                                 rdma=[model.RdmaDevice("mlx5_0", 1, "InfiniBand", "ACTIVE", ["ibp26s0"])],

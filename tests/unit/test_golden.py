@@ -30,7 +30,7 @@ import pytest
 from bootstrap.hostplan.all_hosts import make_plans
 from bootstrap.hostplan.steps import converge_steps
 from bootstrap.artifacts import online_artifacts
-from bootstrap.facts import model
+from bootstrap.facts import host_facts as model
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.teardown import teardown_script
 

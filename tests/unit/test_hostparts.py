@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.artifacts import k3s_artifacts, online_artifacts
-from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import PROBE_SCRIPT, probe_script
 from bootstrap.hostparts import k3s_binary, k3s_images, k3s_service, kernel, manifest, packages, registries
 from bootstrap.hostparts.base import Action

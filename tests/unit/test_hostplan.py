@@ -9,7 +9,7 @@ from test_facts_parsers import h200_probe_output
 from upstream import k3s_flags
 
 from bootstrap.artifacts import K3sArtifacts, LocalFile
-from bootstrap.facts.model import FileState, HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import FileState, HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import parse_host_facts
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.k3s_service import CONFIG

@@ -1,6 +1,6 @@
 """Rebuild's classification: lost, replacement, healthy, control plane lost."""
 
-from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.rules.lost_nodes import classify, quorum_after
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from test_facts_parsers import h200_probe_output
 
-from bootstrap.facts.model import ListeningPort, RdmaDevice
+from bootstrap.facts.host_facts import ListeningPort, RdmaDevice
 from bootstrap.facts.probe import parse_host_facts
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.preflight import preflight
@@ -131,7 +131,7 @@ def test_rdma_interfaces_must_have_a_device():
 
 
 def test_kernel_owned_vxlan_port_is_ours_when_k3s_is_installed():
-    from bootstrap.facts.model import K3sInstall, SystemdUnit
+    from bootstrap.facts.host_facts import K3sInstall, SystemdUnit
 
     vxlan = [ListeningPort("udp", 8472, "0.0.0.0", None, None)]
     stranger = replace(CPU, listening_ports=vxlan)

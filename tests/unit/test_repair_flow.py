@@ -13,7 +13,7 @@ from bootstrap import snapshots
 from bootstrap.cluster.client import ClusterError
 from bootstrap import progress
 from bootstrap.errors import HostsFailed
-from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.repair import Edges, RepairOptions, repair
 from bootstrap.hosts.session import HostFailure
 from bootstrap.inventory.loader import load_inventory

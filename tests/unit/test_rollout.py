@@ -4,7 +4,7 @@ import hashlib
 from dataclasses import replace
 
 from bootstrap.artifacts import K3sArtifacts, LocalFile
-from bootstrap.facts.model import FileState, HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import FileState, HostFacts, K3sInstall, SystemdUnit
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.kernel import MODULES, SYSCTLS
 from bootstrap.hostplan import desired as d

@@ -8,7 +8,7 @@ import yaml
 
 from bootstrap import progress
 from bootstrap.errors import HostsFailed
-from bootstrap.facts.model import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.uninstall import tear_down
 from bootstrap.hosts.session import HostFailure
 from bootstrap.inventory.loader import load_inventory
