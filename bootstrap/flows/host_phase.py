@@ -120,10 +120,11 @@ class UpOptions:
     force: bool = False
 
 
-def bring_up(inventory, state, options: UpOptions, console) -> None:
+def bring_up(inventory, state, options: UpOptions, console, open_session=open_hosts) -> None:
+    """`open_session(inventory, nodes, command)`: the hosts (a fake one in tests)."""
     started = time.monotonic()
     with cluster_lock(state, "up"):
-        with open_hosts(inventory, list(inventory.nodes), "up") as session:
+        with open_session(inventory, list(inventory.nodes), "up") as session:
             facts, plans = gather_and_plan(session, inventory, state, console, create_token=True)
             if not any(p.changed for p in plans.plans.values()):
                 if not (state.path / "kubeconfig").exists():
