@@ -7,6 +7,7 @@ import contextlib
 import sys
 import time
 
+from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.statedir import StateDir
@@ -20,7 +21,7 @@ def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
     state = StateDir(inventory)
     log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
     try:
-        with HostSession(inventory, state, nodes, log_file=log_file) as session:
+        with HostSession(inventory, state, nodes, log_file=log_file, reporter=progress.current()) as session:
             yield session
     finally:
         if log_file.exists():

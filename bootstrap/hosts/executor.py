@@ -16,7 +16,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from bootstrap import progress
 from bootstrap.hostplan.steps import Step  # noqa: F401  (callers build steps; they run here)
 from bootstrap.hosts.session import HostSession
 
@@ -68,7 +67,7 @@ def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, Step
     import gevent
 
     state = session.pyinfra_state
-    reporter = progress.current()
+    reporter = session.reporter
     alive = [n.name for n in session.active_nodes()]
     results: dict[str, dict[str, StepResult]] = {name: {} for name in alive}
     reporter.run_started([n for n in alive if any(step.commands.get(n) for step in steps)])

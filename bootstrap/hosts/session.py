@@ -126,8 +126,12 @@ class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
     def __init__(self, inventory: Inventory, state: StateDir, nodes: list[Node] | None = None,
-                 log_file: Path | None = None):
+                 log_file: Path | None = None, reporter=None):
+        """`reporter`: where step progress goes (bootstrap.progress); plain lines if none."""
+        from bootstrap.progress import Reporter
+
         self.inventory = inventory
+        self.reporter = reporter or Reporter()
         self.state_dir = state
         self.nodes = list(nodes if nodes is not None else inventory.nodes)
         self.failures: dict[str, HostFailure] = {}
