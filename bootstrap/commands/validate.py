@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bootstrap.hosts.connections import open_hosts
 from bootstrap import progress
-from bootstrap.flows.cluster_side import validate
+from bootstrap.flows.cluster_side import validate_cluster
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
@@ -18,4 +18,4 @@ def run(args) -> int:
             from bootstrap.facts.pyinfra_fact import HostFactsFact
 
             facts = session.gather(HostFactsFact)
-        return validate(inventory, state, facts, progress.console(), as_json=args.json)
+        return validate_cluster(inventory, state, facts, progress.console(), as_json=args.json)

@@ -14,6 +14,7 @@ from bootstrap.components import gpu_operator, gpu_sharing, rdma, storage, volca
 from bootstrap.components.release import Patch, Release
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
+from bootstrap.preflight import gpu_nodes
 
 
 def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], *,
@@ -22,7 +23,7 @@ def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], 
     if inventory.network.rdma:
         releases += rdma.multus_releases(inventory, rdma.cni_dirs(inventory, facts_by_node), multus_thick)
     releases += [storage.nfs_release(inventory), storage.longhorn_release(inventory)]
-    if gpu_sharing.gpu_nodes(inventory, facts_by_node):
+    if gpu_nodes(inventory, facts_by_node):
         releases.append(gpu_operator.release(inventory, facts_by_node))
     releases.append(volcano.release(inventory))
     return [r for r in releases if r is not None]
@@ -30,7 +31,7 @@ def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], 
 
 def desired_prerequisites(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
     """Objects that releases refer to, applied before them."""
-    if not gpu_sharing.gpu_nodes(inventory, facts_by_node):
+    if not gpu_nodes(inventory, facts_by_node):
         return []
     return gpu_operator.config_maps(inventory, facts_by_node)
 

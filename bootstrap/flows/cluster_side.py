@@ -60,5 +60,3 @@ def validate_cluster(inventory, state, facts, console, *, as_json: bool = False)
         console.say(f"{len(failed)} check(s) failed")
     return EXIT_FAILED if failed else EXIT_OK
 
-
-validate = validate_cluster  # `bootstrap validate`

@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from bootstrap.hostplan.steps import Step  # noqa: F401  (callers build steps; they run here)
+from bootstrap.hostplan.steps import Step
 from bootstrap.hosts.session import HostSession
 
 logger = logging.getLogger("pyinfra.bootstrap")  # the run log (see HostSession._configure_logging)

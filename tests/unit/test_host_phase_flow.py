@@ -6,33 +6,15 @@ from dataclasses import replace
 
 import pytest
 import yaml
+from fakes import FakeSession
 from test_facts_parsers import h200_probe_output
 
 from bootstrap import progress
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import parse_host_facts
 from bootstrap.flows.host_phase import PreflightFailed, UpOptions, bring_up
-from bootstrap.hosts.session import HostFailure
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
-
-
-class FakeSession:
-    def __init__(self, inventory, facts: dict, unreachable=()):
-        self.nodes = list(inventory.nodes)
-        self.facts = facts
-        self.failures = {n: HostFailure(n, "no SSH answer from 10.0.0.2:22 in 5 s") for n in unreachable}
-        self.executed = []
-
-    def gather(self, fact_cls, **kwargs):
-        return {n: f for n, f in self.facts.items() if n not in self.failures}
-
-    def fail(self, name, message, hint=None):
-        self.failures.setdefault(name, HostFailure(name, message, hint))
-
-    def execute(self, steps):
-        self.executed += steps
-        return {}
 
 
 @pytest.fixture
@@ -72,7 +54,8 @@ def test_an_unreachable_host_is_named_and_no_channel_is_resolved(cluster, capsys
     inventory, state = cluster
     # Both hosts pass preflight, so the one problem is the unreachable host; before, `up`
     # went on to resolve the stable channel online and failed (or hung) on that instead.
-    session = FakeSession(inventory, {"cp": healthy_host("cp"), "a1": healthy_host("a1")}, unreachable=["a1"])
+    session = FakeSession(inventory, {"cp": healthy_host("cp"), "a1": healthy_host("a1")}, unreachable=["a1"],
+                          why_unreachable="no SSH answer from 10.0.0.2:22 in 5 s")
     with pytest.raises(PreflightFailed, match="1 problem"):
         up(inventory, state, session)
     assert session.executed == []

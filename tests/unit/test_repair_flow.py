@@ -8,6 +8,7 @@ import time
 
 import pytest
 import yaml
+from fakes import FakeSession
 
 from bootstrap import snapshots
 from bootstrap.cluster.client import ClusterError
@@ -15,31 +16,12 @@ from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.repair import Edges, RepairOptions, repair
-from bootstrap.hosts.session import HostFailure
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 
 
 def k3s(state: str) -> K3sInstall:
     return K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [SystemdUnit("k3s.service", "loaded", state)])
-
-
-class FakeSession:
-    def __init__(self, inventory, facts: dict, unreachable=()):
-        self.nodes = list(inventory.nodes)
-        self.facts = facts
-        self.failures = {n: HostFailure(n, "no SSH answer") for n in unreachable}
-        self.executed = []
-
-    def gather(self, fact_cls, **kwargs):
-        return {n: f for n, f in self.facts.items() if n not in self.failures}
-
-    def fail(self, name, message, hint=None):
-        self.failures.setdefault(name, HostFailure(name, message, hint))
-
-    def execute(self, steps):
-        self.executed += steps
-        return {}
 
 
 @contextlib.contextmanager

@@ -5,41 +5,16 @@ import contextlib
 
 import pytest
 import yaml
+from fakes import FakeSession
 
 from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.uninstall import tear_down
-from bootstrap.hosts.session import HostFailure
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 
 K3S = K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [SystemdUnit("k3s.service", "loaded", "active")])
-
-
-class FakeSession:
-    """What flows use of a HostSession: facts, failures, execute."""
-
-    def __init__(self, facts: dict, unreachable=(), failing=()):
-        self.facts, self.failing = facts, set(failing)
-        self.failures = {n: HostFailure(n, "no SSH answer") for n in unreachable}
-        self.executed: list[tuple[str, str]] = []
-
-    def gather(self, fact_cls, **kwargs):
-        return {n: f for n, f in self.facts.items() if n not in self.failures}
-
-    def fail(self, name, message, hint=None):
-        self.failures.setdefault(name, HostFailure(name, message, hint))
-
-    def execute(self, steps):
-        for step in steps:
-            for name in step.commands:
-                if name in self.failures:
-                    continue
-                self.executed.append((step.name, name))
-                if name in self.failing:
-                    self.fail(name, f"{step.name}: failed")
-        return {}
 
 
 @pytest.fixture
@@ -63,7 +38,7 @@ def run(inventory, state, session, force=False):
 def test_everything_removed_then_the_secrets_go_and_the_id_is_renewed(cluster):
     inventory, state, facts = cluster
     old_id = state.cluster_id
-    session = FakeSession(facts)
+    session = FakeSession(inventory, facts)
     run(inventory, state, session)
     assert session.executed == [("remove agent", "a1"), ("remove server", "cp")]  # agents first
     assert not (state.path / "token").exists() and not (state.path / "kubeconfig").exists()
@@ -73,7 +48,7 @@ def test_everything_removed_then_the_secrets_go_and_the_id_is_renewed(cluster):
 @pytest.mark.parametrize("how", ["unreachable", "script failed"])
 def test_a_server_that_may_still_run_k3s_keeps_the_token(cluster, how, capsys):
     inventory, state, facts = cluster
-    session = FakeSession(facts, unreachable=["cp"] if how == "unreachable" else (),
+    session = FakeSession(inventory, facts, unreachable=["cp"] if how == "unreachable" else (),
                           failing=["cp"] if how == "script failed" else ())
     with pytest.raises(HostsFailed):
         run(inventory, state, session)
@@ -84,11 +59,11 @@ def test_a_server_that_may_still_run_k3s_keeps_the_token(cluster, how, capsys):
 def test_another_clusters_host_stops_everything_before_any_change(cluster):
     inventory, state, facts = cluster
     facts["a1"] = HostFacts(manifest={"cluster_id": "ffffffffffffffff", "cluster": "other"}, k3s=K3S)
-    session = FakeSession(facts)
+    session = FakeSession(inventory, facts)
     with pytest.raises(HostsFailed, match="not set up by this cluster"):
         run(inventory, state, session)
     assert session.executed == [] and (state.path / "token").exists()
-    forced = FakeSession(facts)
+    forced = FakeSession(inventory, facts)
     run(inventory, state, forced, force=True)
     assert ("remove agent", "a1") in forced.executed
 
@@ -96,7 +71,7 @@ def test_another_clusters_host_stops_everything_before_any_change(cluster):
 def test_a_host_with_nothing_on_it_is_left_alone(cluster, capsys):
     inventory, state, facts = cluster
     facts["a1"] = HostFacts()
-    session = FakeSession(facts)
+    session = FakeSession(inventory, facts)
     run(inventory, state, session)
     assert session.executed == [("remove server", "cp")]
     assert "a1: nothing of bootstrap's or k3s's on it; left untouched" in capsys.readouterr().out

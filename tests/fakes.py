@@ -1,0 +1,29 @@
+"""A stand-in for a HostSession in in-process flow tests: what flows use of one (facts,
+failures, execute), with hosts that do not answer and hosts whose steps fail."""
+
+from bootstrap.hosts.session import HostFailure
+
+
+class FakeSession:
+    def __init__(self, inventory, facts: dict, unreachable=(), failing=(),
+                 why_unreachable: str = "no SSH answer"):
+        self.nodes = list(inventory.nodes)
+        self.facts, self.failing = facts, set(failing)
+        self.failures = {n: HostFailure(n, why_unreachable) for n in unreachable}
+        self.executed: list[tuple[str, str]] = []  # (step, host) in the order they ran
+
+    def gather(self, fact_cls, **kwargs):
+        return {n: f for n, f in self.facts.items() if n not in self.failures}
+
+    def fail(self, name, message, hint=None):
+        self.failures.setdefault(name, HostFailure(name, message, hint))
+
+    def execute(self, steps):
+        for step in steps:
+            for name in step.commands:
+                if name in self.failures:
+                    continue
+                self.executed.append((step.name, name))
+                if name in self.failing:
+                    self.fail(name, f"{step.name}: failed")
+        return {}
