@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         monkey.patch_all()
     from bootstrap import progress
 
-    reporter = progress.configure(json_events=args.command in EVENT_STREAMS and args.json)
+    console = progress.make_console(json_events=args.command in EVENT_STREAMS and args.json)
     module = importlib.import_module(f"bootstrap.commands.{COMMANDS[args.command][0]}")
-    code = run_command(module.run, args, debug=args.debug)
-    reporter.event("exit", code=code)
+    code = run_command(module.run, args, console, debug=args.debug)
+    console.event("exit", code=code)
     return code
 
 

@@ -113,16 +113,17 @@ class HostsFailed(BootstrapError):
     exit_code = EXIT_FAILED
 
 
-def run_command(func, args, *, debug: bool = False) -> int:
-    """Run one CLI command and turn whatever it raises into an exit code."""
+def run_command(func, args, console, *, debug: bool = False) -> int:
+    """Run one CLI command, `func(args, console)`, and turn whatever it raises into an exit
+    code; under --json the error also goes into the console's event stream."""
     try:
-        result = func(args)
+        result = func(args, console)
         return EXIT_OK if result is None else int(result)
     except BootstrapError as exc:
         if debug:
             traceback.print_exc()
         print(exc.render(), file=sys.stderr)
-        _report(exc.render(), exc.exit_code)
+        console.reporter.error(exc.render(), exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted; a re-run converges from wherever this stopped", file=sys.stderr)
@@ -134,12 +135,5 @@ def run_command(func, args, *, debug: bool = False) -> int:
             raise
         print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("hint: re-run with --debug for the traceback, and report it", file=sys.stderr)
-        _report(f"internal error: {type(exc).__name__}: {exc}", EXIT_FAILED)
+        console.reporter.error(f"internal error: {type(exc).__name__}: {exc}", EXIT_FAILED)
         return EXIT_FAILED
-
-
-def _report(text: str, code: int) -> None:
-    """Also into the event stream under --json (stderr keeps the human text)."""
-    from bootstrap import progress
-
-    progress.current().error(text, code)

@@ -203,34 +203,17 @@ class Console:
         self.reporter.event(kind, **fields)
 
 
-_current: Reporter = Reporter()
-
-
-def configure(*, json_events: bool = False, stream=None) -> Reporter:
-    """Choose the reporter for this run (the step executor and the error mapper report to
-    it); commands hand its `console()` to the flows they call."""
-    global _current
+def make_console(*, json_events: bool = False, stream=None) -> Console:
+    """The console for one run, chosen at the command line's edge and handed down: the
+    command gives it to its flow, the flow to the hosts' session (whose step executor
+    reports to its reporter), and the error mapper reports through it."""
     stream = stream or sys.stdout
     if json_events:
-        _current = JsonReporter(stream)
-    elif is_live_terminal(stream):
-        _current = LiveReporter(stream)
-    else:
-        _current = Reporter(stream)
-    return _current
+        return Console(JsonReporter(stream))
+    if is_live_terminal(stream):
+        return Console(LiveReporter(stream))
+    return Console(Reporter(stream))
 
 
 def is_live_terminal(stream) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)()) and os.environ.get("TERM", "") not in ("", "dumb")
-
-
-def current() -> Reporter:
-    return _current
-
-
-def console() -> Console:
-    return Console(_current)
-
-
-def json_events() -> bool:
-    return isinstance(_current, JsonReporter)

@@ -3,7 +3,7 @@
 from bootstrap.inventory.loader import load_inventory
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     if not args.quiet:
         gpu_nodes = [n.name for n in inventory.nodes if n.gpu.enabled is not False]

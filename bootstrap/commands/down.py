@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from bootstrap import progress
 from bootstrap.errors import UsageError
 from bootstrap.flows.uninstall import tear_down
 from bootstrap.inventory.loader import load_inventory
@@ -25,9 +24,9 @@ def confirm(inventory, assume_yes: bool) -> None:
         raise UsageError("not confirmed; nothing was changed")
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     confirm(inventory, args.yes)
-    tear_down(inventory, StateDir(inventory), progress.console(), purge_drivers=args.purge_drivers,
+    tear_down(inventory, StateDir(inventory), console, purge_drivers=args.purge_drivers,
               force=args.force)
     return 0

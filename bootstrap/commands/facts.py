@@ -11,11 +11,11 @@ from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     nodes = select_nodes(inventory, args.node)
     # Read-only, but first contact pins host keys: known_hosts is written under the lock only.
-    with cluster_lock(StateDir(inventory), "facts"), open_hosts(inventory, nodes, "facts") as session:
+    with cluster_lock(StateDir(inventory), "facts"), open_hosts(inventory, nodes, "facts", console) as session:
         from bootstrap.facts.pyinfra_fact import HostFactsFact
 
         facts = session.gather(HostFactsFact)

@@ -7,7 +7,7 @@ from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     names = {n.name for n in inventory.nodes}

@@ -10,7 +10,7 @@ from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "kubeconfig"):  # it may pin the server's host key

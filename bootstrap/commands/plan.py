@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from bootstrap.hosts.connections import open_hosts
-from bootstrap import progress
 from bootstrap.flows.host_phase import gather_and_plan
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
 from bootstrap.statedir import StateDir
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "plan"):  # first contact pins host keys (and the API tunnel's)
-        return show_plan(args, inventory, state)
+        return show_plan(args, inventory, state, console)
 
 
-def show_plan(args, inventory, state) -> int:
-    with open_hosts(inventory, list(inventory.nodes), "plan") as session:
-        facts, plans = gather_and_plan(session, inventory, state, progress.console(), create_token=False)
+def show_plan(args, inventory, state, console) -> int:
+    with open_hosts(inventory, list(inventory.nodes), "plan", console) as session:
+        facts, plans = gather_and_plan(session, inventory, state, console, create_token=False)
     for node in inventory.nodes:
         plan = plans.plans[node.name]
         if not plan.changed:

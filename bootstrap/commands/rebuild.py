@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from bootstrap import progress
 from bootstrap.flows.repair import RepairOptions, repair
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     options = RepairOptions(restore=args.restore, snapshot=args.snapshot, assume_yes=args.yes,
                             validate=not args.no_validate)
-    repair(inventory, StateDir(inventory), options, progress.console())
+    repair(inventory, StateDir(inventory), options, console)
     return 0

@@ -6,7 +6,7 @@ from bootstrap.snapshots import take
 from bootstrap.statedir import StateDir
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "snapshot"):

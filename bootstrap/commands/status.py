@@ -14,14 +14,14 @@ from bootstrap.statedir import StateDir
 RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
 
-def run(args) -> int:
+def run(args, console) -> int:
     from bootstrap import snapshots
     from bootstrap.facts.pyinfra_fact import HostFactsFact
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "status"):  # first contact pins host keys (and the API tunnel's)
-        with open_hosts(inventory, list(inventory.nodes), "status") as session:
+        with open_hosts(inventory, list(inventory.nodes), "status", console) as session:
             facts = session.gather(HostFactsFact)
         nodes, components = cluster_view(inventory, state, facts)
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None

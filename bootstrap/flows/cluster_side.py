@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 import time
 
-from bootstrap.errors import EXIT_FAILED, EXIT_OK
+from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 
 
-def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_changed: bool = True) -> bool:
+def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_changed: bool = True,
+                  connect=connect_to_cluster) -> bool:
     """Components through the API tunnel, then the checks (raises when one fails) when
     anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
+    `connect(inventory, state)` yields the cluster (the tunnel; a sandboxed API in tests).
     Returns whether anything in the cluster changed."""
     from bootstrap.cluster.apply import apply_cluster
     from bootstrap.components.cluster_plan import plan_cluster
-    from bootstrap.cluster.client import connect
-    from bootstrap.errors import HostsFailed
 
     started = time.monotonic()
     with connect(inventory, state) as cluster:
@@ -36,14 +37,14 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
         console.say(f"cluster: no change ({time.monotonic() - started:.1f}s)")
     if validate and not (changes or hosts_changed):
         console.say("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
-    elif validate and validate_cluster(inventory, state, facts, console) != 0:
+    elif validate and validate_cluster(inventory, state, facts, console, connect=connect) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
     return bool(changes)
 
 
-def validate_cluster(inventory, state, facts, console, *, as_json: bool = False) -> int:
+def validate_cluster(inventory, state, facts, console, *, as_json: bool = False,
+                     connect=connect_to_cluster) -> int:
     """The checks (bootstrap.cluster.checks) as a table, JSON or events; exit 1 when one fails."""
-    from bootstrap.cluster.client import connect
     from bootstrap.cluster.checks import render_table, run_checks
 
     with connect(inventory, state) as cluster:

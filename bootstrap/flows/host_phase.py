@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from bootstrap.artifacts import k3s_artifacts
 from bootstrap.errors import BootstrapError
 from bootstrap.facts.host_facts import HostFacts
+from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
@@ -120,11 +121,14 @@ class UpOptions:
     force: bool = False
 
 
-def bring_up(inventory, state, options: UpOptions, console, open_session=open_hosts) -> None:
-    """`open_session(inventory, nodes, command)`: the hosts (a fake one in tests)."""
+def bring_up(inventory, state, options: UpOptions, console, open_session=open_hosts,
+             connect=connect_to_cluster, take_snapshot=None) -> None:
+    """`open_session(inventory, nodes, command, console)`: the hosts; `connect(inventory,
+    state)`: the cluster; `take_snapshot(inventory, state)`: the etcd snapshot after a change
+    (fakes in tests)."""
     started = time.monotonic()
     with cluster_lock(state, "up"):
-        with open_session(inventory, list(inventory.nodes), "up") as session:
+        with open_session(inventory, list(inventory.nodes), "up", console) as session:
             facts, plans = gather_and_plan(session, inventory, state, console, create_token=True)
             if not any(p.changed for p in plans.plans.values()):
                 if not (state.path / "kubeconfig").exists():
@@ -162,12 +166,12 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
             return
         hosts_changed = any(p.changed for p in plans.plans.values())
         cluster_changed = cluster_phase(inventory, state, facts, console, validate=options.validate,
-                                        hosts_changed=hosts_changed)
+                                        hosts_changed=hosts_changed, connect=connect)
         if hosts_changed or cluster_changed:
             # A snapshot of what was just built: what `rebuild` restores after losing a server.
             from bootstrap import snapshots
 
-            path = snapshots.take(inventory, state)
+            path = (take_snapshot or snapshots.take)(inventory, state)
             console.say(f"snapshot: {path.name} copied to the state folder")
         record_applied(inventory, state)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from bootstrap import snapshots
 from bootstrap.hostplan.steps import converge_steps
+from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.host_phase import fetch_kubeconfig, gather_and_plan, gather_facts
@@ -31,22 +32,20 @@ from bootstrap.rules.lost_nodes import classify, quorum_after, stale_after_resto
 
 @dataclass(frozen=True)
 class Edges:
-    """Where repair meets the world; None means the real one (tests give fakes)."""
+    """Where repair meets the world: the real one by default (tests give fakes)."""
 
-    open_session: Callable | None = None  # (inventory, nodes, command) -> context manager of a session
-    connect: Callable | None = None  # (inventory, state) -> context manager of a Cluster
+    open_session: Callable = open_hosts  # (inventory, nodes, command, console) -> context manager of a session
+    connect: Callable = connect_to_cluster  # (inventory, state) -> context manager of a Cluster
     api_port_accepts: Callable | None = None  # (inventory, node, state) -> (accepts, reason)
 
 
 REAL = Edges()
 
 
-def cluster_nodes(inventory, state, connect=None):
+def cluster_nodes(inventory, state, connect=connect_to_cluster):
     """({name: Node}, None) through any server that answers, or (None, why not)."""
-    from bootstrap.cluster import client
     from bootstrap.cluster.client import ClusterError, get
 
-    connect = connect or client.connect
     try:
         with connect(inventory, state) as cluster:
             nodes = get(cluster, "/api/v1/nodes") or {}
@@ -101,8 +100,7 @@ def confirm_restore(inventory, target: str, snapshot, assume_yes: bool) -> None:
         raise UsageError("not confirmed; nothing was changed")
 
 
-def remove_lost(inventory, state, lost: list[str], lost_servers: list[str]) -> None:
-    from bootstrap.cluster.client import connect
+def remove_lost(inventory, state, lost: list[str], lost_servers: list[str], connect=connect_to_cluster) -> None:
     from bootstrap.cluster.node_removal import remove_node
 
     with connect(inventory, state) as cluster:
@@ -125,7 +123,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
     started = time.monotonic()
     report = {"lost": [], "replaced": [], "restored": None}
     with cluster_lock(state, "rebuild"):
-        with (edges.open_session or open_hosts)(inventory, list(inventory.nodes), "rebuild") as session:
+        with edges.open_session(inventory, list(inventory.nodes), "rebuild", console) as session:
             facts = gather_facts(session, inventory)
             nodes, api_error = cluster_nodes(inventory, state, edges.connect)
             plan = classify(inventory, nodes, facts)
@@ -151,7 +149,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                 if plan.lost_servers and not quorum_after(inventory, plan.lost_servers):
                     raise HostsFailed(f"servers {', '.join(plan.lost_servers)} are lost and etcd has no quorum",
                                       "restore from a snapshot onto a new first server")
-                remove_lost(inventory, state, plan.lost, plan.lost_servers)
+                remove_lost(inventory, state, plan.lost, plan.lost_servers, edges.connect)
                 report["lost"] = plan.lost
             for name in plan.unreachable:
                 session.failures.pop(name, None)  # expected: a lost machine, reported below
@@ -187,13 +185,13 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
             raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
         if restore:
             # The snapshot brought back Node objects of machines that are gone: a second pass.
-            nodes = cluster_nodes(inventory, state)[0] or {}
+            nodes = cluster_nodes(inventory, state, edges.connect)[0] or {}
             stale = stale_after_restore(inventory, nodes, facts)
             if stale:
                 # The old servers' etcd members went with the reset: plain Node deletes.
-                remove_lost(inventory, state, stale, [])
+                remove_lost(inventory, state, stale, [], edges.connect)
                 report["lost"] = stale
-        cluster_phase(inventory, state, facts, console, validate=options.validate)
+        cluster_phase(inventory, state, facts, console, validate=options.validate, connect=edges.connect)
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
     console.say(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "

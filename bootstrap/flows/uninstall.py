@@ -57,10 +57,10 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
 
 def tear_down(inventory, state, console, *, purge_drivers: bool, force: bool, open_session=open_hosts) -> None:
     """The whole cluster; the state folder's secrets go only when no server may run k3s.
-    `open_session(inventory, nodes, command)`: the hosts (a fake one in tests)."""
+    `open_session(inventory, nodes, command, console)`: the hosts (a fake one in tests)."""
     started = time.monotonic()
     with cluster_lock(state, "down"):
-        with open_session(inventory, list(inventory.nodes), "down") as session:
+        with open_session(inventory, list(inventory.nodes), "down", console) as session:
             untouched = uninstall(session, inventory, state, list(inventory.nodes), purge_drivers, console, force)
         removed = [n.name for n in inventory.nodes if n.name not in session.failures and n.name not in untouched]
         console.say(f"removed k3s from {len(removed)} host(s) in {time.monotonic() - started:.1f}s"

@@ -7,21 +7,22 @@ import contextlib
 import sys
 import time
 
-from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.inventory.model import Inventory, Node
+from bootstrap.progress import Console
 from bootstrap.statedir import StateDir
 
 
 @contextlib.contextmanager
-def open_hosts(inventory: Inventory, nodes: list[Node], command: str):
-    """Connect to `nodes` in parallel; the run log goes to the cluster's state folder."""
+def open_hosts(inventory: Inventory, nodes: list[Node], command: str, console: Console):
+    """Connect to `nodes` in parallel; steps are reported to the console's reporter, the
+    run log goes to the cluster's state folder."""
     from bootstrap.hosts.session import HostSession  # (gevent is patched by bootstrap.cli)
 
     state = StateDir(inventory)
     log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
     try:
-        with HostSession(inventory, state, nodes, log_file=log_file, reporter=progress.current()) as session:
+        with HostSession(inventory, state, nodes, log_file=log_file, reporter=console.reporter) as session:
             yield session
     finally:
         if log_file.exists():

@@ -4,6 +4,7 @@ values files we write parse the way we mean them."""
 
 import copy
 import http.server
+import io
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from upstream import UPSTREAM
 from bootstrap import helm
 from bootstrap.components import Release, desired_releases
 from bootstrap.errors import run_command
+from bootstrap.progress import Console, Reporter
 
 RELEASES = ["multus-crd", "multus", "csi-driver-nfs", "gpu-operator", "volcano"]  # the mixed scenario's
 RECORDER = Path(__file__).resolve().parents[1] / "standins" / "helm_recorder.py"
@@ -74,10 +76,10 @@ def test_helm_error_carries_helms_own_words(recorder, tmp_path, monkeypatch, cap
     assert "helm status gpu-operator -n gpu-operator" in caught.value.hint
     assert not Path(recorder()[0]["values_file"]).exists()  # removed on failure too
 
-    def command(_args):
+    def command(_args, _console):
         helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60)
 
-    assert run_command(command, None) == 1  # one clear block, exit 1
+    assert run_command(command, None, Console(Reporter(io.StringIO()))) == 1  # one clear block, exit 1
     err = capsys.readouterr().err
     assert err.startswith("error: helm upgrade --install gpu-operator") and "Traceback" not in err
 

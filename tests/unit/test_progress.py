@@ -4,6 +4,8 @@ import io
 import json
 import re
 
+import pytest
+
 from bootstrap import progress
 from bootstrap.progress import HostRow, render_row
 
@@ -39,7 +41,7 @@ def test_a_long_row_keeps_the_newest_steps_and_fits_the_terminal():
 def test_the_live_view_redraws_its_rows_in_place(monkeypatch):
     monkeypatch.setenv("TERM", "xterm")
     term = FakeTerminal()
-    reporter = progress.configure(stream=term)
+    reporter = progress.make_console(stream=term).reporter
     assert isinstance(reporter, progress.LiveReporter)
     reporter.run_started(["a", "b"])
     reporter.step_started("a", "prepare host")
@@ -55,7 +57,7 @@ def test_the_live_view_redraws_its_rows_in_place(monkeypatch):
 
 def test_plain_lines_when_not_on_a_terminal():
     out = io.StringIO()
-    reporter = progress.configure(stream=out)
+    reporter = progress.make_console(stream=out).reporter
     assert type(reporter) is progress.Reporter
     reporter.step_finished("a", "start agents", "ok", 2.25)
     reporter.step_finished("b", "start agents", "failed", 1.0, "timed out")
@@ -68,8 +70,8 @@ def test_json_mode_turns_what_a_command_says_into_events_and_leaves_stdout_alone
 
     stdout = sys.stdout
     out = io.StringIO()
-    reporter = progress.configure(json_events=True, stream=out)
-    console = progress.console()
+    console = progress.make_console(json_events=True, stream=out)
+    reporter = console.reporter
     reporter.step_started("a", "prepare host")
     reporter.step_finished("a", "prepare host", "ok", 0.5)
     console.say("hosts: no change\ndone in 0.1s")
@@ -81,19 +83,8 @@ def test_json_mode_turns_what_a_command_says_into_events_and_leaves_stdout_alone
     assert [events[2]["text"], events[3]["text"]] == ["hosts: no change", "done in 0.1s"]
     assert all(isinstance(e["time"], float) for e in events)
     plain = io.StringIO()
-    progress.configure(stream=plain)
-    progress.console().say("hosts: no change")
+    progress.make_console(stream=plain).say("hosts: no change")
     assert plain.getvalue() == "hosts: no change\n"
-    progress.configure(stream=io.StringIO())
-
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _plain_reporter_after():
-    yield
-    progress.configure(stream=io.StringIO())
 
 
 def test_down_asks_on_stderr_and_needs_the_cluster_name(monkeypatch, capsys):
