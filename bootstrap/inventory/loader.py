@@ -94,9 +94,14 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
 
 
 def check_one_mig_strategy(data: dict, nodes: list, ck: Checker) -> None:
-    """The GPU Operator's MIG strategy is one chart value for the whole cluster."""
+    """The GPU Operator's MIG strategy is one chart value for the whole cluster, and the
+    operator passes it to every node's device plugin (MIG_STRATEGY), over the per-node
+    config: with `mixed`, no node can use MPS."""
+    def sharing(gpu) -> dict:
+        return _as_dict(_as_dict(gpu).get("sharing"))
+
     def strategy(gpu) -> str | None:
-        mig = _as_dict(_as_dict(_as_dict(gpu).get("sharing")).get("mig"))
+        mig = _as_dict(sharing(gpu).get("mig"))
         return mig.get("strategy", "single") if mig else None
 
     cluster_wide = strategy(data.get("gpu"))
@@ -109,6 +114,17 @@ def check_one_mig_strategy(data: dict, nodes: list, ck: Checker) -> None:
                        f"MIG strategy {own} differs from the cluster's {cluster_wide}",
                        "the MIG strategy is one setting for the whole cluster: use the same on every node")
         cluster_wide = cluster_wide or own
+    if cluster_wide != "mixed":
+        return
+    # NVIDIA/k8s-device-plugin cmd/nvidia-device-plugin/main.go (validateFlags, v0.17-v0.20):
+    # "using --mig-strategy=mixed is not supported with MPS"; the plugin then advertises nothing.
+    hint = ("the GPU Operator gives every node's device plugin the cluster's MIG strategy, and the plugin "
+            "refuses MPS with mixed: use strategy: single on the MIG nodes, or time_slicing here")
+    places = [(("gpu", "sharing", "mps"), data.get("gpu"))]
+    places += [(("nodes", i, "gpu", "sharing", "mps"), n.get("gpu")) for i, n in enumerate(nodes) if isinstance(n, dict)]
+    for path, gpu in places:
+        if sharing(gpu).get("mps"):
+            ck.problem(path, "MPS in a cluster whose MIG strategy is mixed", hint)
 
 
 def check_unique_nodes(data: dict, nodes: list, located: Located, ck: Checker) -> None:

@@ -223,6 +223,16 @@ def _single_strategy_needs_one_profile(values: dict, path: Path, ck: Checker) ->
                    "set strategy: mixed (resources become nvidia.com/mig-<profile>), or use one profile")
 
 
+def _layout_in_mig_parted_spelling(values: dict, path: Path, ck: Checker) -> None:
+    """The layout becomes the nvidia.com/mig.config label, which cannot hold '+'; mig-parted
+    names a profile's layout with '+' spelled '.' (NVIDIA/mig-parted
+    deployments/systemd/config-default.yaml, v0.15.0: `all-1g.5gb.me` holds "1g.5gb+me")."""
+    layout = values.get("layout")
+    if isinstance(layout, str) and "+" in layout:
+        ck.problem(path + ("layout",), f"MIG layout {layout} is not a name mig-parted knows (nor a valid label value)",
+                   f"write layout: {layout.replace('+', '.')} (mig-parted's name for it)")
+
+
 MIG = Record(
     fields={
         "layout": Field(Str(pattern=r"[a-z0-9][a-z0-9.+-]*", expected="a MIG layout name",
@@ -232,16 +242,18 @@ MIG = Record(
         "strategy": Field(Enum(("single", "mixed"), what="MIG strategy")),
     },
     build=m.Mig,
-    checks=[_mig_layout_or_profiles, _single_strategy_needs_one_profile],
+    checks=[_mig_layout_or_profiles, _single_strategy_needs_one_profile, _layout_in_mig_parted_spelling],
 )
 
 SHARING = Record(
     fields={
-        "time_slicing": Field(Record(fields={"replicas": Field(Int(min=1, max=128, example="4"), required=True),
+        # NVIDIA/k8s-device-plugin api/config/v1/replicas.go (ReplicatedResource.UnmarshalJSON, v0.20.0):
+        # "number of replicas must be >= 2", and the node advertises no GPUs. No sharing is no block.
+        "time_slicing": Field(Record(fields={"replicas": Field(Int(min=2, max=128, example="4"), required=True),
                                              "rename_by_default": Field(Bool())},
                                      build=m.TimeSlicing)),
         "mig": Field(MIG),
-        "mps": Field(Record(fields={"replicas": Field(Int(min=1, max=48, example="4"), required=True)},
+        "mps": Field(Record(fields={"replicas": Field(Int(min=2, max=48, example="4"), required=True)},
                             build=m.Mps)),
     },
     build=m.Sharing,

@@ -52,12 +52,22 @@ def requested(mig: Mig, table: dict[str, MigProfile]) -> Counter:
     if layout == "all-balanced":
         return balanced(table)
     if layout.startswith("all-"):
-        name = layout[len("all-"):]
-        if name not in table:
-            raise MigMisfit(f"layout {layout}: this GPU has no {name} profile; it has {_names(table)}")
+        name = profile_of_layout(layout, table)
+        if name is None:
+            raise MigMisfit(f"layout {layout}: this GPU has no {layout[len('all-'):]} profile; it has {_names(table)}")
         return Counter({name: table[name].instances_total})
     raise MigMisfit(f"unknown MIG layout {layout!r}; use all-disabled, all-balanced or all-<profile> "
-                    f"(this GPU: {', '.join('all-' + n for n in table)}), or profiles: {{...}}")
+                    f"(this GPU: {', '.join(map(layout_name, table))}), or profiles: {{...}}")
+
+
+def layout_name(profile: str) -> str:
+    """mig-parted's name for the layout of one profile on every GPU: '+' is spelled '.'
+    (NVIDIA/mig-parted deployments/systemd/config-default.yaml, v0.15.0: `all-1g.5gb.me`)."""
+    return "all-" + profile.replace("+", ".")
+
+
+def profile_of_layout(layout: str, table: dict[str, MigProfile]) -> str | None:
+    return next((name for name in table if layout_name(name) == layout), None)
 
 
 def _names(table: dict[str, MigProfile]) -> str:

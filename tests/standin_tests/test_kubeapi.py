@@ -356,7 +356,8 @@ def test_time_slicing_and_mps_configs_multiply_the_gpus(cluster):
     core.create_namespaced_config_map("gpu-operator", {
         "metadata": {"name": "bootstrap-device-plugin-config"},
         "data": {"ts-4": TS4, "ts-3-renamed": TS4.replace("false", "true").replace("replicas: 4", "replicas: 3"),
-                 "mps-2": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"}})
+                 "mps-2": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n",
+                 "ts-1": TS4.replace("replicas: 4", "replicas: 1")}})
     core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-4"}}})
     node = wait("8 GPUs", lambda: (lambda n: n if n.status.allocatable.get("nvidia.com/gpu") == "8" else None)(
         cluster.node("gpu-1")))
@@ -378,6 +379,31 @@ def test_time_slicing_and_mps_configs_multiply_the_gpus(cluster):
     assert any(e.reason == "DevicePluginConfigError" and "'nope'" in e.message for e in events)
     core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": None}}})
     wait("back to 2", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "2")
+    # one replica: the real plugin refuses the config (replicas.go) and advertises nothing
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-1"}}})
+    wait("no GPUs for replicas: 1", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "0")
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-1").items
+    assert any("number of replicas must be >= 2" in e.message for e in events)
+
+
+@needs_upstream
+def test_mps_is_refused_when_the_cluster_policy_says_mixed(cluster):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=2)
+    cluster.wait_ready("gpu-1")
+    core = cluster.core
+    core.create_namespace({"metadata": {"name": "gpu-operator"}})
+    core.create_namespaced_config_map("gpu-operator", {
+        "metadata": {"name": "bootstrap-device-plugin-config"},
+        "data": {"mps-2": "version: v1\nflags:\n  migStrategy: none\nsharing:\n  mps:\n    resources:\n"
+                          "    - name: nvidia.com/gpu\n      replicas: 2\n"}})
+    policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+              "spec": {"mig": {"strategy": "mixed"}, "devicePlugin": {"config": {"name": "bootstrap-device-plugin-config"}}}}
+    cluster.custom.create_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", policy)
+    core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "mps-2"}}})
+    wait("no GPUs for MPS under mixed", lambda: cluster.node("gpu-1").status.allocatable.get("nvidia.com/gpu") == "0")
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-1").items
+    assert any("mixed is not supported with MPS" in e.message for e in events)
 
 
 @needs_upstream

@@ -3118,12 +3118,27 @@ class Simulator:
         for kind, label in (("timeSlicing", "time-slicing"), ("mps", "mps")):
             block = sharing.get(kind) or {}
             for item in block.get("resources") or []:
+                # NVIDIA/k8s-device-plugin api/config/v1/replicas.go, ReplicatedResource.UnmarshalJSON
+                # (v0.20.0): "no replicas specified", "number of replicas must be >= 2"; the
+                # config fails to load and the plugin advertises nothing.
+                if "replicas" not in item:
+                    return {"nvidia.com/gpu": "0"}, {}, "unable to load config: no replicas specified"
                 try:
-                    replicas[item.get("name")] = int(item.get("replicas", 1))
+                    wanted = int(item["replicas"])
                 except (TypeError, ValueError):
-                    continue
+                    return {"nvidia.com/gpu": "0"}, {}, "unable to load config: replicas: not an integer"
+                if wanted < 2:
+                    return {"nvidia.com/gpu": "0"}, {}, "unable to load config: number of replicas must be >= 2"
+                replicas[item.get("name")] = wanted
                 mode = label
                 rename = bool(block.get("renameByDefault")) or bool(item.get("rename"))
+        # The operator sets MIG_STRATEGY on the plugin from the ClusterPolicy's mig.strategy
+        # (NVIDIA/gpu-operator controllers/object_controls.go, TransformDevicePlugin), over the
+        # config's flags; and
+        # NVIDIA/k8s-device-plugin cmd/nvidia-device-plugin/main.go validateFlags refuses
+        # "using --mig-strategy=mixed is not supported with MPS".
+        if mode == "mps" and deep(policy or {}, "spec", "mig", "strategy") == "mixed":
+            return {"nvidia.com/gpu": "0"}, {}, "using --mig-strategy=mixed is not supported with MPS"
         out, extra = {}, {}
         gpu_replicas = replicas.get("nvidia.com/gpu", 1)
         if mig_devices is not None:

@@ -24,6 +24,8 @@ def inv(gpu: str):
     ("{sharing: {time_slicing: {replicas: 2, rename_by_default: true}}}", H200, {"nvidia.com/gpu.shared": 2}),
     ("{sharing: {mps: {replicas: 3}}}", EIGHT, {"nvidia.com/gpu": 24}),
     ("{sharing: {mig: {layout: all-1g.18gb}}}", EIGHT, {"nvidia.com/gpu": 56}),
+    # mig-parted's name for the 1g.18gb+me profile on every GPU (one such instance per GPU)
+    ("{sharing: {mig: {layout: all-1g.18gb.me}}}", EIGHT, {"nvidia.com/gpu": 8}),
     ("{sharing: {mig: {layout: all-balanced, strategy: mixed}}}", H200,
      {"nvidia.com/mig-1g.18gb": 2, "nvidia.com/mig-2g.35gb": 1, "nvidia.com/mig-3g.71gb": 1}),
     ("{driver: preinstalled}", EIGHT, {"nvidia.com/gpu": 8}),

@@ -379,6 +379,19 @@ def test_mig_profiles_make_a_custom_mig_parted_config():
     assert parted["mig-configs"]["all-1g.18gb"] == operator_default["mig-configs"]["all-1g.18gb"]
 
 
+def test_a_media_engine_layout_uses_mig_parteds_name_and_a_valid_label():
+    from bootstrap.inventory.kube import label_value_error
+
+    inv = inventory(MIXED_EXTRA, MIXED.replace("layout: all-1g.18gb}", "layout: all-1g.18gb.me}"))
+    facts = facts_for(inv, gpu=replace(H200, rdma=[IB, ROCE]))
+    label = node_labels(inv, facts)["g-mig"]["nvidia.com/mig.config"]
+    assert label == "all-1g.18gb.me" and label_value_error(label) is None
+    parted = yaml.safe_load(operator_values(inv, facts)["migManager"]["config"]["data"]["config.yaml"])
+    operator_default = yaml.safe_load(load_yaml("mig-parted/gpu-operator-v26.7.0/0400_configmap.yaml")
+                                      ["data"]["config.yaml"])
+    assert parted["mig-configs"]["all-1g.18gb.me"] == operator_default["mig-configs"]["all-1g.18gb.me"]
+
+
 def test_custom_mig_config_names_are_stable_and_distinct():
     a = gpu_sharing.mig_config_name(Mig(profiles={"3g.71gb": 2}))
     assert a == gpu_sharing.mig_config_name(Mig(profiles={"3g.71gb": 2}))
