@@ -346,18 +346,22 @@ def test_eviction_respects_pod_disruption_budgets(cluster):
 # --------------------------------------------------------------------------- GPUs, MIG, RDMA
 
 
-@needs_upstream
-def test_time_slicing_and_mps_configs_multiply_the_gpus(cluster):
+def gpu_node_with_plugin_configs(cluster, configs: dict):
+    """A GPU agent (2 GPUs) and the device plugin's ConfigMap with these configs."""
     cluster.server()
     cluster.agent("gpu-1", gpus=2)
     cluster.wait_ready("gpu-1")
-    core = cluster.core
-    core.create_namespace({"metadata": {"name": "gpu-operator"}})
-    core.create_namespaced_config_map("gpu-operator", {
-        "metadata": {"name": "bootstrap-device-plugin-config"},
-        "data": {"ts-4": TS4, "ts-3-renamed": TS4.replace("false", "true").replace("replicas: 4", "replicas: 3"),
+    cluster.core.create_namespace({"metadata": {"name": "gpu-operator"}})
+    cluster.core.create_namespaced_config_map("gpu-operator", {
+        "metadata": {"name": "bootstrap-device-plugin-config"}, "data": configs})
+    return cluster.core
+
+
+@needs_upstream
+def test_time_slicing_and_mps_configs_multiply_the_gpus(cluster):
+    core = gpu_node_with_plugin_configs(cluster, {"ts-4": TS4, "ts-3-renamed": TS4.replace("false", "true").replace("replicas: 4", "replicas: 3"),
                  "mps-2": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n",
-                 "ts-1": TS4.replace("replicas: 4", "replicas: 1")}})
+                 "ts-1": TS4.replace("replicas: 4", "replicas: 1")})
     core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-4"}}})
     node = wait("8 GPUs", lambda: (lambda n: n if n.status.allocatable.get("nvidia.com/gpu") == "8" else None)(
         cluster.node("gpu-1")))
@@ -388,15 +392,9 @@ def test_time_slicing_and_mps_configs_multiply_the_gpus(cluster):
 
 @needs_upstream
 def test_mps_is_refused_when_the_cluster_policy_says_mixed(cluster):
-    cluster.server()
-    cluster.agent("gpu-1", gpus=2)
-    cluster.wait_ready("gpu-1")
-    core = cluster.core
-    core.create_namespace({"metadata": {"name": "gpu-operator"}})
-    core.create_namespaced_config_map("gpu-operator", {
-        "metadata": {"name": "bootstrap-device-plugin-config"},
-        "data": {"mps-2": "version: v1\nflags:\n  migStrategy: none\nsharing:\n  mps:\n    resources:\n"
-                          "    - name: nvidia.com/gpu\n      replicas: 2\n"}})
+    core = gpu_node_with_plugin_configs(cluster, {
+        "mps-2": "version: v1\nflags:\n  migStrategy: none\nsharing:\n  mps:\n    resources:\n"
+                 "    - name: nvidia.com/gpu\n      replicas: 2\n"})
     policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
               "spec": {"mig": {"strategy": "mixed"}, "devicePlugin": {"config": {"name": "bootstrap-device-plugin-config"}}}}
     cluster.custom.create_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", policy)
