@@ -129,21 +129,30 @@ class Cluster:
         self.batch = client.BatchV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
 
-    def agent(self, name, gpus: int = 0, labels=(), taints=(), rdma=None, env=None):
+    def agent(self, name, gpus: int = 0, labels=(), taints=(), rdma=None, env=None, toolkit=True,
+              default_runtime="nvidia"):
         root = self.base / name
         cfg = root / "etc/rancher/k3s/config.yaml"
         cfg.parent.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(yaml.safe_dump({"server": f"https://127.0.0.1:{self.port}", "token": TOKEN,
-                                       "node-label": list(labels), "node-taint": list(taints)}))
+        config = {"server": f"https://127.0.0.1:{self.port}", "token": TOKEN,
+                  "node-label": list(labels), "node-taint": list(taints)}
         path = os.environ.get("PATH", "")
         if gpus:
             bindir = root / "fakebin"
             bindir.mkdir(parents=True, exist_ok=True)
+            # As the tool sets up a GPU node with the host's toolkit: the runtime on the PATH
+            # (k3s finds it) and the default.
+            if toolkit:
+                (bindir / "nvidia-container-runtime").write_text("#!/bin/sh\nexec runc \"$@\"\n")
+                (bindir / "nvidia-container-runtime").chmod(0o755)
+            if default_runtime:
+                config["default-runtime"] = default_runtime
             lines = "".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-0cb55614-f19b-b5ec-e96f-134d60bf42{i:02d})\\n"
                             for i in range(gpus))
             (bindir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{lines}'\n")
             (bindir / "nvidia-smi").chmod(0o755)
             path = f"{bindir}:{path}"
+        cfg.write_text(yaml.safe_dump(config))
         if rdma:
             (root / "etc/bootstrap-standin").mkdir(parents=True, exist_ok=True)
             (root / "etc/bootstrap-standin/infiniband.json").write_text(json.dumps(rdma))

@@ -15,23 +15,19 @@ RELEASE = "gpu-operator"  # the Helm release name (apply.py restarts its device 
 DEVICE_PLUGIN_CONFIGMAP = "bootstrap-device-plugin-config"
 MIG_PARTED_CONFIGMAP = "bootstrap-mig-parted-config"
 K3S_CONTAINERD_SOCKET = "/run/k3s/containerd/containerd.sock"
-K3S_CONTAINERD_TEMPLATE = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"
-# From v25.10 the toolkit writes a drop-in and GPUs reach pods through CDI, so it only
-# needs k3s's socket to signal containerd (RKE2 docs' recipe, used in k3s PR #11065).
-DROP_IN_TOOLKIT = (25, 10, 0)
 
 
-def toolkit_env(operator_version: str) -> list[dict]:
-    if versions.version_tuple(operator_version) >= DROP_IN_TOOLKIT:
-        return [{"name": "CONTAINERD_SOCKET", "value": K3S_CONTAINERD_SOCKET}]
-    # Older toolkits rewrite the top-level config; k3s regenerates config.toml on every
-    # start, so they must write its template instead (NVIDIA/gpu-operator issue #473).
-    return [
-        {"name": "CONTAINERD_CONFIG", "value": K3S_CONTAINERD_TEMPLATE},
-        {"name": "CONTAINERD_SOCKET", "value": K3S_CONTAINERD_SOCKET},
-        {"name": "CONTAINERD_RUNTIME_CLASS", "value": "nvidia"},
-        {"name": "CONTAINERD_SET_AS_DEFAULT", "value": "true"},
-    ]
+def toolkit_env() -> list[dict]:
+    """Only k3s's socket, for every operator version. The toolkit signals containerd
+    through it; it must not rewrite k3s's containerd config: pointing older toolkits
+    (< v25.10) at k3s's config.toml.tmpl replaces the template k3s renders its CNI and
+    registry settings from (NVIDIA/gpu-operator issue 473). k3s finds the runtime the
+    toolkit installs by itself when it renders containerd's config
+    (k3s-io/k3s pkg/agent/containerd/nvidia.go, findNvidiaContainerRuntimes:
+    /usr/local/nvidia/toolkit/nvidia-container-runtime) and registers the `nvidia`
+    RuntimeClass; from v25.10 the toolkit also writes a drop-in and GPUs reach pods
+    through CDI (the RKE2 docs' recipe, used in k3s PR #11065)."""
+    return [{"name": "CONTAINERD_SOCKET", "value": K3S_CONTAINERD_SOCKET}]
 
 
 DRIVER_UPGRADE_POLICY = {
@@ -44,7 +40,7 @@ DRIVER_UPGRADE_POLICY = {
 }
 
 
-def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], operator_version: str) -> dict:
+def values(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict:
     # preinstalled/host: the driver and the container toolkit are on the host already.
     toolkit_in_cluster = not needs_host_toolkit(inventory)
     out: dict = {
@@ -58,7 +54,7 @@ def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], operator_v
         # nodes: the operator's upgrade controller then takes one node at a time, drained.
         out["driver"]["upgradePolicy"] = DRIVER_UPGRADE_POLICY
     if toolkit_in_cluster:
-        out["toolkit"]["env"] = toolkit_env(operator_version)
+        out["toolkit"]["env"] = toolkit_env()
     # The tool applies these ConfigMaps itself (config_maps below), before the release: the
     # operator does not watch them, so the tool must know when one changed to restart the
     # device plugin; and a changed sharing setup then needs no Helm upgrade.
@@ -91,4 +87,4 @@ def _config_map(name: str, data: dict) -> dict:
 def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:
     src = versions.source(inventory, Component.GPU_OPERATOR)
     return Release(RELEASE, NAMESPACE, src.chart, src.repo, src.version,
-                   values(inventory, facts_by_node, src.version))
+                   values(inventory, facts_by_node))

@@ -33,7 +33,9 @@ def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sAr
                   gpu: bool, driver_packages: list[str], join_via: Node | None = None,
                   embedded_mirror: bool = False) -> Desired:
     desired = Desired(gpu=gpu)
-    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via, embedded_mirror))
+    host_toolkit = gpu and packages.needs_host_toolkit(inventory)
+    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via, embedded_mirror,
+                                                    nvidia_default_runtime=host_toolkit))
     desired.files += kernel.files() + k3s_service.files(inventory, node, config)
     desired.files += [f for f in [registries.file(inventory, embedded_mirror), k3s_binary.file(artifacts)] if f]
     desired.files += k3s_images.files(artifacts)
@@ -42,7 +44,7 @@ def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sAr
     desired.packages = packages.component_packages(inventory, gpu) + list(driver_packages)
     if gpu:
         desired.prepull = prepull_images(inventory)
-    if gpu and packages.needs_host_toolkit(inventory):
+    if host_toolkit:
         desired.toolkit_source = packages.toolkit_source_line(inventory, artifacts.arch)
         desired.files.append(text_file(packages.TOOLKIT_SOURCE, desired.toolkit_source + "\n"))
     return desired

@@ -38,8 +38,16 @@ def server_url(inventory: Inventory, via: Node | None = None) -> str:
 
 
 def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | None = None,
-                embedded_mirror: bool = False) -> dict:
+                embedded_mirror: bool = False, nvidia_default_runtime: bool = False) -> dict:
     config: dict = {"token": token, "node-name": node.name}
+    if nvidia_default_runtime:
+        # k3s registers the `nvidia` runtime it finds (pkg/agent/containerd/nvidia.go) and
+        # a RuntimeClass, but keeps runc the default: a pod without runtimeClassName gets
+        # no GPU from the host's toolkit. As the default, nvidia-container-runtime passes the
+        # GPUs the device plugin allotted (NVIDIA_VISIBLE_DEVICES, or CDI) to every pod and
+        # is plain runc for the rest. The host toolkit is installed before k3s starts: a
+        # default runtime containerd does not have stops the node (CRI plugin not loaded).
+        config["default-runtime"] = "nvidia"
     if node.node_ip:
         config["node-ip"] = node.node_ip
         if _is_ip(node.address) and node.address != node.node_ip:

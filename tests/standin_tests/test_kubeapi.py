@@ -346,6 +346,35 @@ def test_eviction_respects_pod_disruption_budgets(cluster):
 # --------------------------------------------------------------------------- GPUs, MIG, RDMA
 
 
+@needs_upstream
+def test_gpus_reach_a_pod_only_through_an_nvidia_runtime(cluster):
+    cluster.server()
+    cluster.agent("gpu-runc", gpus=2, default_runtime=None)  # k3s found the runtime, runc stays default
+    cluster.agent("gpu-nvidia", gpus=1)  # default-runtime: nvidia, as the tool sets it
+    cluster.wait_ready("gpu-runc", "gpu-nvidia")
+    smi = {"command": ["nvidia-smi", "-L"], "resources": {"nvidia.com/gpu": "1"}}
+    cluster.core.create_namespaced_pod("default", pod("plain-on-runc", nodeName="gpu-runc", **smi))
+    cluster.core.create_namespaced_pod("default", pod("classed-on-runc", nodeName="gpu-runc",
+                                                      runtimeClassName="nvidia", **smi))
+    cluster.core.create_namespaced_pod("default", pod("plain-on-nvidia", nodeName="gpu-nvidia", **smi))
+    assert cluster.pod_done("plain-on-runc").status.phase == "Failed"
+    assert "nvidia-smi: not found" in cluster.log("plain-on-runc")
+    for name in ("classed-on-runc", "plain-on-nvidia"):
+        assert cluster.pod_done(name).status.phase == "Succeeded", cluster.log(name)
+        assert cluster.log(name).startswith("GPU 0: NVIDIA H200")
+
+
+@needs_upstream
+def test_a_default_runtime_containerd_lacks_stops_the_agent(cluster):
+    cluster.server()
+    agent = cluster.agent("gpu-1", gpus=1, toolkit=False)  # default-runtime: nvidia, no toolkit on the host
+    agent.proc.wait(20)
+    assert agent.proc.returncode != 0
+    # (logged logrus-style: the inner quotes escaped)
+    assert 'no corresponding runtime configured in `containerd.runtimes` for `containerd` ' \
+           '`default_runtime_name = \\"nvidia\\"`' in agent.log()
+
+
 def gpu_node_with_plugin_configs(cluster, configs: dict):
     """A GPU agent (2 GPUs) and the device plugin's ConfigMap with these configs."""
     cluster.server()

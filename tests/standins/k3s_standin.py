@@ -1027,6 +1027,14 @@ def find_runtimes():
     return found
 
 
+def runtime_facts(opts):
+    """What this node's containerd runs pods with, for the API simulator: the runtime
+    handlers it has (runc and the NVIDIA ones k3s found) and the default one."""
+    cdi = [d for d in ("/etc/cdi", "/var/run/cdi") if os.path.isdir(host(d)) and os.listdir(host(d))]
+    return {"handlers": ["runc"] + sorted(find_runtimes()), "default": opts.get("default-runtime") or "runc",
+            "cdi_specs": bool(cdi)}
+
+
 def containerd_config(data_dir, runtimes, opts):
     """containerd 2 (config version 3) as k3s >= 1.31.6/1.32.2 renders it; the
     runtime blocks follow ContainerdConfigTemplateV3's ExtraRuntimes loop."""
@@ -1385,6 +1393,14 @@ def node_footprint(opts, data_dir, address, pod_cidr):
 
     runtimes = find_runtimes()
     write_file(os.path.join(agent, "etc", "containerd", "config.toml"), containerd_config(data_dir, runtimes, opts), 0o600)
+    default_runtime = opts.get("default-runtime")
+    if default_runtime and default_runtime != "runc" and default_runtime not in runtimes:
+        # k3s renders default_runtime_name whether or not it found that runtime
+        # (k3s-io/k3s pkg/agent/templates/templates_linux.go); containerd's CRI plugin then
+        # refuses to load (containerd internal/cri/config/config.go, ValidateRuntimeConfig)
+        # and kubelet never gets a runtime: the node does not come up.
+        fatal("containerd: failed to load plugin io.containerd.grpc.v1.cri: no corresponding runtime configured "
+              "in `containerd.runtimes` for `containerd` `default_runtime_name = \"%s\"`" % default_runtime)
     if opts.get("flannel-backend", "vxlan") != "none":
         write_file(os.path.join(agent, "etc", "cni", "net.d", "10-flannel.conflist"), json.dumps({
             "name": "cbr0", "cniVersion": "1.0.0",
@@ -1619,7 +1635,8 @@ def node_record(opts, role, name, address, etcd):
         "external_ip": (opts.get("node-external-ip") or [None])[0], "version": EMBEDDED["version"],
         "password_sha256": hashlib.sha256(password.encode()).hexdigest() if password else None,
         # for the API simulator: host facts (CPUs, memory, GPUs, RDMA) and this start's stamp
-        "hardware": kubeapi().probe_hardware(host), "registered_at": "%.6f" % time.time(),
+        "hardware": dict(kubeapi().probe_hardware(host), runtimes=runtime_facts(opts)),
+        "registered_at": "%.6f" % time.time(),
     }
 
 

@@ -3915,6 +3915,38 @@ class Simulator:
         base = cidr.split("/")[0].rsplit(".", 1)[0]
         return "%s.%d" % (base, (n - 1) % 250 + 2)
 
+    def runtime_handler(self, pod, node):
+        """(handler, None), or (None, why the sandbox cannot be created). The pod's
+        RuntimeClass names the handler, else containerd's default_runtime_name (runc unless
+        k3s's default-runtime says otherwise); containerd knows only the runtimes k3s found
+        (k3s-io/k3s pkg/agent/containerd/nvidia.go). containerd internal/cri/server
+        (runtimeHandler lookup): 'no runtime for "X" is configured'."""
+        runtimes = ((self.records.get(node["metadata"]["name"]) or {}).get("hardware") or {}).get("runtimes") \
+            or {"handlers": ["runc"], "default": "runc"}
+        name = deep(pod, "spec", "runtimeClassName")
+        if name:
+            rc = self.store.get(self.R("runtimeclasses", "node.k8s.io"), "", name)
+            if rc is None:
+                return None, 'RuntimeClass "%s" not found' % name
+            handler = rc.get("handler") or name
+        else:
+            handler = runtimes.get("default") or "runc"
+        if handler not in runtimes.get("handlers", ["runc"]):
+            return None, 'failed to get sandbox runtime: no runtime for "%s" is configured' % handler
+        return handler, None
+
+    def devices_reach_pod(self, pod, node):
+        """Whether the GPUs the device plugin allocated get into the container: through an
+        NVIDIA runtime (nvidia-container-runtime reads NVIDIA_VISIBLE_DEVICES), or through
+        CDI when the operator's ClusterPolicy has CDI on and the host holds a CDI spec
+        (containerd 2 injects CDI devices for any runtime). With runc and no CDI spec the
+        container starts without them: `nvidia-smi` is not found."""
+        handler, _ = self.runtime_handler(pod, node)
+        if handler and handler.startswith("nvidia"):
+            return True
+        runtimes = ((self.records.get(node["metadata"]["name"]) or {}).get("hardware") or {}).get("runtimes") or {}
+        return bool(runtimes.get("cdi_specs")) and deep(self.cluster_policy() or {}, "spec", "cdi", "enabled") is True
+
     def container_context(self, pod, container, node):
         meta, spec = pod["metadata"], pod["spec"]
         uid = meta["uid"]
@@ -3943,7 +3975,7 @@ class Simulator:
         gpus = hw.get("gpus") or {}
         requests = pod_requests({"containers": [container]})
         gpu_lines = []
-        if gpus.get("count"):
+        if gpus.get("count") and self.devices_reach_pod(pod, node):
             uuids = gpus.get("uuids") or []
             for name, amount in sorted(requests.items()):
                 m = GPU_RESOURCE_RE.match(name)
@@ -4065,6 +4097,13 @@ class Simulator:
                 continue
             if phase == "Pending" and now >= timer["start"]:
                 if not self.volumes_ready(pod):
+                    continue
+                _, no_sandbox = self.runtime_handler(pod, node)
+                if no_sandbox:  # the kubelet retries; the pod stays ContainerCreating
+                    if timer.get("sandbox_error") != no_sandbox:
+                        timer["sandbox_error"] = no_sandbox
+                        self.event(pod, "Pod", "Warning", "FailedCreatePodSandBox",
+                                   "Failed to create pod sandbox: " + no_sandbox, "kubelet")
                     continue
                 ip = self.pod_ip(node)
                 st.update(podIP=ip, podIPs=[{"ip": ip}])

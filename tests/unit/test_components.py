@@ -423,19 +423,15 @@ def test_an_operator_driver_upgrade_goes_one_drained_node_at_a_time():
     assert "upgradePolicy" not in operator_values(inventory("gpu: {driver: preinstalled}\n"))["driver"]
 
 
-@pytest.mark.parametrize("version, legacy", [("v26.7.0", False), ("v25.10.0", False), ("v25.3.4", True),
-                                             ("v24.9.2", True)])
-def test_toolkit_env_for_old_and_new_operators(version, legacy):
+@pytest.mark.parametrize("version", ["v26.7.0", "v25.10.0", "v25.3.4", "v24.9.2"])
+def test_toolkit_env_is_socket_only_for_old_and_new_operators(version):
+    # Older operators used to get CONTAINERD_CONFIG pointed at k3s's config.toml.tmpl, which
+    # replaces the template k3s renders its CNI settings from (gpu-operator issue 473).
     inv = inventory(f"gpu: {{driver: operator}}\ncharts: {{gpu_operator: {version}}}\n")
     release = releases_by_name(inv)["gpu-operator"]
     assert release.version == version
     env = {e["name"]: e["value"] for e in release.values["toolkit"]["env"]}
-    if legacy:
-        assert env == {"CONTAINERD_CONFIG": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
-                       "CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock",
-                       "CONTAINERD_RUNTIME_CLASS": "nvidia", "CONTAINERD_SET_AS_DEFAULT": "true"}
-    else:
-        assert env == {"CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock"}
+    assert env == {"CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock"}
     assert all(isinstance(v, str) for v in env.values())  # env values must be strings
 
 

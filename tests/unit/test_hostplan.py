@@ -169,3 +169,20 @@ nodes: [{name: cp-1, address: 10.0.0.1, role: server}, {name: a, address: 10.0.0
     assert set(server) <= k3s_flags("server")
     agent = k3sconfig.node_config(inv, inv.node("a"), "tok")
     assert not any(key.startswith("etcd") for key in agent)
+
+
+def test_gpu_nodes_with_the_hosts_toolkit_make_nvidia_the_default_runtime():
+    """A plain pod (and the validation pods, which set no runtimeClassName) gets its GPUs
+    only when nvidia is containerd's default runtime: k3s keeps runc the default."""
+    from bootstrap.cluster.checks import _pod
+
+    artifacts = K3sArtifacts("amd64", "v1.33.5+k3s1", download_url="https://k3s.example/k3s")
+    for driver, wanted in (("preinstalled", "nvidia"), ("host", "nvidia"), ("operator", None)):
+        inv = parse_inventory(f"cluster: t\ngpu: {{driver: {driver}}}\nnodes: [{{name: cp, address: 10.0.0.1, "
+                              "role: server}, {name: g, address: 10.0.0.2}]\n")
+        gpu = d.desired_state(inv, inv.node("g"), "tok", artifacts, gpu=True, driver_packages=[])
+        cpu = d.desired_state(inv, inv.node("cp"), "tok", artifacts, gpu=False, driver_packages=[])
+        config = yaml.safe_load(next(f.content for f in gpu.files if f.path == CONFIG))
+        assert config.get("default-runtime") == wanted, driver
+        assert "default-runtime" not in yaml.safe_load(next(f.content for f in cpu.files if f.path == CONFIG))
+    assert "runtimeClassName" not in _pod("gpu-test-g", "g", "img", {"nvidia.com/gpu": 1})["spec"]
