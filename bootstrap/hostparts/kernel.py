@@ -22,12 +22,22 @@ LOADED_SIGN = {
     "overlay": "grep -qw overlay /proc/filesystems",
 }
 MODULES = tuple(LOADED_SIGN)
-SYSCTLS = {
+IPV6_FORWARDING = "net.ipv6.conf.all.forwarding"
+SYSCTLS = {  # every setting the probe reads; sysctls() says which a cluster wants
     "net.ipv4.ip_forward": "1",
-    "net.ipv6.conf.all.forwarding": "1",
+    IPV6_FORWARDING: "1",
     "net.bridge.bridge-nf-call-iptables": "1",
     "net.bridge.bridge-nf-call-ip6tables": "1",
 }
+
+
+def sysctls(ipv6_pods: bool) -> dict[str, str]:
+    """IPv6 forwarding only where pods have IPv6 addresses: on a host that takes its IPv6
+    address by SLAAC, all.forwarding=1 makes the kernel ignore router advertisements
+    (accept_ra=1 applies only to non-forwarding hosts), and the host loses its IPv6 route
+    when its lease runs out (k3s itself sets it only for IPv6 clusters: k3s-io/k3s
+    pkg/agent/syssetup/setup.go, Configure(enableIPv6, ...))."""
+    return {k: v for k, v in SYSCTLS.items() if ipv6_pods or k != IPV6_FORWARDING}
 # Commented out, not deleted, so `down` can give the machine its swap back.
 FSTAB_MARK = "# bootstrap-swapoff: "
 SWAP_OFF = ("swapoff -a && sed -i.bootstrap-bak -E "
@@ -44,13 +54,14 @@ def probe_functions() -> str:
             "[ -r \"$f\" ] && echo \"$k=$(cat \"$f\")\"; done; return 0\n}")
 
 
-def files() -> list[FileSpec]:
+def files(wanted: dict[str, str]) -> list[FileSpec]:
     return [text_file(MODULES_FILE, templates.render("host/modules-k3s.conf")),
-            text_file(SYSCTL_FILE, templates.render("host/sysctl-k3s.conf.j2", sysctls=SYSCTLS))]
+            text_file(SYSCTL_FILE, templates.render("host/sysctl-k3s.conf.j2", sysctls=wanted))]
 
 
-def plan(draft: Draft, facts: HostFacts) -> None:
-    """Apply now what the files make permanent; record what was there before."""
+def plan(draft: Draft, facts: HostFacts, wanted: dict[str, str]) -> None:
+    """Apply now what the files make permanent; record what was there before. A setting
+    the tool changed earlier and no longer wants gets its old value back."""
     if facts.swap_mib:
         draft.add(Action.TURN_OFF_SWAP, [SWAP_OFF], f"turn off {facts.swap_mib} MiB swap (and its /etc/fstab lines)")
         draft.manifest["swap_disabled"] = True
@@ -59,7 +70,12 @@ def plan(draft: Draft, facts: HostFacts) -> None:
         draft.add(Action.LOAD_MODULES, [f"modprobe -a {' '.join(missing)}"],
                   f"load kernel modules {', '.join(missing)}")
     before = dict(draft.manifest.get("sysctl_before", {}))
-    for key, value in SYSCTLS.items():
+    for key in [k for k in before if k not in wanted]:
+        value = before.pop(key)
+        if facts.sysctls.get(key) != str(value):
+            draft.add(Action.SET_SYSCTLS, [f"sysctl -q -w {key}={shlex.quote(str(value))}"],
+                      f"set {key}={value} back (this cluster does not need it)")
+    for key, value in wanted.items():
         current = facts.sysctls.get(key)
         if current != value:
             if current is not None:
@@ -68,6 +84,8 @@ def plan(draft: Draft, facts: HostFacts) -> None:
                       f"set {key}={value} (was {current if current is not None else 'unset'})")
     if before:
         draft.manifest["sysctl_before"] = before
+    else:
+        draft.manifest.pop("sysctl_before", None)
 
 
 def teardown(manifest: dict) -> list[str]:

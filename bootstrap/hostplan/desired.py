@@ -6,6 +6,7 @@ this puts together what one node gets from each of them.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from bootstrap.artifacts import K3sArtifacts
@@ -24,6 +25,7 @@ class Desired:
     k3s_download: K3sArtifacts | None = None  # online install: fetch on the host
     gpu: bool = False
     prepull: list[str] = field(default_factory=list)  # images this node should hold before jobs start
+    sysctls: dict[str, str] = field(default_factory=dict)  # kernel settings k3s needs here
 
     def paths(self) -> list[str]:
         return [f.path for f in self.files]
@@ -32,11 +34,11 @@ class Desired:
 def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sArtifacts,
                   gpu: bool, driver_packages: list[str], join_via: Node | None = None,
                   embedded_mirror: bool = False) -> Desired:
-    desired = Desired(gpu=gpu)
+    desired = Desired(gpu=gpu, sysctls=kernel.sysctls(ipv6_pods=pods_have_ipv6(inventory)))
     host_toolkit = gpu and packages.needs_host_toolkit(inventory)
     config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via, embedded_mirror,
                                                     nvidia_default_runtime=host_toolkit))
-    desired.files += kernel.files() + k3s_service.files(inventory, node, config)
+    desired.files += kernel.files(desired.sysctls) + k3s_service.files(inventory, node, config)
     desired.files += [f for f in [registries.file(inventory, embedded_mirror), k3s_binary.file(artifacts)] if f]
     desired.files += k3s_images.files(artifacts)
     if artifacts.binary is None:
@@ -48,6 +50,12 @@ def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sAr
         desired.toolkit_source = packages.toolkit_source_line(inventory, artifacts.arch)
         desired.files.append(text_file(packages.TOOLKIT_SOURCE, desired.toolkit_source + "\n"))
     return desired
+
+
+def pods_have_ipv6(inventory: Inventory) -> bool:
+    """An IPv6 pod network (k3s.cluster_cidr), the one case where hosts must forward IPv6."""
+    cidr = inventory.k3s.cluster_cidr
+    return bool(cidr) and ipaddress.ip_network(cidr, strict=False).version == 6
 
 
 def needs_host_toolkit_runtime(desired: Desired) -> bool:

@@ -46,7 +46,7 @@ def plan_host(node: Node, desired: Desired, facts: HostFacts, cluster_id: str, c
                   manifest.record(facts.manifest, cluster_id, cluster))
     place_files(draft, desired.files, facts)
     k3s_binary.plan(draft, desired.k3s_download, facts)
-    kernel.plan(draft, facts)
+    kernel.plan(draft, facts, desired.sysctls)
     packages.plan(draft, desired.packages, desired.toolkit_source, facts)
     k3s_service.plan(draft, facts)
     k3s_images.plan_import(draft)

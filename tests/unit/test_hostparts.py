@@ -118,7 +118,7 @@ def test_the_probe_reports_every_package_the_plan_may_install():
 
 
 def test_the_kernel_files_carry_exactly_the_kernel_part_settings():
-    modules, sysctls = kernel.files()
+    modules, sysctls = kernel.files(kernel.sysctls(ipv6_pods=True))
     assert [line for line in modules.content.decode().splitlines() if not line.startswith("#")] == list(kernel.MODULES)
     settings = dict(line.split(" = ") for line in sysctls.content.decode().splitlines() if " = " in line)
     assert settings == kernel.SYSCTLS

@@ -1,6 +1,7 @@
 """Host planning: k3s config keys are real k3s flags, a converged host plans nothing."""
 
 import hashlib
+import json
 from dataclasses import replace
 
 import pytest
@@ -186,3 +187,29 @@ def test_gpu_nodes_with_the_hosts_toolkit_make_nvidia_the_default_runtime():
         assert config.get("default-runtime") == wanted, driver
         assert "default-runtime" not in yaml.safe_load(next(f.content for f in cpu.files if f.path == CONFIG))
     assert "runtimeClassName" not in _pod("gpu-test-g", "g", "img", {"nvidia.com/gpu": 1})["spec"]
+
+
+def test_ipv6_forwarding_only_for_an_ipv6_pod_network():
+    """all.forwarding=1 makes a SLAAC host ignore router advertisements: set only when pods
+    have IPv6 addresses; a value an older run set is put back."""
+    from bootstrap.hostparts.kernel import IPV6_FORWARDING
+
+    artifacts = K3sArtifacts("amd64", "v1.33.5+k3s1", download_url="https://k3s.example/k3s")
+    fresh = HostFacts(sysctls={"net.ipv4.ip_forward": "0", IPV6_FORWARDING: "0"})
+    for cidr, wanted in ((None, False), ("10.42.0.0/16", False), ("fd00:42::/56", True)):
+        inv = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}]\n"
+                              + (f"k3s: {{cluster_cidr: '{cidr}'}}\n" if cidr else ""))
+        desired = d.desired_state(inv, inv.node("cp"), "tok", artifacts, gpu=False, driver_packages=[])
+        sysctl_file = next(f for f in desired.files if f.path.endswith("90-bootstrap-k3s.conf")).content.decode()
+        plan = plan_host(inv.node("cp"), desired, fresh, CLUSTER_ID, "t")
+        assert (IPV6_FORWARDING in sysctl_file) is wanted, cidr
+        assert any(IPV6_FORWARDING in c for c in plan.changes) is wanted, plan.changes
+    # an earlier run turned it on (and recorded 0 as before): this one puts 0 back
+    earlier = replace(fresh, sysctls={"net.ipv4.ip_forward": "1", IPV6_FORWARDING: "1"},
+                      manifest={"sysctl_before": {IPV6_FORWARDING: "0", "net.ipv4.ip_forward": "0"}})
+    inv = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}]\n")
+    plan = plan_host(inv.node("cp"), d.desired_state(inv, inv.node("cp"), "tok", artifacts, gpu=False,
+                                                      driver_packages=[]), earlier, CLUSTER_ID, "t")
+    assert f"set {IPV6_FORWARDING}=0 back (this cluster does not need it)" in plan.changes
+    recorded = json.loads(next(u for u in plan.uploads if u.path == MANIFEST).content)
+    assert recorded["sysctl_before"] == {"net.ipv4.ip_forward": "0"}  # what down still puts back
