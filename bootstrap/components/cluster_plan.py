@@ -17,11 +17,10 @@ from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
 
 
-def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], *,
-                     multus_thick: bool = False) -> list[Release]:
+def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[Release]:
     releases: list[Release | None] = []
     if inventory.network.rdma:
-        releases += rdma.multus_releases(inventory, rdma.cni_dirs(inventory, facts_by_node), multus_thick)
+        releases += rdma.multus_releases(inventory, rdma.cni_dirs(inventory, facts_by_node))
     releases += [storage.nfs_release(inventory), storage.longhorn_release(inventory)]
     if gpu_nodes(inventory, facts_by_node):
         releases.append(gpu_operator.release(inventory, facts_by_node))

@@ -55,10 +55,14 @@ def cni_dirs(inventory: Inventory, facts_by_node: dict[str, HostFacts], conf_dir
 
 # --- Multus + whereabouts -------------------------------------------------------------
 
-def multus_values(dirs: CniDirs, thick: bool = False) -> dict:
+def multus_values(dirs: CniDirs) -> dict:
     # Keys as in the k3s docs (networking/multus-ipams); multusAutoconfigDir must point at
-    # k3s's dir too, so Multus finds flannel's config to delegate to.
-    values = {
+    # k3s's dir too, so Multus finds flannel's config to delegate to. Thin Multus only: the
+    # thick plugin's DaemonSet mounts /etc/cni/net.d and /opt/cni/bin whatever the values
+    # say (rancher/rke2-charts charts/rke2-multus/rke2-multus/v4.3.009/templates/
+    # daemonSet-thick.yaml, hostPath volumes cni and cnibin), and k3s keeps its CNI config and
+    # binaries under /var/lib/rancher/k3s: thick Multus would never see flannel.
+    return {
         "config": {"cni_conf": {
             "confDir": dirs.conf_dir,
             "binDir": dirs.bin_dir,
@@ -67,15 +71,13 @@ def multus_values(dirs: CniDirs, thick: bool = False) -> dict:
         }},
         "rke2-whereabouts": {"enabled": True, "fullnameOverride": "whereabouts",
                              "cniConf": {"confDir": dirs.conf_dir, "binDir": dirs.bin_dir}},
+        "thickPlugin": {"enabled": False},
     }
-    if thick:
-        values["thickPlugin"] = {"enabled": True}
-    return values
 
 
-def multus_releases(inventory: Inventory, dirs: CniDirs, thick: bool = False) -> list[Release]:
+def multus_releases(inventory: Inventory, dirs: CniDirs) -> list[Release]:
     src = versions.source(inventory, Component.MULTUS)
-    main = Release("multus", NAMESPACE, src.chart, src.repo, src.version, multus_values(dirs, thick))
+    main = Release("multus", NAMESPACE, src.chart, src.repo, src.version, multus_values(dirs))
     if versions.version_tuple(src.version) < versions.MULTUS_CRD_SPLIT:
         return [main]
     # The CRD chart renders the whereabouts CRDs only when told whereabouts is on (its

@@ -37,11 +37,12 @@ DEFAULTS: dict[Component, Source] = {
     Component.VOLCANO: Source("volcano", "https://volcano-sh.github.io/helm-charts", "1.15.1"),
 }
 
-# From rke2-multus v4.3.010 the NetworkAttachmentDefinition and whereabouts CRDs live in a
+# From rke2-multus v4.3.009 the NetworkAttachmentDefinition and whereabouts CRDs live in a
 # separate chart, rke2-multus-crd, released with the same number without the `v`
-# (rancher/rke2 PR #10998, rancher/rke2-charts PR #1116).
+# (rancher/rke2-charts PR #1116: charts/rke2-multus/rke2-multus-crd/4.3.009/templates holds
+# the whereabouts CRDs; rke2 itself bundled it from v4.3.010, rancher/rke2 PR #10998).
 MULTUS_CRD_CHART = "rke2-multus-crd"
-MULTUS_CRD_SPLIT = (4, 3, 10)
+MULTUS_CRD_SPLIT = (4, 3, 9)
 
 
 def source(inventory: Inventory, component: str) -> Source:

@@ -229,11 +229,17 @@ def test_every_values_key_exists_in_the_charts_values(name):
         check_release_values(release)
 
 
-def test_thick_multus_values_exist_in_the_chart():
+def test_multus_is_thin_and_the_crd_chart_comes_from_v4_3_009():
+    # Thick Multus mounts /etc/cni/net.d and /opt/cni/bin whatever the values say; k3s's
+    # CNI dirs are elsewhere, so the tool turns thick off explicitly (the chart key exists).
     inv, facts = mixed()
-    multus = releases_by_name(inv, facts, multus_thick=True)["multus"]
-    assert multus.values["thickPlugin"] == {"enabled": True}
+    multus = releases_by_name(inv, facts)["multus"]
+    assert multus.values["thickPlugin"] == {"enabled": False}
     check_release_values(multus)
+    for version, crd_chart in (("v4.3.008", False), ("v4.3.009", True), ("v4.3.010", True)):
+        pinned = inventory(MIXED_EXTRA + f"charts: {{multus: {version}}}\n", MIXED)
+        names = releases_by_name(pinned, facts_for(pinned, gpu=replace(H200, rdma=[IB, ROCE])))
+        assert ("multus-crd" in names) is crd_chart, version
 
 
 # Every plain object the tool applies in each scenario (prerequisites, then manifests): the
