@@ -24,6 +24,7 @@ CHANNELS = "https://update.k3s.io/v1-release/channels"
 class LocalFile:
     path: Path
     sha256: str
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def sha256_of(path: Path, size: int, mtime_ns: int) -> str:
 
 def local_file(path: Path) -> LocalFile:
     stat = path.stat()
-    return LocalFile(path, sha256_of(path, stat.st_size, stat.st_mtime_ns))
+    return LocalFile(path, sha256_of(path, stat.st_size, stat.st_mtime_ns), stat.st_size)
 
 
 def read_checksums(folder: Path, arch: str) -> dict[str, str]:
@@ -96,20 +97,26 @@ def airgap_artifacts(inventory: Inventory, arch: str) -> K3sArtifacts:
     return K3sArtifacts(arch=arch, version=inventory.k3s.version, binary=binary, images=tuple(images))
 
 
-ARCHIVE = re.compile(r"\.tar(\.(gz|zst|bz2|lz4))?$")
+# Exactly what k3s takes from agent/images: image archives in the formats rancher/wharfie's
+# pkg/tarfile reads (SupportedExtensions), and `.txt` lists of images to pull
+# (k3s-io/k3s pkg/agent/containerd/watcher.go isFileSupported, containerd.go preloadFile).
+ARCHIVE_SUFFIXES = (".tar", ".tar.lz4", ".tar.bz2", ".tbz", ".tar.gz", ".tgz", ".tar.zst", ".tzst")
+IMAGE_LIST_SUFFIX = ".txt"
+ARCHIVE = re.compile("(" + "|".join(re.escape(s) for s in ARCHIVE_SUFFIXES + (IMAGE_LIST_SUFFIX,)) + ")$")
 ARCHES = ("amd64", "arm64", "arm", "s390x", "riscv64")
 
 
 def image_archives(folder: Path, arch: str) -> list[Path]:
-    """k3s's own image archive for `arch` and every other image archive in the folder
-    (the user's CUDA or workload images), except archives named for another arch."""
+    """k3s's own image archive for `arch` and every other image archive or image list in
+    the folder (the user's CUDA or workload images), except those named for another arch
+    (k3s-airgap-images-arm64.tar.zst, images-arm64.txt)."""
     found = []
     if not folder.is_dir():
         return found
     for path in sorted(folder.iterdir()):
-        if not path.is_file() or not ARCHIVE.search(path.name):
-            continue
-        other = [a for a in ARCHES if a != arch and re.search(rf"[-_.]{a}\.tar", path.name)]
+        if not path.is_file() or not ARCHIVE.search(path.name) or path.name.startswith("sha256sum-"):
+            continue  # (the release's checksum lists are .txt files too, not image lists)
+        other = [a for a in ARCHES if a != arch and re.search(rf"[-_.]{a}{ARCHIVE.pattern}", path.name)]
         if not other:
             found.append(path)
     return found

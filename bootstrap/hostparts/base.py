@@ -21,7 +21,8 @@ class FileSpec:
     local: Path | None = None  # large files uploaded from the control machine
     secret: bool = False  # never shown, staged in a private directory
     restarts_k3s: bool = False
-    image_archive: bool = False  # an image archive for k3s's containerd
+    image_archive: bool = False  # an image archive (or image list) for k3s's containerd
+    size: int = 0  # bytes, when known (image archives: what k3s's import time grows with)
 
 
 def text_file(path: str, text: str, mode: int = 0o644, **kw) -> FileSpec:
@@ -41,7 +42,7 @@ class Action(Enum):
     INSTALL_TOOLKIT = "install the NVIDIA container toolkit"
     HOLD_PACKAGES = "hold packages"
     ENABLE_UNIT = "enable the k3s unit"
-    IMPORT_IMAGES = "import image archives"
+    AWAIT_IMAGE_IMPORT = "wait for k3s to import image archives"
     WRITE_MANIFEST = "write the host manifest"
     PULL_IMAGES = "pull images"
 

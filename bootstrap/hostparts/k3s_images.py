@@ -1,12 +1,14 @@
 """Images in k3s's containerd: the air-gap folder's archives, and the images pre-pulled.
 
-k3s imports the archives in agent/images when it starts; a node that keeps running
-imports a new one at once, so adding images restarts nothing. GPU nodes pull the images
+k3s imports the archives in agent/images when it starts, and (from the January 2025
+releases) a new one while it runs, so adding images restarts nothing; the tool only waits
+for k3s to say it imported them. GPU nodes pull the images
 validation and the first jobs need before `up` ends.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft, FileSpec
 from bootstrap.images import missing
 from bootstrap.inventory.model import Inventory
+from bootstrap.rules import k3s_versions
 
 IMAGES_DIR = "/var/lib/rancher/k3s/agent/images"
 ARCHES = ("amd64", "arm64")  # the arches whose archives the probe asks after
@@ -33,17 +36,73 @@ def paths(inventory: Inventory) -> set[str]:
 
 
 def files(artifacts: K3sArtifacts) -> list[FileSpec]:
-    return [FileSpec(archive_path(a.path), 0o644, a.sha256, local=a.path, image_archive=True)
+    return [FileSpec(archive_path(a.path), 0o644, a.sha256, local=a.path, image_archive=True, size=a.size)
             for a in artifacts.images]
 
 
-def plan_import(draft: Draft) -> None:
-    """k3s runs and keeps running: import what it would only read at its next start."""
-    archives = [u.path for u in draft.plan.uploads if u.image_archive]
-    if archives and draft.plan.service is None:
-        draft.add(Action.IMPORT_IMAGES,
-                  [f"k3s ctr -n k8s.io images import {shlex.quote(a)} >/dev/null" for a in archives],
-                  f"import images from {', '.join(a.rsplit('/', 1)[-1] for a in archives)}")
+# k3s imports what lands in agent/images while it runs (watcher.go) from the January 2025
+# releases on (docs.k3s.io/import-images: v1.32.0+k3s1, v1.31.5+k3s1, v1.30.9+k3s1,
+# v1.29.13+k3s1); before, only when it starts. What it imports it pins, so kubelet's image
+# garbage collection keeps it on an air-gapped node (an extra `ctr images import` did not).
+IMPORTS_WHILE_RUNNING = {(1, 32): "v1.32.0+k3s1", (1, 31): "v1.31.5+k3s1", (1, 30): "v1.30.9+k3s1",
+                         (1, 29): "v1.29.13+k3s1"}
+SERVICE_START_S = 300  # k3s's own start, without images
+IMPORT_S_PER_GIB = 60  # decompress and unpack; a 20 GiB CUDA archive takes minutes
+
+
+def imports_while_running(version: str | None) -> bool:
+    running = k3s_versions.parse(version)
+    if running is None:
+        return False
+    first = IMPORTS_WHILE_RUNNING.get((running.major, running.minor))
+    if first is not None:
+        return running >= k3s_versions.parse(first)
+    return (running.major, running.minor) > max(IMPORTS_WHILE_RUNNING)
+
+
+def import_seconds(archive_bytes: int) -> int:
+    return math.ceil(archive_bytes / (1 << 30) * IMPORT_S_PER_GIB)
+
+
+def start_timeout(archives: list[FileSpec]) -> int:
+    """k3s imports every archive in agent/images before it reports started: the wait for
+    a (re)start grows with what the node holds."""
+    return SERVICE_START_S + import_seconds(sum(a.size for a in archives))
+
+
+def await_import_line(unit: str, paths: list[str], timeout: int) -> str:
+    """Wait until k3s logs each new archive imported (watcher.go: "Imported images from
+    PATH in ..."; "Failed to import PATH: ..." fails at once), counting only log lines
+    from after the file was installed."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (f"for a in {quoted}; do s=$(stat -c %Y \"$a\"); i=0; while :; do "
+            f"log=$(journalctl -u {unit} --since \"@$s\" -o cat --no-pager 2>/dev/null); "
+            "if printf '%s\\n' \"$log\" | grep -qF \"Imported images from $a in\"; then break; fi; "
+            "if printf '%s\\n' \"$log\" | grep -qF \"Failed to import $a\"; then "
+            "echo \"k3s could not import $a: $(printf '%s\\n' \"$log\" | grep -F \"Failed to import $a\" | tail -n 1)\" >&2; "
+            "exit 1; fi; "
+            f"i=$((i+1)); if [ $i -ge {timeout} ]; then echo \"k3s did not import $a within {timeout} s\" >&2; exit 1; fi; "
+            "sleep 1; done; done")
+
+
+def plan_import(draft: Draft, running_version: str | None, archives: list[FileSpec]) -> None:
+    """New archives on a node whose k3s keeps running: k3s imports them itself (and pins
+    them), so wait for that; a k3s too old to import while running is restarted, as it
+    imports at start. `archives`: all the node holds (the start's wait grows with them)."""
+    plan = draft.plan
+    plan.start_timeout = start_timeout(archives)
+    new = [u for u in plan.uploads if u.image_archive]
+    if not new or plan.service is not None:
+        return  # nothing new, or k3s (re)starts now and imports at start
+    names = ", ".join(a.path.rsplit("/", 1)[-1] for a in new)
+    if imports_while_running(running_version):
+        draft.add(Action.AWAIT_IMAGE_IMPORT,
+                  [await_import_line(plan.unit, [a.path for a in new], start_timeout(new) - SERVICE_START_S + 60)],
+                  f"k3s imports images from {names}")
+    else:
+        plan.service = "restart"
+        plan.changes.append(f"restart {plan.unit}: k3s {running_version or '(unknown version)'} imports "
+                            f"{names} only when it starts")
 
 
 def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts) -> None:

@@ -28,6 +28,7 @@ class HostPlan:
     changes: list[str] = field(default_factory=list)  # for people: what will change (no secrets)
     verify_nvidia_runtime: bool = False
     prepull: list[str] = field(default_factory=list)  # images to pull once k3s runs
+    start_timeout: int = 300  # seconds a (re)start may take: k3s imports its image archives first
     actions: set[Action] = field(default_factory=set)  # for code: what the plan does (see Action)
 
     @property
@@ -49,7 +50,8 @@ def plan_host(node: Node, desired: Desired, facts: HostFacts, cluster_id: str, c
     kernel.plan(draft, facts, desired.sysctls)
     packages.plan(draft, desired.packages, desired.toolkit_source, facts)
     k3s_service.plan(draft, facts)
-    k3s_images.plan_import(draft)
+    k3s_images.plan_import(draft, facts.k3s.version if facts.k3s else None,
+                           [f for f in desired.files if f.image_archive])
     manifest.plan(draft, desired.paths(), facts.manifest)
     k3s_images.plan_prepull(draft, desired.prepull, facts)
     plan = draft.plan

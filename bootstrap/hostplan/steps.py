@@ -35,13 +35,13 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
             if server.name != first and first in failed:
                 step.commands[server.name] = [converge.refuse(f"not joining: the first server {first} failed")]
             else:
-                step.commands[server.name] = [converge.wait_for_service(plan.unit, plan.service)]
+                step.commands[server.name] = [converge.wait_for_service(plan.unit, plan.service, plan.start_timeout)]
         steps.append(step)
     agents = Step("join agents")
     for agent in inventory.agents:
         plan = plans.get(agent.name)
         if plan and plan.service:
-            agents.commands[agent.name] = [converge.wait_for_service(plan.unit, plan.service)]
+            agents.commands[agent.name] = [converge.wait_for_service(plan.unit, plan.service, plan.start_timeout)]
     steps.append(agents)
     steps.append(Step("check nvidia runtime", {n: [converge.verify_nvidia_runtime_command()]
                                                 for n, p in plans.items() if p.verify_nvidia_runtime}))

@@ -1,6 +1,7 @@
 """Images on the test hosts: the embedded mirror's config, pre-pulls on GPU nodes in
 parallel, air-gap image archives imported on every node without restarting k3s."""
 
+import gzip
 import io
 import re
 import tarfile
@@ -20,6 +21,13 @@ def image_archive(path, refs):
         info = tarfile.TarInfo("images.txt")
         info.size = len(listing)
         tar.addfile(info, io.BytesIO(listing))
+    return path
+
+
+def gzipped_image_archive(path, refs):
+    plain = image_archive(path.with_suffix(".tar"), refs)
+    path.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
     return path
 
 
@@ -73,13 +81,19 @@ def check_images(hosts, inventory, first, airgap):
     again = run_bootstrap("up", inventory, "--hosts-only")
     assert again.returncode == 0 and "hosts: no change, 3 hosts already converged" in again.stdout, again.stdout
 
-    # A new archive in the air-gap folder: imported on every node, k3s not restarted.
+    # A new archive (.tgz, as k3s reads it) and an image list (.txt) in the air-gap folder:
+    # k3s imports them itself while it runs (its watcher), the tool waits for it to say so;
+    # k3s is not restarted and no `ctr images import` runs next to it.
     pid = {h.name: h.ssh("systemctl show -p MainPID --value k3s k3s-agent").stdout.split() for h in hosts}
-    image_archive(airgap / "more-images.tar", ["docker.io/example/extra:2"])
+    gzipped_image_archive(airgap / "more-images.tgz", ["docker.io/example/extra:2"])
+    (airgap / "pull-list.txt").write_text("docker.io/example/listed:3\n")
     plan = run_bootstrap("plan", inventory)
-    assert re.search(r"im-g1:\n(  - .*\n)*  - import images from more-images\.tar", plan.stdout), plan.stdout
+    assert re.search(r"im-g1:\n(  - .*\n)*  - k3s imports images from more-images\.tgz, pull-list\.txt",
+                     plan.stdout), plan.stdout
     added = run_bootstrap("up", inventory, "--hosts-only")
     assert added.returncode == 0, added.stdout + added.stderr
     for host in hosts:
-        assert "docker.io/example/extra:2" in images_on(host)
+        assert {"docker.io/example/extra:2", "docker.io/example/listed:3"} <= images_on(host)
+        log = host.ssh("sudo journalctl -u k3s -u k3s-agent -o cat --no-pager").stdout
+        assert "Imported images from /var/lib/rancher/k3s/agent/images/more-images.tgz in" in log
     assert pid == {h.name: h.ssh("systemctl show -p MainPID --value k3s k3s-agent").stdout.split() for h in hosts}

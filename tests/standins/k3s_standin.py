@@ -1188,20 +1188,75 @@ def start_shim(shim_path):
     info("Started containerd-shim-runc-v2 (pid %d) for a pod sandbox" % proc.pid)
 
 
+# What k3s takes from agent/images: the archive formats of rancher/wharfie pkg/tarfile
+# (SupportedExtensions) and .txt image lists (k3s-io/k3s pkg/agent/containerd/watcher.go
+# isFileSupported; containerd.go preloadFile: a .txt is pulled line by line).
+IMAGE_SUFFIXES = (".tar", ".tar.lz4", ".tar.bz2", ".tbz", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".txt")
+
+
+def import_file(data_dir, path):
+    """One file of agent/images, logged as k3s logs it."""
+    started = time.monotonic()
+    if path.endswith(".txt"):
+        refs = [l.strip() for l in (read_text(path) or "").splitlines() if l.strip()]
+        for ref in refs:
+            info("Pulling image %s..." % ref)
+        add_images(data_dir, refs, "pull:" + os.path.basename(path))
+        info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
+        return True
+    info("Importing images from %s" % path)
+    if import_archive(data_dir, path):
+        info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
+        return True
+    return False
+
+
 def import_images(data_dir):
-    """Real k3s imports every archive in agent/images into containerd at start."""
+    """Real k3s imports every supported file in agent/images into containerd at start."""
     images = os.path.join(data_dir, "agent", "images")
     mkdirs(images)
+    seen = {}
     for name in sorted(os.listdir(images)):
         path = os.path.join(images, name)
-        if not os.path.isfile(path) or not re.search(r"\.tar(\.(zst|gz|bz2|lz4))?$", name):
+        if not os.path.isfile(path) or not name.endswith(IMAGE_SUFFIXES):
             continue
-        started = time.monotonic()
-        info("Importing images from %s" % path)
-        if import_archive(data_dir, path):
-            info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
-        else:
+        seen[path] = os.stat(path)
+        if not import_file(data_dir, path):
             error("Error encountered while importing %s: unrecognised archive contents" % path)
+    return seen
+
+
+def watch_images(data_dir, seen):
+    """From the January 2025 releases k3s also imports what lands in agent/images while it
+    runs (watcher.go: fsnotify events, handled 2 s later; a file is imported when it is new,
+    or when its size changed and it is newer; "Failed to import %s: %v" otherwise). Polled
+    here once a second."""
+    images = os.path.join(data_dir, "agent", "images")
+
+    def loop():
+        pending = {}
+        while True:
+            time.sleep(1)
+            try:
+                names = sorted(os.listdir(images))
+            except OSError:
+                continue
+            now = time.monotonic()
+            for name in names:
+                path = os.path.join(images, name)
+                if not name.endswith(IMAGE_SUFFIXES) or not os.path.isfile(path):
+                    continue
+                st, last = os.stat(path), seen.get(path)
+                if last is None or (st.st_size != last.st_size and st.st_mtime > last.st_mtime):
+                    pending.setdefault(path, now + 2)
+                    seen[path] = st
+            for path, due in sorted(pending.items()):
+                if due <= now:
+                    del pending[path]
+                    if not import_file(data_dir, path):
+                        error("Failed to import %s: unrecognised archive contents" % path)
+
+    threading.Thread(target=loop, name="image-watcher", daemon=True).start()
 
 
 # =============================================================================
@@ -1274,11 +1329,11 @@ def import_archive(data_dir, path):
     with open(path, "rb") as fh:
         data = fh.read()
     try:
-        if path.endswith(".zst"):
+        if path.endswith((".zst", ".tzst")):
             data = _unzstd_raw(data)
-        elif path.endswith(".gz"):
+        elif path.endswith((".gz", ".tgz")):
             data = gzip.decompress(data)
-        elif path.endswith(".bz2"):
+        elif path.endswith((".bz2", ".tbz")):
             data = bz2.decompress(data)
         elif path.endswith(".lz4"):
             data = None  # not readable here; the real k3s can
@@ -1416,7 +1471,7 @@ def node_footprint(opts, data_dir, address, pod_cidr):
         mkdirs(d)
     write_file(host("/run/k3s/containerd/containerd.sock"), "%d\n" % os.getpid(), 0o600)
     ensure_node_password()
-    import_images(data_dir)
+    watch_images(data_dir, import_images(data_dir))
     if SANDBOX:
         info("Sandbox (K3S_STANDIN_ROOT): skipping network links, iptables and the containerd-shim")
         return

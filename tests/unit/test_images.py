@@ -141,3 +141,46 @@ def test_repository_names_keep_registry_ports():
     assert repository("localhost:5000/team/x:1") == "localhost:5000/team/x"
     assert repository("ghcr.io/a/b@sha256:abc") == "ghcr.io/a/b"
     assert repository("busybox") == "busybox"
+
+
+def test_the_air_gap_folder_yields_exactly_what_k3s_imports(tmp_path):
+    from bootstrap.artifacts import image_archives
+
+    names = ["k3s-airgap-images-amd64.tar.zst", "k3s-airgap-images-arm64.tar.zst", "cuda.tgz", "more.tzst",
+             "old.tbz", "plain.tar", "x.tar.lz4", "y.tar.bz2", "z.tar.gz", "pull.txt", "images-arm64.txt",
+             "sha256sum-amd64.txt", "notes.md", "image.tar.xz", "k3s"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    got = [p.name for p in image_archives(tmp_path, "amd64")]
+    assert got == sorted(["k3s-airgap-images-amd64.tar.zst", "cuda.tgz", "more.tzst", "old.tbz", "plain.tar",
+                          "x.tar.lz4", "y.tar.bz2", "z.tar.gz", "pull.txt"])
+
+
+def test_a_new_archive_on_a_running_node_is_awaited_or_restarts_an_older_k3s():
+    from bootstrap.hostparts import k3s_images
+    from bootstrap.hostparts.base import Action, Draft, FileSpec
+    from bootstrap.hostplan.host_plan import HostPlan
+    from bootstrap.inventory.model import Node
+
+    gib = 1 << 30
+    archive = FileSpec("/var/lib/rancher/k3s/agent/images/cuda.tgz", 0o644, "0" * 64, image_archive=True,
+                       size=10 * gib)
+    held = FileSpec("/var/lib/rancher/k3s/agent/images/k3s.tar.zst", 0o644, "1" * 64, image_archive=True, size=gib)
+
+    def plan(version, service=None):
+        draft = Draft(HostPlan(node=Node(name="g", address="10.0.0.2"), unit="k3s-agent", uploads=[archive],
+                               service=service), {})
+        k3s_images.plan_import(draft, version, [archive, held])
+        return draft.plan
+
+    new = plan("v1.33.5+k3s1")
+    assert new.service is None and Action.AWAIT_IMAGE_IMPORT in new.actions
+    assert "ctr" not in "\n".join(new.prepare) and "Imported images from $a in" in new.prepare[-1]
+    assert "within 660 s" in new.prepare[-1]  # 10 GiB at 60 s a GiB, plus a minute
+    assert new.start_timeout == 300 + 11 * 60  # a (re)start imports everything the node holds
+    for version in ("v1.31.4+k3s1", "v1.29.12+k3s1", "v1.28.15+k3s1"):  # before the January 2025 releases
+        old = plan(version)
+        assert old.service == "restart" and Action.AWAIT_IMAGE_IMPORT not in old.actions, version
+    assert plan("v1.31.5+k3s1").service is None
+    starting = plan("v1.33.5+k3s1", service="start")
+    assert starting.prepare == [] and starting.service == "start"  # imported at start, within its wait
