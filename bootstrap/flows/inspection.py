@@ -1,0 +1,149 @@
+"""The read-only views: `status` (what the hosts and the cluster say now) and `plan` (what
+`up` would change). They change nothing; first contact pins host keys, so they hold the
+cluster lock like every command that may write known_hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.node_status import ready_word
+from bootstrap.errors import BootstrapError
+from bootstrap.hosts.connections import open_hosts
+from bootstrap.lock import cluster_lock
+
+RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
+
+
+# --- status ------------------------------------------------------------------------------
+
+def cluster_status(inventory, state, console, *, open_session=open_hosts, connect=connect_to_cluster) -> dict:
+    """Every node as its host and the API see it, the components' state, the newest snapshot."""
+    from bootstrap import snapshots
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
+
+    with cluster_lock(state, "status"):
+        with open_session(inventory, list(inventory.nodes), "status", console) as session:
+            facts = session.gather(HostFactsFact)
+        nodes, components = cluster_view(inventory, state, facts, connect)
+    newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
+    return {"cluster": inventory.cluster, "state_dir": str(state.path), "api": nodes is not None,
+            "nodes": [node_row(node, facts.get(node.name), (nodes or {}).get(node.name, {}))
+                      for node in inventory.nodes],
+            "components": components, "inventory_as_applied": inventory_as_applied(inventory, state),
+            "newest_snapshot": None if newest is None else {
+                "file": newest.name, "age_hours": round((time.time() - newest.taken) / 3600, 1)}}
+
+
+def node_row(node, host, api: dict) -> dict:
+    allocatable = {k: v for k, v in api.get("status", {}).get("allocatable", {}).items()
+                   if k.startswith(RESOURCE_PREFIXES)}
+    return {
+        "node": node.name, "role": node.role, "answers_ssh": host is not None,
+        "ready": ready_word(api),
+        "gpus": f"{len(host.gpus)} x {host.gpus[0].name}" if host and host.gpus else "-",
+        "driver": host.driver_version if host and host.driver_version else "-",
+        "cuda": host.cuda_version if host and host.cuda_version else "-",
+        # what the node runs: during a rolling upgrade, which side of it each node is on
+        "k3s": api.get("status", {}).get("nodeInfo", {}).get("kubeletVersion")
+        or (host.k3s.version if host and host.k3s and host.k3s.version else "-"),
+        "cordoned": bool(api.get("spec", {}).get("unschedulable")),
+        "allocatable": allocatable,
+    }
+
+
+def inventory_as_applied(inventory, state) -> bool | None:
+    """Whether the inventory is the one `up` last applied in full (None: never applied)."""
+    applied = state.path / "applied-inventory.sha256"
+    if not applied.exists():
+        return None
+    return applied.read_text().split()[0] == hashlib.sha256(Path(inventory.source).read_bytes()).hexdigest()
+
+
+def render_status(report: dict) -> list[str]:
+    lines = [f"cluster {report['cluster']} (state: {report['state_dir']})" + ("" if report["api"]
+                                                                            else "; API unreachable"),
+             f"{'NODE':<14} {'ROLE':<7} {'STATE':<18} {'K3S':<14} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} ALLOCATABLE"]
+    for r in report["nodes"]:
+        state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
+        alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
+        lines.append(f"{r['node']:<14} {r['role']:<7} {state_word:<18} {r['k3s']:<14} {r['gpus']:<22} "
+                     f"{r['driver']:<12} {r['cuda']:<5} {alloc}")
+    lines += [f"component {name}: {info['version']} ({info['state']})" for name, info in report["components"].items()]
+    if report["inventory_as_applied"] is not None:
+        lines.append("inventory: " + ("as last applied by `up`" if report["inventory_as_applied"]
+                                      else "changed since the last `up` (run `bootstrap plan`)"))
+    newest = report["newest_snapshot"]
+    lines.append("newest snapshot: " + (f"{newest['file']}, {newest['age_hours']} h old" if newest
+                                        else "none (`bootstrap snapshot` takes one)"))
+    return lines
+
+
+def cluster_view(inventory, state, facts, connect=connect_to_cluster):
+    """Node objects and component versions, or (None, {}) when no server's API answers."""
+    from bootstrap.cluster.apply import read_digests
+    from bootstrap.cluster.client import get
+    from bootstrap.components.cluster_plan import plan_cluster
+    from bootstrap.helm import release_state
+
+    try:
+        with connect(inventory, state) as cluster:
+            nodes = {n["metadata"]["name"]: n for n in (get(cluster, "/api/v1/nodes") or {}).get("items", [])}
+            digests = read_digests(cluster)
+    except BootstrapError:
+        return None, {}
+    try:
+        releases = plan_cluster(inventory, facts).releases
+    except BootstrapError:
+        releases = []
+    return nodes, {r.name: {"version": r.version, "state": release_state(r, digests)} for r in releases}
+
+
+# --- plan --------------------------------------------------------------------------------
+
+def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open_session=open_hosts,
+                    connect=connect_to_cluster) -> list[str]:
+    """What `up` would change: per host, the k3s rollout, the Helm releases."""
+    from bootstrap.flows.host_phase import gather_and_plan
+
+    with cluster_lock(state, "plan"):  # first contact pins host keys (and the API tunnel's)
+        with open_session(inventory, list(inventory.nodes), "plan", console) as session:
+            facts, plans = gather_and_plan(session, inventory, state, console, create_token=False)
+        lines = []
+        for node in inventory.nodes:
+            plan = plans.plans[node.name]
+            lines += [f"{node.name}: no change"] if not plan.changed else \
+                [f"{node.name}:"] + [f"  - {change}" for change in plan.changes]
+        rollout = plans.rollout(inventory, facts, max_unavailable)
+        if rollout:
+            lines += rollout.describe()
+        return lines + component_changes(inventory, state, facts, connect)
+
+
+def component_changes(inventory, state, facts, connect=connect_to_cluster) -> list[str]:
+    """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
+    from bootstrap.cluster.apply import read_digests
+    from bootstrap.components.cluster_plan import plan_cluster
+    from bootstrap.helm import APPLIED, NOT_INSTALLED, release_state
+
+    releases = plan_cluster(inventory, facts).releases
+    applied: dict = {}
+    try:
+        if (state.path / "kubeconfig").exists():
+            with connect(inventory, state) as cluster:
+                applied = read_digests(cluster)
+    except BootstrapError:
+        applied = {}
+    lines = []
+    for release in releases:
+        state_now = release_state(release, applied)
+        if state_now == NOT_INSTALLED:
+            lines.append(f"component {release.name}: install {release.chart} {release.version}")
+        elif state_now == APPLIED:
+            lines.append(f"component {release.name}: no change")
+        else:
+            lines.append(f"component {release.name}: upgrade to {release.chart} {release.version} "
+                         "(version or values changed)")
+    return lines
