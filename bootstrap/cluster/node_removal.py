@@ -1,8 +1,14 @@
 """Removing a Node from the cluster, the one way `rebuild` and `scale-down` both do it.
 
-A server leaves through k3s's etcd member controller (the removal annotation; never a
-force-delete of its member), then its Node goes; its node-password secret goes too, so a
-replacement may reuse the name (k3s keeps one password per node name)."""
+A server leaves through k3s's etcd member controller (never a force-delete of its member):
+on `etcd.k3s.cattle.io/remove=true` the leader's controller removes the member named by the
+node's etcd annotations and marks it `etcd.k3s.cattle.io/removed-node-name` (k3s-io/k3s
+pkg/etcd/member_controller.go, sync), and only then its Node goes; its node-password secret
+goes too, so a replacement may reuse the name (k3s keeps one password per node name).
+
+The caller makes sure k3s no longer runs on the host (a lost machine in `rebuild`; stopped
+and disabled first in `scale-down`): a k3s that starts again joins again, as a new etcd
+member (see bootstrap.flows.scale_down)."""
 
 from __future__ import annotations
 

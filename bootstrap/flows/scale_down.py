@@ -1,4 +1,14 @@
-"""Scale-down (`bootstrap scale-down`): drain, delete and uninstall chosen nodes.
+"""Scale-down (`bootstrap scale-down`): drain the chosen nodes, stop k3s on them, remove them
+from the cluster, then uninstall.
+
+k3s joins its cluster again whenever it starts, a deleted node and a removed etcd member
+alike (k3s-io/k3s#5404; the embedded etcd of a removed server writes a tombstone and k3s,
+restarted by systemd, moves its database aside and joins as a new member: k3s-io/k3s
+pkg/daemons/executor/embed.go and pkg/etcd/etcd.go; the release notes of v1.22.7+k3s1 in
+k3s-io/docs, k3s-io/k3s#4023: "ensure that the k3s service is stopped before using kubectl
+delete"). Our units restart k3s (Restart=always), so a node leaves in this order: drained,
+k3s stopped and disabled on its host, its etcd member and Node removed, k3s uninstalled. A
+node whose host does not answer, or whose k3s does not stop, stays in the cluster, cordoned.
 
 Refuses to remove the last server or to break etcd quorum. Ends by printing the inventory
 edit to make, so the next `up` does not bring the node back.
@@ -6,7 +16,8 @@ edit to make, so the next `up` does not bring the node back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.errors import HostsFailed, UsageError
@@ -14,6 +25,8 @@ from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.model import Role
 from bootstrap.lock import cluster_lock
 from bootstrap.rules.lost_nodes import quorum_after
+
+STOP_STEP = "stop k3s"
 
 
 @dataclass
@@ -29,57 +42,102 @@ def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=
                open_session=open_hosts) -> None:
     """`connect(inventory, state)`: the cluster; `open_session(inventory, nodes, command,
     console)`: the hosts (fakes in tests)."""
-    from bootstrap.cluster.drain import cordon, drain
-    from bootstrap.cluster.node_removal import remove_node
-    from bootstrap.flows.uninstall import uninstall
-
     if not options.nodes and not options.idle:
         raise UsageError("name the nodes to remove with --node NAME (repeatable), or use --idle")
     with cluster_lock(state, "scale-down"):
-        with connect(inventory, state) as cluster:
-            nodes = choose(inventory, options, cluster)
+        named = named_nodes(inventory, options.nodes) if options.nodes else None
+        if named:
+            refuse_losing_the_control_plane(inventory, named)
+        # The API through a server that stays: a leaving server's k3s stops mid-way.
+        leaving = {n.name for n in named or () if n.role == Role.SERVER}
+        through = replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name not in leaving))
+        with connect(through, state) as cluster:
+            nodes = named if named is not None else idle_gpu_agents(inventory, cluster)
             if not nodes:
                 console.say("nothing to remove: no idle GPU node" if options.idle else "nothing to remove")
                 return
-            refuse_losing_the_control_plane(inventory, nodes)
-            blocked = {}
-            for node in nodes:
-                cordon(cluster, node.name)
-                result = drain(cluster, node.name, options.drain_timeout, options.force)
-                console.say(f"{node.name}: cordoned; evicted {len(result.evicted)} pod(s)"
-                            + (f", deleted {len(result.forced)} after the time-out" if result.forced else ""))
-                if not result.complete:
-                    blocked[node.name] = result.blocked
-                    continue
-                remove_node(cluster, node.name, etcd_member=node.role == Role.SERVER)
-        if blocked:
-            lines = [f"{name}: {pod} ({why})" for name, pods in blocked.items() for pod, why in pods.items()]
-            raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
-                              "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
-        removed = [n for n in nodes if n.name not in blocked]
-        with open_session(inventory, removed, "scale-down", console) as session:
-            uninstall(session, inventory, state, removed, options.purge_drivers, console)
-        report_failures(session.failures)
-    console.say("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
-    for node in removed:
-        console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
+            drained, blocked = drain_all(cluster, nodes, options, console)
+            removed, failures = [], {}
+            if drained:
+                with open_session(inventory, drained, "scale-down", console) as session:
+                    removed = leave_and_uninstall(session, cluster, inventory, state, drained, options, console)
+                failures = session.failures
+    if removed:
+        console.say("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
+        for node in removed:
+            console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
+    if blocked:
+        for failure in sorted(failures.values(), key=lambda f: f.node):
+            print(f"FAILED {failure.render()}", file=sys.stderr)
+        lines = [f"{name}: {pod} ({why})" for name, pods in blocked.items() for pod, why in pods.items()]
+        raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
+                          "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
+    report_failures(failures)
 
 
-def choose(inventory, options: ScaleDownOptions, cluster) -> list:
+def drain_all(cluster, nodes, options: ScaleDownOptions, console):
+    """Cordon and drain each node: (the drained ones, {node: {pod: why}} for the blocked)."""
+    from bootstrap.cluster.drain import cordon, drain
+
+    drained, blocked = [], {}
+    for node in nodes:
+        cordon(cluster, node.name)
+        result = drain(cluster, node.name, options.drain_timeout, options.force)
+        console.say(f"{node.name}: cordoned; evicted {len(result.evicted)} pod(s)"
+                    + (f", deleted {len(result.forced)} after the time-out" if result.forced else ""))
+        if result.complete:
+            drained.append(node)
+        else:
+            blocked[node.name] = result.blocked
+    return drained, blocked
+
+
+def leave_and_uninstall(session, cluster, inventory, state, nodes, options: ScaleDownOptions, console) -> list:
+    """Once uninstall found every host ours (and before it changes any): stop k3s on each,
+    then remove from the cluster the nodes whose k3s stopped; uninstall follows. Returns
+    the nodes removed."""
+    from pyinfra.api import StringCommand
+
+    from bootstrap.cluster.node_removal import remove_node
+    from bootstrap.flows.uninstall import uninstall
+    from bootstrap.hostparts import k3s_service
+    from bootstrap.hostplan.steps import Step
+
+    removed = []
+
+    def leave():
+        stop = "\n".join(k3s_service.stop_service(check=True))
+        session.execute([Step(STOP_STEP, {n.name: [StringCommand(stop)] for n in nodes
+                                          if n.name not in session.failures})])
+        for node in nodes:
+            if node.name in session.failures:
+                console.say(f"{node.name}: k3s was not stopped there, so it stays in the cluster, cordoned")
+                continue
+            remove_node(cluster, node.name, etcd_member=node.role == Role.SERVER)
+            console.say(f"{node.name}: k3s stopped; removed from the cluster")
+            removed.append(node)
+
+    uninstall(session, inventory, state, nodes, options.purge_drivers, console, before_teardown=leave)
+    return removed
+
+
+def named_nodes(inventory, names: list[str]) -> list:
+    unknown = [n for n in names if n not in {x.name for x in inventory.nodes}]
+    if unknown:
+        raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}")
+    return [inventory.node(n) for n in names]
+
+
+def idle_gpu_agents(inventory, cluster) -> list:
     from bootstrap.cluster.client import get
     from bootstrap.cluster.drain import gpu_pods_on
 
-    if options.idle:
-        chosen = []
-        for node in inventory.agents:
-            labels = (get(cluster, f"/api/v1/nodes/{node.name}") or {}).get("metadata", {}).get("labels", {})
-            if labels.get("nvidia.com/gpu.present") == "true" and not gpu_pods_on(cluster, node.name):
-                chosen.append(node)
-        return chosen
-    unknown = [n for n in options.nodes if n not in {x.name for x in inventory.nodes}]
-    if unknown:
-        raise UsageError(f"no node named {', '.join(unknown)} in {inventory.source}")
-    return [inventory.node(n) for n in options.nodes]
+    chosen = []
+    for node in inventory.agents:
+        labels = (get(cluster, f"/api/v1/nodes/{node.name}") or {}).get("metadata", {}).get("labels", {})
+        if labels.get("nvidia.com/gpu.present") == "true" and not gpu_pods_on(cluster, node.name):
+            chosen.append(node)
+    return chosen
 
 
 def refuse_losing_the_control_plane(inventory, nodes) -> None:

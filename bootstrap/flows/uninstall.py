@@ -17,11 +17,14 @@ from bootstrap.errors import HostsFailed
 from bootstrap.lock import cluster_lock
 
 
-def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, force: bool = False) -> list[str]:
+def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, force: bool = False,
+              before_teardown=None) -> list[str]:
     """Remove k3s and what the tool installed from `nodes`: agents first, then servers.
     (`down` for the whole cluster, `scale-down` for a few hosts.) Hosts with nothing of
     anyone's on them are left alone; returns their names. A host another cluster owns
-    stops the whole command before anything changes, unless `force`."""
+    stops the whole command before anything changes, unless `force`. `before_teardown()`
+    runs once no host was refused, before any is torn down (scale-down: stop k3s, remove
+    the members)."""
     from pyinfra.api import StringCommand
 
     from bootstrap.facts.pyinfra_fact import HostFactsFact
@@ -44,6 +47,8 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
                           "nothing was changed on any host",
                           "remove those nodes from the inventory, or add --force to wipe k3s from them anyway")
     empty = sorted(name for name, o in owners.items() if o.verdict == "empty" and not force)
+    if before_teardown is not None:
+        before_teardown()
     source = inventory.gpu.container_toolkit.apt_source
     scripts = {name: [StringCommand(teardown_script(f.manifest, purge_drivers=purge_drivers, toolkit_source=source))]
                for name, f in facts.items() if name not in empty}

@@ -122,6 +122,33 @@ def test_scale_down_removes_an_agent_and_refuses_the_only_server(lab, tmp_path, 
     assert left == set(), sorted(left)
 
 
+def test_scale_down_of_a_server_stops_its_k3s_before_its_etcd_member_goes(lab, tmp_path, airgap):
+    """k3s joins again whenever it starts (Restart=always), so the member must go only once
+    k3s is stopped and disabled on its host: the stop job in that host's journal against the
+    line the etcd member controller logs on the first server (one clock: the lab machine)."""
+    import json
+
+    hosts = lab.start(["sds-s1", "sds-s2", "sds-s3"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, servers=3, extra={"k3s": {"airgap": str(airgap)}})
+    first = run_bootstrap("up", inventory, "--no-validate", timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    result = run_bootstrap("scale-down", inventory, "--node", "sds-s3", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    def journal(host, match):
+        lines = lab[host].ssh("sudo journalctl -u k3s.service -o json --no-pager").stdout.splitlines()
+        return [int(e["__REALTIME_TIMESTAMP"]) for e in map(json.loads, lines) if match(e)]
+
+    stopped = journal("sds-s3", lambda e: e.get("JOB_TYPE") == "stop" and e.get("JOB_RESULT") == "done")
+    removed = journal("sds-s1", lambda e: "Removing name=sds-s3" in str(e.get("MESSAGE")))
+    assert stopped and removed and stopped[0] < removed[0], (stopped, removed)
+    assert set(api_nodes(inventory)) == {"sds-s1", "sds-s2"}
+    from test_up_hosts import ALLOWED_AFTER_DOWN
+
+    left = {f for f in lab["sds-s3"].created_files() if not ALLOWED_AFTER_DOWN.match(f)}
+    assert left == set(), sorted(left)
+
+
 def test_one_of_three_servers_lost_its_etcd_member_is_removed_and_the_replacement_joins(lab, tmp_path, airgap):
     hosts = lab.start(["ha-s1", "ha-s2", "ha-s3", "ha-ag"])
     inventory = write_inventory(tmp_path / "inv.yaml", hosts, servers=3, extra={"k3s": {"airgap": str(airgap)}})

@@ -161,15 +161,31 @@ ALLOWED_AFTER_DOWN = re.compile(r"^(etc/ld\.so\.cache|var/lib/dpkg(/|$)|var/cach
                                 r"var/lib$|etc$|var$|var/log$|var/cache$|etc/rancher$|usr/local/bin$|usr/local$|usr$)")
 
 
+def pod_processes(host) -> list[str]:
+    """The stand-in shim's pod (pause, workload, the workload's worker): not k3s's processes."""
+    listing = host.ssh("ps -e -o pid= -o args=", check=False).stdout.splitlines()
+    return [line.split(None, 1)[1] for line in listing if " standin-pod-" in f" {line.strip()}"]
+
+
+def k3s_mounts(host) -> list[str]:
+    mounts = host.ssh("cat /proc/self/mounts", check=False).stdout.splitlines()
+    return [m.split()[1] for m in mounts if m.split()[1].startswith(("/var/lib/kubelet/", "/run/k3s/"))]
+
+
 def test_up_then_down_leaves_nothing_behind(lab, tmp_path, airgap):
     hosts = lab.start(["dn-cp", "dn-a1"])
     inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
     assert up(inventory).returncode == 0
+    for host in hosts:  # a pod runs under each node's containerd shim, its emptyDir mounted
+        assert len(pod_processes(host)) == 3, pod_processes(host)
+        assert any("/volumes/kubernetes.io~empty-dir/" in m for m in k3s_mounts(host)), k3s_mounts(host)
     refused = run_bootstrap("down", inventory)
     assert refused.returncode == 2 and "--yes" in refused.stderr
     down = run_bootstrap("down", inventory, "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     for host in hosts:
+        # the pods went with their shim's process tree, before their mounts and folders
+        assert pod_processes(host) == [] and k3s_mounts(host) == [], (pod_processes(host), k3s_mounts(host))
         left = {f for f in host.created_files() if not ALLOWED_AFTER_DOWN.match(f)}
         assert left == set(), f"{host.name} still holds {sorted(left)}"
         assert host.ssh("ip -o link show", check=False).stdout.count("flannel") == 0

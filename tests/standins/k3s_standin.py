@@ -47,7 +47,9 @@ found in /usr/local/nvidia/toolkit or $PATH; data/<hash>/bin, data/current, data
 /run/k3s/containerd, /run/flannel, /etc/rancher/node/password, /var/lib/kubelet,
 /var/lib/cni, /var/log/pods; cni0 + flannel.1 (VXLAN, UDP 8472) links; FLANNEL-* and
 KUBE-ROUTER-* iptables chains; a containerd-shim process that outlives `systemctl stop`
-under KillMode=process), image import log lines, sd_notify READY=1 once listening,
+under KillMode=process, with a pod under it: processes standin-pod-pause, -workload and
+-worker (the workload's child) and a tmpfs emptyDir mounted under /var/lib/kubelet/pods/,
+the worker's cwd), image import log lines, sd_notify READY=1 once listening,
 process name k3s-server / k3s-agent (as `ss -ltnp` shows for real k3s).
 
 Knobs for tests (not in real k3s):
@@ -93,6 +95,7 @@ import types
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 
 # The builder (tests/standins/airgap.py) replaces the next line with a dict:
 # {"version": "v1.33.5+k3s1", "commit": "1a2b3c4d", "go": "go1.24.6",
@@ -1167,7 +1170,10 @@ def setup_iptables(opts):
 def start_shim(shim_path):
     """A containerd-shim-runc-v2 stand-in, in its own session like real shims, so it
     survives `systemctl stop` when the unit has KillMode=process (as the installer's
-    units do); k3s-killall.sh finds shims by k3s/data/*/bin/containerd-shim in ps."""
+    units do); k3s-killall.sh finds shims by k3s/data/*/bin/containerd-shim in ps.
+    It runs one pod (see shim_main) whose memory-medium emptyDir kubelet mounted first: a
+    tmpfs at /var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>
+    (kubernetes/kubernetes pkg/volume/emptydir/empty_dir.go, setupTmpfs)."""
     pidfile = host("/run/k3s/containerd/standin-shim.pid")
     try:
         pid = int((read_text(pidfile) or "0").strip() or 0)
@@ -1176,11 +1182,16 @@ def start_shim(shim_path):
     except (OSError, ValueError):
         pass
     pod_id = secrets.token_hex(32)
+    volume = host("/var/lib/kubelet/pods/%s/volumes/kubernetes.io~empty-dir/cache" % uuid.uuid4())
+    mkdirs(volume, 0o750)
+    rc, out = run_quiet(["mount", "-t", "tmpfs", "tmpfs", volume])
+    if rc != 0:
+        warn("Could not mount the pod's emptyDir tmpfs at %s (stand-in, best effort): %s" % (volume, out))
     try:
         proc = subprocess.Popen(
             [shim_path, "-namespace", "k8s.io", "-id", pod_id, "-address", host("/run/k3s/containerd/containerd.sock")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, cwd="/")
+            start_new_session=True, close_fds=True, cwd="/", env=dict(os.environ, STANDIN_POD_VOLUME=volume))
     except OSError as exc:
         warn("Could not start the containerd-shim stand-in: %s" % exc)
         return
@@ -1931,10 +1942,15 @@ class ClusterView:
             return self.cluster.load().get("nodes", {})
 
     def etcd_removed(self, name):
+        """The etcd member controller removing the node's member, with the line real k3s
+        logs first (k3s-io/k3s pkg/etcd/etcd.go, RemovePeer): the moment it left."""
         with self.cluster.lock:
             state = self.cluster.load()
             node = state.get("nodes", {}).get(name)
             if node and node.get("etcd"):
+                member = node.get("member") or name
+                info("Removing name=%s id=%d address=%s from etcd"
+                     % (member, int(hashlib.sha256(member.encode()).hexdigest()[:15], 16), node.get("address")))
                 node["etcd"] = False
                 node["removed_from_etcd"] = True
                 self.cluster.save(state)
@@ -2369,15 +2385,47 @@ def cluster_reset(opts, data_dir):
 
 # =============================================================================
 # containerd-shim stand-in: the same file, started as
-# data/<hash>/bin/containerd-shim-runc-v2; it only waits to be killed.
+# data/<hash>/bin/containerd-shim-runc-v2. Like a real shim it is its pod's subreaper
+# (containerd/containerd pkg/shim/shim_linux.go at da5680ad: reaper.SetSubreaper(1)), so
+# the pod's processes are its descendants: the sandbox's pause process, and a workload with
+# a worker of its own (a training job and its data loader, say) working in the pod's
+# emptyDir. They are plain processes with their own command lines (standin-pod-*), so only
+# a teardown that kills the shim's whole process tree ends them, as for real pods.
 # =============================================================================
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def pod_process(argv0, cwd, worker=None):
+    """Fork a pod process that sleeps under `argv0`; `worker`: (argv0, cwd) of its child."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.chdir(cwd)
+        if worker:
+            pod_process(*worker)
+        os.execv(shutil.which("sleep") or "/bin/sleep", [argv0, "infinity"])
+    finally:
+        os._exit(127)
+
 
 def shim_main():
     set_process_name("containerd-shim")
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except Exception:
+        pass
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    volume = os.environ.get("STANDIN_POD_VOLUME") or "/"
+    pod_process("standin-pod-pause", "/")
+    pod_process("standin-pod-workload", volume, ("standin-pod-worker", volume))
     while True:
-        time.sleep(3600)
+        try:
+            os.waitpid(-1, 0)  # reap what exits (orphans of the pod come to the subreaper)
+        except ChildProcessError:
+            time.sleep(3600)
 
 
 # =============================================================================

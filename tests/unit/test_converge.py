@@ -90,7 +90,7 @@ def test_teardown_undoes_what_the_manifest_records():
     assert "rm -rf /var/lib/bootstrap" in purge
     bare = teardown_script({}, purge_drivers=False)
     assert "apt-get" not in bare and "swapon" not in bare
-    assert "rm -rf /etc/rancher/k3s /etc/rancher/node" in bare and "$t-save | grep -viE" in bare
+    assert "for d in /etc/rancher/k3s /etc/rancher/node" in bare and "$t-save | grep -viE" in bare
 
 
 def test_apt_list_names():

@@ -134,6 +134,8 @@ def removed_by(script: str):
             files |= set(shlex.split(line)[2:])
         elif line.startswith("rm -rf "):
             dirs += shlex.split(line)[2:]
+        elif folders := re.match(r'for d in (.*?); do .*rm -rf "\$d"', line):  # k3s's, mount-aware
+            dirs += folders[1].split()
     return lambda path: path in files or any(path.startswith(f"{folder}/") for folder in dirs)
 
 
@@ -157,8 +159,10 @@ def test_teardown_removes_unit_and_binary_even_when_no_manifest_lists_them():
 
 def test_teardown_stops_the_units_and_processes_the_service_part_names():
     script = teardown_script({}, purge_drivers=False)
-    assert f"for u in {' '.join(k3s_service.UNITS.values())}; do systemctl stop" in script
-    assert f"pkill -9 -x '{'|'.join(k3s_service.PROCESSES)}'" in script
+    assert f"for u in {' '.join(u + '.service' for u in k3s_service.UNITS.values())}; do systemctl stop" in script
+    assert f"-v names='^({'|'.join(k3s_service.PROCESSES)})$'" in script
+    gone = removed_by(script)
+    assert all(gone(f"{folder}/x") for folder in k3s_service.DATA_DIRS)
 
 
 def test_a_kept_driver_keeps_the_manifest_that_lists_it():

@@ -1,0 +1,130 @@
+"""The scale-down flow in-process: the sandboxed stand-in API (tests/sandbox.py: a first
+server, a second server joined to it, an agent) and a fake host session. k3s rejoins its
+cluster whenever it starts, so a node leaves in this order: drained, k3s stopped on its
+host, removed from the cluster (etcd member, Node), uninstalled; a host whose k3s did not
+stop keeps its node."""
+
+import contextlib
+
+import pytest
+import yaml
+from fakes import FakeSession
+from sandbox import TOKEN, Cluster, Proc, free_port, k3s, wait  # noqa: F401  (k3s: the built stand-in)
+
+from bootstrap import progress
+from bootstrap.cluster.client import Cluster as ApiCluster
+from bootstrap.errors import HostsFailed
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.flows.scale_down import STOP_STEP, ScaleDownOptions, scale_down
+from bootstrap.hostparts import k3s_service
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.statedir import StateDir
+
+REMOVED = "etcd.k3s.cattle.io/removed-node-name"
+
+
+def joined_server(lab: Cluster, name: str) -> Proc:
+    root = lab.base / name
+    (root / "etc/rancher/k3s").mkdir(parents=True)
+    (root / "etc/rancher/k3s/config.yaml").write_text(yaml.safe_dump(
+        {"server": f"https://127.0.0.1:{lab.port}", "token": TOKEN}))
+    proc = Proc(lab.k3s, ["server", "--https-listen-port", str(free_port()), "--bind-address", "127.0.0.1",
+                          "--node-name", name], root)
+    lab.procs.append(proc)
+    return proc
+
+
+@pytest.fixture
+def lab(k3s, tmp_path):  # noqa: F811
+    sandbox = Cluster(k3s, tmp_path / "hosts")
+    sandbox.server(name="cp-1")
+    processes = {"cp-2": joined_server(sandbox, "cp-2"), "a1": sandbox.agent("a1")}
+    sandbox.wait_ready("cp-1", "cp-2", "a1")
+    etcd = sandbox.node("cp-2").metadata.labels.get("node-role.kubernetes.io/etcd")
+    assert etcd == "true", "the joined server is an etcd member"
+    yield sandbox, processes
+    sandbox.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "t", "state_dir": "state", "nodes": [
+        {"name": "cp-1", "address": "10.0.0.1", "role": "server"},
+        {"name": "cp-2", "address": "10.0.0.2", "role": "server"},
+        {"name": "cp-3", "address": "10.0.0.3", "role": "server"},
+        {"name": "a1", "address": "10.0.0.4"}]}))
+    inventory = load_inventory(path)
+    state = StateDir(inventory)
+    k3s_units = K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [SystemdUnit("k3s.service", "loaded", "active")])
+    ours = HostFacts(manifest={"cluster_id": state.cluster_id, "files": []}, k3s=k3s_units)
+    return inventory, state, {n.name: ours for n in inventory.nodes}
+
+
+class Hosts(FakeSession):
+    """Records, for each step on each host, where its node stood in the cluster just then;
+    the stop step stops that host's stand-in k3s, as `systemctl stop` does."""
+
+    def __init__(self, inventory, facts, lab, processes, **kw):
+        super().__init__(inventory, facts, **kw)
+        self.lab, self.processes, self.seen, self.commands = lab, processes, [], {}
+
+    def standing(self, name):
+        status, text = self.lab.raw("GET", f"/api/v1/nodes/{name}")
+        if status == 404:
+            return "gone"
+        return "member removed" if REMOVED in yaml.safe_load(text)["metadata"].get("annotations", {}) else "in cluster"
+
+    def execute(self, steps):
+        for step in steps:
+            for name, commands in step.commands.items():
+                if name in self.failures:
+                    continue
+                self.seen.append((step.name, name, self.standing(name)))
+                self.commands[(step.name, name)] = [c.bits[0] if hasattr(c, "bits") else str(c) for c in commands]
+                if step.name == STOP_STEP and name not in self.failing:
+                    self.processes[name].stop()
+        return super().execute(steps)
+
+
+def run(inventory, state, session, lab, *names):
+    through = []
+
+    @contextlib.contextmanager
+    def connect(inv, st):
+        through.append([n.name for n in inv.servers])
+        yield ApiCluster(lab.api, state.path / "kubeconfig")
+
+    scale_down(inventory, state, ScaleDownOptions(nodes=list(names)), progress.Console(progress.Reporter()),
+               connect=connect, open_session=lambda *a: contextlib.nullcontext(session))
+    return through
+
+
+def test_k3s_stops_before_the_member_and_node_go_and_the_uninstall_comes_last(lab, cluster, capsys):
+    sandbox, processes = lab
+    inventory, state, facts = cluster
+    session = Hosts(inventory, facts, sandbox, processes)
+    through = run(inventory, state, session, sandbox, "cp-2", "a1")
+    assert session.seen == [
+        (STOP_STEP, "cp-2", "in cluster"), (STOP_STEP, "a1", "in cluster"),  # still members when k3s stops
+        ("remove agent", "a1", "gone"), ("remove server", "cp-2", "gone")]   # uninstalled once removed
+    assert session.commands[(STOP_STEP, "cp-2")] == ["\n".join(k3s_service.stop_service(check=True))]
+    assert through == [["cp-1", "cp-3"]]  # the API through a server that stays up
+    out = capsys.readouterr().out
+    assert "cp-2: k3s stopped; removed from the cluster" in out
+    assert "now remove from" in out and "the node named cp-2, the node named a1" in out
+    assert [n.metadata.name for n in sandbox.core.list_node().items] == ["cp-1"]
+
+
+@pytest.mark.parametrize("how", ["k3s did not stop", "host unreachable"])
+def test_a_host_whose_k3s_may_still_run_keeps_its_node_and_member(lab, cluster, how, capsys):
+    sandbox, processes = lab
+    inventory, state, facts = cluster
+    session = Hosts(inventory, facts, sandbox, processes, failing=["cp-2"] if how == "k3s did not stop" else (),
+                    unreachable=["cp-2"] if how == "host unreachable" else ())
+    with pytest.raises(HostsFailed, match="cp-2"):
+        run(inventory, state, session, sandbox, "cp-2")
+    assert ("remove server", "cp-2") not in session.executed
+    node = sandbox.node("cp-2")
+    assert node.spec.unschedulable and REMOVED not in (node.metadata.annotations or {})
+    assert "cp-2: k3s was not stopped there, so it stays in the cluster, cordoned" in capsys.readouterr().out
