@@ -80,6 +80,42 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding
             continue  # unreachable: reported by the session
         findings += check_host(inventory, node, host, ports)
     findings += check_unique_hostnames(inventory, facts)
+    findings += check_node_addresses(inventory, facts)
+    return findings
+
+
+def check_node_addresses(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+    """node-ip must be an address of the host itself: k3s exits, and systemd restarts it
+    forever, when no interface holds it (bootstrap.rules.node_addresses says where k3s
+    checks). Behind a 1:1 NAT the SSH address is not on the host: say what is used instead."""
+    from bootstrap.rules.node_addresses import candidates, choose, on_host
+
+    findings = []
+    for node in inventory.nodes:
+        host = facts.get(node.name)
+        if host is None:
+            continue
+        if host.addresses is None:
+            findings.append(Finding(node.name, "node-ip", "cannot list the host's addresses (`ip` failed); "
+                                    "node-ip is the inventory address", "install iproute2 on the host",
+                                    severity="warning"))
+            continue
+        own = ", ".join(f"{a.interface} {a.address}/{a.prefix}" for a in candidates(inventory, host)) or "none"
+        if node.node_ip and not on_host(host, node.node_ip):
+            findings.append(Finding(
+                node.name, "node-ip", f"node_ip {node.node_ip} is not an address of this host (its addresses: "
+                f"{own}); k3s would exit at start: no interface holds its node IP",
+                "set nodes[].node_ip to one of the host's addresses, or remove it and bootstrap "
+                "chooses the one that reaches the other nodes"))
+            continue
+        chosen = choose(inventory, node, facts)
+        if chosen.internal is None:
+            findings.append(Finding(node.name, "node-ip", f"{node.address} is not on this host and it has no "
+                                    "other global address for cluster traffic", "set nodes[].node_ip"))
+        elif chosen.nat:
+            findings.append(Finding(
+                node.name, "node-ip", f"{node.address} is not on this host (a NAT); node-ip {chosen.internal} "
+                f"({chosen.how}), node-external-ip {node.address}", severity="info"))
     return findings
 
 

@@ -14,6 +14,9 @@ As a module (tests put ``tests/`` on ``sys.path``)::
     cp.ssh("hostname").stdout
     lab.cleanup()
 
+``HostSpec("nat-1", nat=True)`` is a host behind 1:1 NAT: eth0 holds its private address
+(``host.address``), the tool reaches it at ``host.public_address``, which no interface holds.
+
 As a command::
 
     python tests/testhosts.py up [--count N | NAME...] [--gpu NAME...]
@@ -66,6 +69,11 @@ GATEWAY = "10.200.0.1"
 # The machines inventories/lab.yaml describes; other names get the next free address.
 KNOWN_HOSTS = {"cp-1": "10.200.0.11", "gpu-1": "10.200.0.12", "gpu-2": "10.200.0.13"}
 FIRST_FREE = 14
+# 1:1 NAT, as most clouds do it: a host started with HostSpec(nat=True) keeps its private
+# address on eth0 and is reached from this machine (where the tool runs) at a "public"
+# address that exists only as a DNAT rule in this machine's namespace: 10.200.100.<same last
+# octet>. Host to host it has only its private address, as in a provider's VPC.
+PUBLIC_NETWORK = ipaddress.ip_network("10.200.100.0/24")
 # Beyond nspawn's default set: CAP_NET_ADMIN, scoped to the host's own network
 # namespace (iptables, ip link, net.* sysctls). Machine-wide sysctls stay read-only.
 CAPABILITIES = ("CAP_NET_ADMIN",)
@@ -318,6 +326,27 @@ def _kill_netns_pids(netns: str) -> None:
     raise LabError(f"processes in netns {netns} would not die")
 
 
+def _iptables(*args: str, check: bool = True):
+    """iptables in this machine's namespace: its own, or the lab rootfs's (Debian's package)
+    run through chroot, which keeps the caller's network namespace."""
+    binary = shutil.which("iptables")
+    return _run(*([binary] if binary else ["chroot", str(ensure_rootfs()), "iptables"]), *args, check=check)
+
+
+def _drop_leftover_nat_rules() -> None:
+    """DNAT rules of hosts whose state is gone (a crash between adding the rule and saving)."""
+    if not shutil.which("iptables") and not _rootfs_ready():
+        return  # no iptables here, so no rule was ever added
+    rules = _iptables("-t", "nat", "-S", "OUTPUT", check=False).stdout.decode()
+    for line in rules.splitlines():
+        if line.startswith("-A OUTPUT ") and "--comment bslab-" in line:
+            _iptables("-t", "nat", "-D", *line.split()[1:], check=False)
+
+
+def public_address_for(address: str) -> str:
+    return str(PUBLIC_NETWORK.network_address + ipaddress.ip_address(address).packed[-1])
+
+
 def _link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
@@ -374,6 +403,7 @@ class HostSpec:
     name: str
     address: str | None = None
     gpu: bool = False
+    nat: bool = False  # reached from this machine at a public address that is not on the host
     extra_files: dict[str, FileContent] = field(default_factory=dict)
 
 
@@ -382,11 +412,12 @@ class TestHost:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, name: str, address: str, pid: int | None = None):
+    def __init__(self, name: str, address: str, pid: int | None = None, public_address: str | None = None):
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", name):
             raise LabError(f"bad test host name {name!r} (lowercase letters, digits, '-')")
         self.name = name
-        self.address = address
+        self.address = address  # on eth0; the back door (ssh()) uses it
+        self.public_address = public_address  # only with nat: what an inventory names
         self.pid = pid
         self.baseline: set[str] = set()
         self._popen: subprocess.Popen | None = None
@@ -420,13 +451,13 @@ class TestHost:
 
     def _save(self) -> None:
         state = {"name": self.name, "address": self.address, "pid": self.pid, "owner": self.owner,
-                 "baseline": sorted(self.baseline)}
+                 "baseline": sorted(self.baseline), "public_address": self.public_address}
         (self.dir / "state.json").write_text(json.dumps(state))
 
     @classmethod
     def load(cls, name: str) -> "TestHost":
         state = json.loads((LAB_DIR / "hosts" / name / "state.json").read_text())
-        host = cls(state["name"], state["address"], state.get("pid"))
+        host = cls(state["name"], state["address"], state.get("pid"), state.get("public_address"))
         host.owner = state.get("owner")
         host.baseline = set(state.get("baseline", []))
         return host
@@ -466,8 +497,19 @@ class TestHost:
         _run(*ns, "link", "set", "eth0", "up")
         _run(*ns, "link", "set", "lo", "up")
         _run(*ns, "route", "add", "default", "via", GATEWAY)
+        if self.public_address:
+            # Routed onto the bridge so nothing leaves the lab; the DNAT rewrites it to eth0's.
+            _run("ip", "route", "replace", str(PUBLIC_NETWORK), "dev", BRIDGE, "src", GATEWAY)
+            _iptables("-t", "nat", "-A", *self._nat_rule())
+
+    def _nat_rule(self) -> tuple[str, ...]:
+        return ("OUTPUT", "-d", f"{self.public_address}/32", "-m", "comment", "--comment", f"bslab-{self.name}",
+                "-j", "DNAT", "--to-destination", self.address)
 
     def _teardown_network(self) -> None:
+        if self.public_address:
+            while _iptables("-t", "nat", "-C", *self._nat_rule(), check=False).returncode == 0:
+                _iptables("-t", "nat", "-D", *self._nat_rule())
         _kill_netns_pids(self.netns)
         if Path("/run/netns", self.netns).exists():
             _run("ip", "netns", "del", self.netns, check=False)
@@ -691,7 +733,9 @@ class Lab:
                     _ensure_bridge()
                     for spec in specs:
                         _remove_stale(spec.name)
-                        host = TestHost(spec.name, spec.address or _allocate_address(spec.name))
+                        address = spec.address or _allocate_address(spec.name)
+                        host = TestHost(spec.name, address,
+                                        public_address=public_address_for(address) if spec.nat else None)
                         host.owner = me
                         host.dir.mkdir(parents=True)
                         host._save()  # claims the name and the address
@@ -800,6 +844,7 @@ def down() -> None:
         shutil.rmtree(LAB_DIR / "hosts", ignore_errors=True)
         for link in Path("/sys/class/net").glob("bsl-*"):
             _run("ip", "link", "del", link.name, check=False)
+        _drop_leftover_nat_rules()
         _remove_bridge_if_unused()
 
 

@@ -135,6 +135,30 @@ class ContainerdConfig(_ToDict):
 
 
 @dataclass(frozen=True)
+class InterfaceAddress(_ToDict):
+    """One line of `ip -o addr show`: an address a socket on this host can bind."""
+
+    interface: str  # "eth0" (an IPv4 label such as "eth0:1" is dropped)
+    address: str  # "10.0.0.5", "fd00::5"
+    prefix: int  # 24: the on-link network is address/prefix
+    scope: str = "global"  # "global", "link", "host"
+    flags: list[str] = field(default_factory=list)  # "secondary", "dynamic", "deprecated", "tentative", ...
+
+
+@dataclass(frozen=True)
+class Route(_ToDict):
+    """One route of the main table (`ip route show table main`, both families)."""
+
+    destination: str  # "default" or "10.0.0.0/24"
+    family: int = 4  # 4 or 6 (a "default" line does not say)
+    interface: str | None = None  # dev
+    gateway: str | None = None  # via
+    source: str | None = None  # src: the address the kernel picks for traffic on this route
+    kind: str = "unicast"  # "unicast", "unreachable", "blackhole", "prohibit", "local", ...
+    metric: int = 0
+
+
+@dataclass(frozen=True)
 class HostFacts(_ToDict):
     hostname: str | None = None
     os_id: str | None = None  # "ubuntu", "debian"
@@ -172,6 +196,9 @@ class HostFacts(_ToDict):
     images: tuple | None = None  # image references in k3s's containerd; None: k3s not running
     k3s: K3sInstall | None = None
     listening_ports: list[ListeningPort] = field(default_factory=list)
+    # Every address on the host's interfaces (None: `ip` could not tell) and its routes.
+    addresses: list[InterfaceAddress] | None = None
+    routes: list[Route] = field(default_factory=list)
 
     @property
     def has_gpu(self) -> bool:

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
-from .host_facts import (ContainerdConfig, FileState, Gpu, ListeningPort, MigProfile, PciDevice, RdmaDevice,
-                    SystemdUnit)
+from .host_facts import (ContainerdConfig, FileState, Gpu, InterfaceAddress, ListeningPort, MigProfile, PciDevice,
+                         RdmaDevice, Route, SystemdUnit)
 
 # What nvidia-smi prints for a value the GPU or driver does not have.
 _NA = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
@@ -431,6 +431,79 @@ def parse_proc_net(lines: Iterable[str] | None) -> list[ListeningPort]:
         if address is not None:
             result.append(ListeningPort(proto=proto, port=port, address=address))
     return result
+
+
+# --- addresses and routes -------------------------------------------------------------
+
+# "4: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global dynamic eth0\       valid_lft 3000sec ..."
+# "5: wg0    inet 10.9.0.1 peer 10.9.0.2/32 scope global wg0\ ..."
+_IP_ADDR = re.compile(r"^\d+:\s+(\S+)\s+(inet6?)\s+([0-9A-Fa-f.:]+)(?:/(\d+))?(?:\s+peer\s+[0-9A-Fa-f.:]+/(\d+))?(.*)$")
+
+
+def parse_ip_addr(lines: Iterable[str] | None) -> list[InterfaceAddress]:
+    """`ip -o addr show`: one address per line (the backslash starts its lifetimes)."""
+    result = []
+    for line in _clean(lines):
+        m = _IP_ADDR.match(line.strip())
+        if not m:
+            continue
+        interface = m[1].split("@", 1)[0]
+        try:
+            address = str(ipaddress.ip_address(m[3]))
+        except ValueError:
+            continue
+        prefix = _int(m[5] or m[4])
+        if prefix is None:
+            prefix = 128 if m[2] == "inet6" else 32
+        words = m[6].split("\\", 1)[0].split()
+        scope = words[words.index("scope") + 1] if "scope" in words[:-1] else "global"
+        after = words[words.index("scope") + 2:] if "scope" in words[:-1] else []
+        # IPv4 lines end with the address's label ("eth0", "eth0:1"); the rest are flags.
+        flags = [w for w in after if w != interface and not w.startswith(interface + ":")]
+        result.append(InterfaceAddress(interface, address, prefix, scope, flags))
+    return result
+
+
+_ROUTE_KINDS = {"unicast", "local", "broadcast", "multicast", "unreachable", "blackhole", "prohibit", "throw",
+                "nat", "anycast"}
+
+
+def _route_fields(words: list[str]) -> dict[str, str]:
+    return {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i] in ("via", "dev", "src", "metric")}
+
+
+def parse_ip_route(lines: Iterable[str] | None) -> list[Route]:
+    """The probe's routes: "# inet" then `ip -4 route show table main`, "# inet6" then the
+    same for IPv6. A multipath route's "nexthop via ... dev ..." lines give its first hop."""
+    routes: list[Route] = []
+    family = 4
+    for line in _clean(lines):
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "#" and len(words) > 1:
+            family = 6 if words[1] == "inet6" else 4
+            continue
+        if words[0] == "nexthop":
+            if routes and routes[-1].interface is None:
+                hop = _route_fields(words)
+                routes[-1] = replace(routes[-1], interface=hop.get("dev"), gateway=hop.get("via"))
+            continue
+        kind = "unicast"
+        if words[0] in _ROUTE_KINDS:
+            kind, words = words[0], words[1:]
+        if not words:
+            continue
+        destination = words[0]
+        if destination != "default":
+            try:
+                destination = str(ipaddress.ip_network(destination, strict=False))
+            except ValueError:
+                continue
+        fields = _route_fields(words[1:])
+        routes.append(Route(destination, family, fields.get("dev"), fields.get("via"), fields.get("src"), kind,
+                            _int(fields.get("metric")) or 0))
+    return routes
 
 
 def parse_files(lines: Iterable[str] | None) -> dict[str, FileState]:

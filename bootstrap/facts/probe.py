@@ -42,7 +42,7 @@ COMMANDS = (
 
 SECTIONS = (
     "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
-    "k3s", "k3s-units", "ss", "proc-net",
+    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
 
@@ -102,6 +102,15 @@ p_ss() { has ss || return 127; if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/nul
 # Facts run as the login user; this says whether `sudo -n` works before anything needs it,
 # so a password-only sudo is one clear line instead of a prompt.
 p_sudo() { [ "$(id -u)" = 0 ] && { echo root; return 0; }; has sudo || { echo "sudo: not installed"; return 127; }; sudo -n true; }
+# The host's own addresses and routes: node-ip must be one of them (k3s's network policy
+# controller looks the node's InternalIP up among the interfaces' addresses and exits when
+# none holds it), and behind a cloud's 1:1 NAT the SSH address is not.
+p_addr() { has ip || return 127; ip -o addr show; }
+p_routes() {
+  has ip || return 127
+  echo "# inet"; ip -4 route show table main
+  echo "# inet6"; ip -6 route show table main 2>/dev/null; return 0
+}
 p_procnet() {
   for t in tcp tcp6 udp udp6; do
     [ -r "/proc/net/$t" ] || continue
@@ -162,6 +171,8 @@ probe() {
   sec k3s-units p_units
   sec ss p_ss
   [ "$rc" = 0 ] || sec proc-net p_procnet
+  sec ip-addr p_addr
+  sec ip-route p_routes
   if has nvidia-smi; then
     sec nvidia-smi nvsmi
     if [ "$rc" = 0 ]; then
@@ -351,5 +362,7 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         images=p.parse_crictl_images(_ok(sections, "images")) if _ok(sections, "images") else None,
         k3s=_k3s(sections),
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
+        addresses=p.parse_ip_addr(_ok(sections, "ip-addr")) or None,  # no `ip`: unknown, not "none"
+        routes=p.parse_ip_route(_ok(sections, "ip-route")),
         **_gpu_facts(sections),
     )

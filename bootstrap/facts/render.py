@@ -49,6 +49,16 @@ def describe_k3s(facts: HostFacts) -> str:
     return f"{facts.k3s.version or 'unknown version'} at {facts.k3s.binary or '?'}; {units}"
 
 
+def describe_addresses(facts: HostFacts) -> str:
+    from bootstrap.rules.node_addresses import host_interface
+
+    if facts.addresses is None:
+        return "unknown (ip failed)"
+    own = [f"{a.interface} {a.address}/{a.prefix}" for a in facts.addresses
+           if a.scope == "global" and host_interface(a.interface)]
+    return ", ".join(own) or "none"
+
+
 def render_host(name: str, address: str, facts: HostFacts) -> str:
     disk = facts.disk_free_gib.get("/")
     rows = [
@@ -60,7 +70,7 @@ def render_host(name: str, address: str, facts: HostFacts) -> str:
     profiles = describe_mig_profiles(facts)
     if profiles:
         rows.append(("mig profiles", profiles))
-    rows += [("rdma", describe_rdma(facts)), ("k3s", describe_k3s(facts))]
+    rows += [("addresses", describe_addresses(facts)), ("rdma", describe_rdma(facts)), ("k3s", describe_k3s(facts))]
     if facts.sudo_ok is False:
         rows.append(("sudo", f"not usable without a password: {facts.sudo_error}"))
     width = max(len(label) for label, _ in rows)

@@ -30,7 +30,11 @@ class Plans:
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
                artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
     from bootstrap.hostparts.registries import embedded_mirror_on
+    from bootstrap.rules.node_addresses import with_node_ips
 
+    # node-ip is one of each host's own addresses (the public one is often only a NAT).
+    inventory = with_node_ips(inventory, facts)
+    join_via = inventory.node(join_via.name) if join_via is not None else None
     plans = {}
     gpu_names = {n.name for n in gpu_nodes(inventory, facts)}
     mirror = embedded_mirror_on(inventory, bool(gpu_names))

@@ -25,7 +25,8 @@ def _is_ip(text: str) -> bool:
 
 
 def cluster_address(node: Node) -> str:
-    """The address other nodes use for this one: its private IP when given."""
+    """The address other nodes use for this one: its node_ip (from the inventory, or chosen
+    among the host's own addresses by rules.node_addresses when planning), else its address."""
     return node.node_ip or node.address
 
 
@@ -48,10 +49,14 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
         # is plain runc for the rest. The host toolkit is installed before k3s starts: a
         # default runtime containerd does not have stops the node (CRI plugin not loaded).
         config["default-runtime"] = "nvidia"
+    # node-ip must be an address on one of the host's links: k3s registers it as the node's
+    # InternalIP and its network policy controller exits when no link holds it (kube-router
+    # pkg/utils/node.go GetNodeSubnet, via k3s pkg/agent/netpol/netpol.go). make_plans fills
+    # node_ip from the host's own addresses when the inventory address is a NAT'd public one.
     if node.node_ip:
         config["node-ip"] = node.node_ip
         if _is_ip(node.address) and node.address != node.node_ip:
-            config["node-external-ip"] = node.address
+            config["node-external-ip"] = node.address  # the node's ExternalIP: what the world sees
     elif _is_ip(node.address):
         config["node-ip"] = node.address
     if node.labels:

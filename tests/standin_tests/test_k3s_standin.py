@@ -24,6 +24,9 @@ Where the stand-in differs from real k3s (on purpose, or because it cannot do mo
 - Node lists are not replicated between servers after a join; no etcd runs (the
   data dir only has the files and the ports are held); snapshots are JSON files;
   nothing from server/manifests is applied; registries.yaml is not read.
+- A node-ip on no link of the host is fatal before the node joins; real k3s registers the
+  node first, then its network policy controller exits (with disable-network-policy the
+  kubelet only fails every node status update). Either way the node never works.
 - The version guard (no downgrade, no skipped minor) is the stand-in's own check of
   the documented upgrade rules, not an error real k3s prints.
 """
@@ -526,6 +529,37 @@ def test_port_in_use_is_fatal(k3s, tmp_path):
         s.listen()
         proc = run(k3s, *server_args(s.getsockname()[1]), root=tmp_path)
     assert proc.returncode == 1 and "failed to listen" in proc.stderr
+
+
+@needs_upstream
+@pytest.mark.parametrize("extra, message", [
+    ((), "unable to initialize network policy controller: error getting node subnet: "
+          "failed to find interface with specified node ip"),
+    (("--disable-network-policy",), 'failed to validate nodeIP: node IP: "192.0.2.250" not found in the host\'s '
+                                     "network interfaces"),
+])
+def test_node_ip_not_on_any_link_is_fatal(k3s, tmp_path, extra, message):
+    """Behind a 1:1 NAT the public address is on no interface: real k3s exits (its network
+    policy controller finds no link with the node IP) and systemd restarts it forever."""
+    proc = run(k3s, *server_args(free_port(), "cp-1", "--node-ip", "192.0.2.250", *extra), root=tmp_path)
+    assert proc.returncode == 1 and any(message in m for m in messages(proc.stderr)), proc.stderr
+    assert not (tmp_path / "var/lib/rancher/k3s/server/token").exists()  # it never came up
+
+
+@needs_upstream
+def test_node_ip_on_a_link_starts(k3s, tmp_path, procs):
+    p, port = start_server(procs, k3s, tmp_path, more=("--node-ip", "127.0.0.1"))
+    assert get_json(port, "/v1-standin/nodes")["nodes"][0]["address"] == "127.0.0.1"
+
+
+def test_link_addresses_lists_every_address_of_every_link(source_module):
+    """The netlink dump finds what `ip -o addr` lists (both families, every link)."""
+    import ipaddress
+
+    found = source_module.link_addresses()
+    listed = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    expected = {ipaddress.ip_address(m) for m in re.findall(r"\binet6? ([0-9a-f.:]+)", listed)}
+    assert ipaddress.ip_address("127.0.0.1") in found and expected and found == expected
 
 
 # --------------------------------------------------------------------------- agents and joins

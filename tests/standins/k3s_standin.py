@@ -40,6 +40,8 @@ random bytes in PEM armour). It speaks plain HTTP (not TLS) on the supervisor po
                               server is http://127.0.0.1:<port>, its user a bearer token
 Agent: needs server + token; checks the CA hash (K10 token) against /cacerts, joins,
 then listens on 10250 (kubelet-arg port=N moves it) with GET /healthz -> "ok".
+Both: a node-ip that no link of the host holds is fatal (real k3s's network policy
+controller exits on it; see check_node_ip).
 Both: node footprint that `down` must undo (agent/etc/containerd/config.toml in the
 containerd 2 "version = 3" form, CNI `bin_dirs = [".../data/cni"]`, one
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'nvidia'] block per runtime
@@ -970,6 +972,7 @@ def node_address(opts, toward=None):
     """node-ip, or the source address the kernel would use (UDP connect sends no
     packet). Without a route k3s fails the same way."""
     if opts.get("node-ip"):
+        check_node_ip(opts, opts["node-ip"][0])
         return opts["node-ip"][0]
     target = toward or "192.0.2.1"  # TEST-NET-1: only used to ask the routing table
     try:
@@ -978,6 +981,65 @@ def node_address(opts, toward=None):
             return s.getsockname()[0]
     except OSError:
         fatal('unable to select an IP from default routes: no default routes found in "/proc/net/route" or "/proc/net/ipv6_route"')
+
+def link_addresses():
+    """Every address on the host's links, both families, from a netlink RTM_GETADDR dump:
+    what kube-router's GetNodeSubnet walks (netlink LinkList + AddrList). IFA_LOCAL is the
+    address of a point-to-point link (IFA_ADDRESS is then its peer), as netlink reads it."""
+    import ipaddress
+    import struct
+
+    rtm_getaddr, rtm_newaddr, nlmsg_done, nlmsg_error = 22, 20, 3, 2
+    ifa_address, ifa_local = 1, 2
+    found = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as s:  # NETLINK_ROUTE
+        s.bind((0, 0))
+        s.send(struct.pack("=LHHLL", 24, rtm_getaddr, 0x1 | 0x300, 1, 0)  # NLM_F_REQUEST | NLM_F_DUMP
+               + struct.pack("=BBBBI", socket.AF_UNSPEC, 0, 0, 0, 0))
+        while True:
+            data, off = s.recv(1 << 16), 0
+            while off + 16 <= len(data):
+                length, kind = struct.unpack_from("=LH", data, off)
+                if kind == nlmsg_done:
+                    return found
+                if kind == nlmsg_error or length < 16:
+                    raise OSError("netlink address dump failed")
+                if kind == rtm_newaddr:
+                    attrs, pos, end = {}, off + 24, off + length
+                    while pos + 4 <= end:
+                        size, attr = struct.unpack_from("=HH", data, pos)
+                        if size < 4:
+                            break
+                        attrs[attr] = data[pos + 4:pos + size]
+                        pos += (size + 3) & ~3
+                    raw = attrs.get(ifa_local) or attrs.get(ifa_address)
+                    if raw and len(raw) in (4, 16):
+                        found.add(ipaddress.ip_address(raw))
+                off += (length + 3) & ~3
+
+
+def check_node_ip(opts, address):
+    """A node-ip no link of the host holds: real k3s registers it as the node's InternalIP,
+    then its network policy controller looks that address up among the links' addresses
+    and the process exits (k3s-io/k3s pkg/agent/netpol/netpol.go at commit 0589157 wraps
+    cloudnativelabs/kube-router pkg/utils/node.go GetNodeSubnet at commit 0155169); systemd
+    restarts it, forever. k3s only parses node-ip (pkg/util/net.go GetHostnameAndIPs, commit
+    0a3f10c). With disable-network-policy the kubelet refuses it instead on every status
+    update (kubernetes/kubernetes pkg/kubelet/nodestatus/setters.go validateNodeIP, commit
+    8340f5a), so the node never gets its addresses: the stand-in refuses it either way."""
+    import ipaddress
+
+    try:
+        wanted = ipaddress.ip_address(address)
+    except ValueError:
+        fatal("invalid node-ip: invalid ip format '%s'" % address)
+    if wanted in link_addresses():
+        return
+    if opts.get("disable-network-policy"):
+        fatal('Failed to set some node status fields: failed to validate nodeIP: node IP: "%s" not found in '
+              "the host's network interfaces" % address)
+    fatal("Failed to start networking: unable to initialize network policy controller: "
+          "error getting node subnet: failed to find interface with specified node ip")
 
 
 # =============================================================================
