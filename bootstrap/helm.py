@@ -78,10 +78,19 @@ def check_version(helm: str | None = None) -> tuple[int, int, int]:
     return version
 
 
+def chart_argv(release: Release) -> list[str]:
+    """Where Helm takes the chart from: a local archive, an oci:// registry (the chart's
+    reference is REGISTRY/NAME), or a chart repository."""
+    if release.archive:
+        return [release.archive, "--version", release.version]
+    if release.repo.startswith("oci://"):
+        return [f"{release.repo.rstrip('/')}/{release.chart}", "--version", release.version]
+    return [release.chart, "--repo", release.repo, "--version", release.version]
+
+
 def upgrade_install_argv(helm: str, release: Release, values_file: str | Path, kubeconfig_path: str | Path,
                          timeout_s: int) -> list[str]:
-    return [helm, "upgrade", "--install", release.name, release.chart,
-            "--repo", release.repo, "--version", release.version,
+    return [helm, "upgrade", "--install", release.name, *chart_argv(release),
             "--namespace", release.namespace, "--create-namespace",
             "--values", str(values_file),
             "--wait", "--timeout", f"{int(timeout_s)}s",

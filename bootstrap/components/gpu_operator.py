@@ -87,4 +87,4 @@ def _config_map(name: str, data: dict) -> dict:
 def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:
     src = versions.source(inventory, Component.GPU_OPERATOR)
     return Release(RELEASE, NAMESPACE, src.chart, src.repo, src.version,
-                   values(inventory, facts_by_node))
+                   values(inventory, facts_by_node), src.archive)

@@ -26,11 +26,12 @@ class Release:
     repo: str
     version: str
     values: dict = field(default_factory=dict)
+    archive: str | None = None  # a local chart archive: installed from it, not from `repo`
 
     def digest(self) -> str:
         """Changes exactly when `helm upgrade` would be asked for something different, so an
-        unchanged release can be skipped (the repo URL is left out: moving a mirror is not a
-        change to the cluster)."""
+        unchanged release can be skipped (the repo URL and the archive's path are left out:
+        moving a mirror or a folder is not a change to the cluster)."""
         text = "\n".join((self.version, self.chart, canonical_json(self.values)))
         return hashlib.sha256(text.encode()).hexdigest()
 

@@ -39,7 +39,7 @@ def nfs_release(inventory: Inventory) -> Release | None:
         return None
     src = versions.source(inventory, Component.NFS_CSI)
     # The chart's defaults fit k3s (kubelet in /var/lib/kubelet); the class is ours, below.
-    return Release("csi-driver-nfs", NFS_NAMESPACE, src.chart, src.repo, src.version, {})
+    return Release("csi-driver-nfs", NFS_NAMESPACE, src.chart, src.repo, src.version, {}, src.archive)
 
 
 def nfs_storage_class(inventory: Inventory) -> dict | None:
@@ -72,4 +72,4 @@ def longhorn_release(inventory: Inventory) -> Release | None:
         # setting takes per-data-engine JSON (default '{"v1":"3","v2":"3"}').
         "defaultSettings": {"defaultReplicaCount": f'{{"v1":"{replicas}","v2":"{replicas}"}}'},
     }
-    return Release("longhorn", LONGHORN_NAMESPACE, src.chart, src.repo, src.version, values)
+    return Release("longhorn", LONGHORN_NAMESPACE, src.chart, src.repo, src.version, values, src.archive)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from bootstrap.components.release import ComponentError
 from bootstrap.inventory.model import Component, Inventory
@@ -18,9 +19,10 @@ from bootstrap.inventory.model import Component, Inventory
 @dataclass(frozen=True)
 class Source:
     chart: str | None  # None: not a chart; we render plain manifests (see `image`)
-    repo: str | None
+    repo: str | None  # an https chart repository or an oci:// registry
     version: str
     image: str | None = None  # for plain manifests: the image the version tags
+    archive: str | None = None  # a local chart archive (absolute path) instead of the repository
 
 
 # One entry per Component (tests check none is missing).
@@ -47,8 +49,20 @@ MULTUS_CRD_SPLIT = (4, 3, 9)
 
 def source(inventory: Inventory, component: str) -> Source:
     default = DEFAULTS[component]
-    version = inventory.charts.get(component)
-    return default if version is None else Source(default.chart, default.repo, str(version), default.image)
+    pin = inventory.charts.get(component)
+    if pin is None:
+        return default
+    archive = None
+    if pin.archive:
+        path = Path(pin.archive).expanduser()
+        archive = str(path if path.is_absolute() else Path(inventory.source).parent / path)
+    return Source(default.chart, pin.repo or default.repo, pin.version, default.image, archive)
+
+
+def sibling_archive(archive: str | None, chart: str, version: str) -> str | None:
+    """A chart that ships with another (rke2-multus-crd with rke2-multus): `helm package`'s
+    NAME-VERSION.tgz in the same folder."""
+    return None if archive is None else str(Path(archive).parent / f"{chart}-{version}.tgz")
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:

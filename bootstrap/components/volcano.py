@@ -16,7 +16,7 @@ def release(inventory: Inventory) -> Release | None:
     # The chart pulls with "Always"; IfNotPresent keeps restarts working behind a slow or
     # rate-limited registry and with preloaded images.
     values = {"basic": {"image_pull_policy": "IfNotPresent"}}
-    return Release("volcano", NAMESPACE, src.chart, src.repo, src.version, values)
+    return Release("volcano", NAMESPACE, src.chart, src.repo, src.version, values, src.archive)
 
 
 def queue(q: Queue) -> dict:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from bootstrap.artifacts import k3s_artifacts
+from bootstrap.chart_archives import check_archives
 from bootstrap.errors import BootstrapError
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.cluster.client import connect as connect_to_cluster
@@ -127,6 +128,7 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
     state)`: the cluster; `take_snapshot(inventory, state)`: the etcd snapshot after a change
     (fakes in tests)."""
     started = time.monotonic()
+    check_archives(inventory)  # a wrong chart archive stops `up` before any host changes
     with cluster_lock(state, "up"):
         with open_session(inventory, list(inventory.nodes), "up", console) as session:
             facts, plans = gather_and_plan(session, inventory, state, console, create_token=True)

@@ -246,6 +246,17 @@ class ValidateSettings:
 
 
 @dataclass(frozen=True)
+class ChartPin:
+    """`charts: {<component>: VERSION}`, or with where the chart comes from instead of the
+    component's public repository: a chart archive (`helm package` output, relative to the
+    inventory file) or another repository (an https mirror or an `oci://` registry)."""
+
+    version: str
+    archive: str | None = None
+    repo: str | None = None
+
+
+@dataclass(frozen=True)
 class Inventory:
     cluster: str
     nodes: tuple[Node, ...]
@@ -259,7 +270,7 @@ class Inventory:
     registries: RegistrySettings = field(default_factory=RegistrySettings)
     images: ImageSettings = field(default_factory=ImageSettings)
     validate: ValidateSettings = field(default_factory=ValidateSettings)
-    charts: dict = field(default_factory=dict)  # component -> version override
+    charts: dict = field(default_factory=dict)  # component -> ChartPin (version, and where the chart comes from)
     state_dir: str | None = None
 
     @property

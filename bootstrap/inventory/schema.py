@@ -35,6 +35,29 @@ K3S_DISABLE = ("coredns", "servicelb", "traefik", "local-storage", "metrics-serv
 # Whereabouts ships inside the multus chart: pin charts.multus to move it.
 CHART_COMPONENTS = tuple(component.value for component in m.Component)
 
+
+def _archive_or_repo(values: dict, path: Path, ck: Checker) -> None:
+    if values.get("archive") and values.get("repo"):
+        ck.problem(path, "a chart comes from an archive or a repository, not both",
+                   "keep archive: (a .tgz next to the inventory) or repo: (an https or oci:// mirror)")
+
+
+CHART_PIN = Record(
+    fields={
+        "version": Field(Str(pattern=r"v?[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?", expected="a chart version",
+                             example="v25.10.1"), required=True),
+        # `helm package` writes NAME-VERSION.tgz; the version is checked against its Chart.yaml.
+        "archive": Field(Str(pattern=r"[^\x00]*\.tgz", expected="a chart archive (.tgz) path",
+                             example="charts/gpu-operator-v26.7.0.tgz", unicode=True)),
+        "repo": Field(Str(pattern=r"(https|oci)://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~/-]*)?",
+                          expected="an https:// chart repository or an oci:// registry",
+                          example="oci://registry.lab:5000/charts")),
+    },
+    build=m.ChartPin,
+    shorthand=lambda v: {"version": v} if isinstance(v, str) else None,
+    checks=[_archive_or_repo],
+)
+
 # Patterns spell digits [0-9]: Python's backslash-d also matches '٣' and '３'.
 K3S_VERSION = VERSION_PATTERN
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -398,9 +421,7 @@ INVENTORY = Record(
         "images": Field(IMAGES),
         "validate": Field(VALIDATE),
         "charts": Field(MapOf(Str(pattern="|".join(CHART_COMPONENTS), expected="a component name",
-                                  example=", ".join(CHART_COMPONENTS)),
-                              Str(pattern=r"v?[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?", expected="a chart version",
-                                  example="v25.10.1"))),
+                                  example=", ".join(CHART_COMPONENTS)), CHART_PIN)),
         "state_dir": Field(Str(expected="a folder path", example="~/.local/state/bootstrap/train-a", unicode=True)),
     },
     build=m.Inventory,
