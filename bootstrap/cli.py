@@ -65,6 +65,8 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--timeout", type=int, default=300, help="seconds to wait for evictions (default 300)")
         cmd.add_argument("--force", action="store_true", help="delete pods still blocked after the time-out")
         cmd.add_argument("--purge-drivers", action="store_true", help="also remove drivers the tool installed")
+        cmd.add_argument("--yes", "-y", action="store_true",
+                         help="with --idle: do not ask before removing the idle GPU nodes it found")
     if name == "rebuild":
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
         cmd.add_argument("--restore", action="store_true",

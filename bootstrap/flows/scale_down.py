@@ -36,6 +36,7 @@ class ScaleDownOptions:
     drain_timeout: int = 300
     force: bool = False                              # delete pods a disruption budget protects
     purge_drivers: bool = False
+    assume_yes: bool = False                         # --yes: do not ask before removing idle nodes
 
 
 def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=connect_to_cluster,
@@ -56,6 +57,9 @@ def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=
             if not nodes:
                 console.say("nothing to remove: no idle GPU node" if options.idle else "nothing to remove")
                 return
+            if named is None:
+                refuse_while_gpu_pods_wait(cluster, nodes)
+                confirm_idle_removal(inventory, nodes, options.assume_yes)
             drained, blocked = drain_all(cluster, nodes, options, console)
             removed, failures = [], {}
             if drained:
@@ -138,6 +142,46 @@ def idle_gpu_agents(inventory, cluster) -> list:
         if labels.get("nvidia.com/gpu.present") == "true" and not gpu_pods_on(cluster, node.name):
             chosen.append(node)
     return chosen
+
+
+def waiting_gpu_pods(cluster) -> list[str]:
+    """Pods that ask for a GPU and have no node yet: the capacity idle nodes would give."""
+    from bootstrap.cluster.client import get
+
+    waiting = []
+    for pod in (get(cluster, "/api/v1/pods?fieldSelector=status.phase%3DPending") or {}).get("items", []):
+        if pod.get("spec", {}).get("nodeName"):
+            continue
+        if any(k.startswith("nvidia.com/") for c in pod.get("spec", {}).get("containers", [])
+               for k in ((c.get("resources") or {}).get("limits") or {})):
+            waiting.append(f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}")
+    return sorted(waiting)
+
+
+def refuse_while_gpu_pods_wait(cluster, nodes) -> None:
+    """An idle GPU node is idle only until the scheduler places the next GPU pod: while GPU
+    pods wait for capacity, the idle nodes are the capacity they wait for."""
+    waiting = waiting_gpu_pods(cluster)
+    if waiting:
+        shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+        raise UsageError(f"not removing the idle GPU nodes {', '.join(n.name for n in nodes)}: "
+                         f"{len(waiting)} GPU pod(s) wait for a GPU ({shown}); nothing was changed",
+                         "run it again once they are scheduled, or name the nodes with --node to remove them anyway")
+
+
+def confirm_idle_removal(inventory, nodes, assume_yes: bool) -> None:
+    """--idle picks the nodes itself: say which, and ask (the answer goes to stderr's
+    prompt; under --json stdout carries only events)."""
+    names = ", ".join(n.name for n in nodes)
+    if assume_yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"refusing to remove the idle GPU nodes {names} without confirmation",
+                         "add --yes to confirm, or name the nodes with --node")
+    print(f"Remove {len(nodes)} idle GPU node(s) from {inventory.cluster}: {names}? "
+          "Type the cluster name to confirm: ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip() != inventory.cluster:
+        raise UsageError("not confirmed; nothing was changed")
 
 
 def refuse_losing_the_control_plane(inventory, nodes) -> None:

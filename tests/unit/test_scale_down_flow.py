@@ -13,7 +13,7 @@ from sandbox import TOKEN, Cluster, Proc, free_port, k3s, wait  # noqa: F401  (k
 
 from bootstrap import progress
 from bootstrap.cluster.client import Cluster as ApiCluster
-from bootstrap.errors import HostsFailed
+from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows.scale_down import STOP_STEP, ScaleDownOptions, scale_down
 from bootstrap.hostparts import k3s_service
@@ -128,3 +128,55 @@ def test_a_host_whose_k3s_may_still_run_keeps_its_node_and_member(lab, cluster, 
     node = sandbox.node("cp-2")
     assert node.spec.unschedulable and REMOVED not in (node.metadata.annotations or {})
     assert "cp-2: k3s was not stopped there, so it stays in the cluster, cordoned" in capsys.readouterr().out
+
+
+@pytest.fixture
+def gpu_lab(k3s, tmp_path):  # noqa: F811
+    sandbox = Cluster(k3s, tmp_path / "hosts")
+    sandbox.server(name="cp-1")
+    sandbox.agent("g1", gpus=1)
+    sandbox.wait_ready("cp-1", "g1")
+    wait("g1's GPU labels", lambda: sandbox.node("g1").metadata.labels.get("nvidia.com/gpu.present") == "true")
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "t", "state_dir": "state", "nodes": [
+        {"name": "cp-1", "address": "10.0.0.1", "role": "server"}, {"name": "g1", "address": "10.0.0.2"}]}))
+    inventory = load_inventory(path)
+    yield sandbox, inventory, StateDir(inventory)
+    sandbox.stop()
+
+
+class Stop(Exception):
+    """Raised where the hosts would be opened: the flow got that far."""
+
+
+def idle(lab, inventory, state, **options):
+    @contextlib.contextmanager
+    def connect(*_):
+        yield ApiCluster(lab.api, lab.base / "kubeconfig")
+
+    def hosts(*_):
+        raise Stop
+
+    scale_down(inventory, state, ScaleDownOptions(idle=True, drain_timeout=5, **options),
+               progress.Console(progress.Reporter()), connect=connect, open_session=hosts)
+
+
+def test_idle_gpu_nodes_stay_while_gpu_pods_wait_for_capacity(gpu_lab):
+    lab, inventory, state = gpu_lab
+    lab.core.create_namespaced_pod("default", {"metadata": {"name": "train"}, "spec": {"containers": [
+        {"name": "main", "image": "busybox:1.36", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})
+    wait("train pending", lambda: lab.core.read_namespaced_pod("train", "default").status.phase == "Pending")
+    with pytest.raises(UsageError, match=r"1 GPU pod\(s\) wait for a GPU \(default/train\); nothing was changed"):
+        idle(lab, inventory, state, assume_yes=True)
+    assert not lab.node("g1").spec.unschedulable
+
+
+def test_idle_removal_asks_first(gpu_lab, monkeypatch):
+    lab, inventory, state = gpu_lab
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))  # not a terminal: no one to ask
+    with pytest.raises(UsageError, match="refusing to remove the idle GPU nodes g1 without confirmation"):
+        idle(lab, inventory, state)
+    assert not lab.node("g1").spec.unschedulable
+    with pytest.raises(Stop):  # confirmed: drained, then on to the hosts
+        idle(lab, inventory, state, assume_yes=True)
+    assert lab.node("g1").spec.unschedulable
