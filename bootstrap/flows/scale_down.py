@@ -172,16 +172,12 @@ def refuse_while_gpu_pods_wait(cluster, nodes) -> None:
 def confirm_idle_removal(inventory, nodes, assume_yes: bool) -> None:
     """--idle picks the nodes itself: say which, and ask (the answer goes to stderr's
     prompt; under --json stdout carries only events)."""
+    from bootstrap.consent import ask_for_cluster_name
+
     names = ", ".join(n.name for n in nodes)
-    if assume_yes:
-        return
-    if not sys.stdin.isatty():
-        raise UsageError(f"refusing to remove the idle GPU nodes {names} without confirmation",
+    ask_for_cluster_name(inventory, f"Remove {len(nodes)} idle GPU node(s) from {inventory.cluster}: {names}?",
+                         f"refusing to remove the idle GPU nodes {names} without confirmation", assume_yes,
                          "add --yes to confirm, or name the nodes with --node")
-    print(f"Remove {len(nodes)} idle GPU node(s) from {inventory.cluster}: {names}? "
-          "Type the cluster name to confirm: ", end="", file=sys.stderr, flush=True)
-    if sys.stdin.readline().strip() != inventory.cluster:
-        raise UsageError("not confirmed; nothing was changed")
 
 
 def refuse_losing_the_control_plane(inventory, nodes) -> None:
