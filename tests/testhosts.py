@@ -588,6 +588,18 @@ class TestHost:
         self._boot(ensure_rootfs())
         _wait_ready([self], timeout)
 
+    def recreate(self, files: Mapping[str, FileContent] | None = None, timeout: float = 60) -> None:
+        """A new machine under the same name and address (a spot VM re-created): a fresh
+        overlay, so a new machine-id, new SSH host keys and nothing of the old one."""
+        self.kill()
+        shutil.rmtree(self.upper)
+        rootfs = ensure_rootfs()
+        self._prepare(rootfs, files or {})
+        self._boot(rootfs)
+        _wait_ready([self], timeout)
+        self.baseline = self.upper_files()
+        self._save()
+
     def destroy(self) -> None:
         """Kill the host and remove its namespace, veth and directory."""
         self.kill()
@@ -832,8 +844,70 @@ def known_hosts() -> list[TestHost]:
     return hosts
 
 
+# --------------------------------------------------------------------------- lab services
+#
+# What inventories/lab.yaml names besides the hosts, started by `up` and stopped by `down`:
+# the NVIDIA container toolkit's apt repository (the hosts cannot reach NVIDIA's), served on
+# the lab bridge by a detached process whose pid is kept here, so `down` ends only it.
+
+LAB_APT_PORT = 8089
+LAB_APT_SOURCE = f"deb [trusted=yes] http://10.200.0.1:{LAB_APT_PORT}/ ./"  # inventories/lab.yaml's
+APT_PIDFILE = LAB_DIR / "aptrepo.pid"
+APT_MARKER = "bootstrap-lab-aptrepo"
+
+
+def _apt_server_pid() -> int | None:
+    try:
+        pid = int(APT_PIDFILE.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if APT_MARKER.encode() in cmdline else None
+
+
+def start_lab_services() -> str:
+    """The toolkit's apt repository on 10.200.0.1:8089 (idempotent); returns its source line."""
+    if _apt_server_pid() is not None:
+        return LAB_APT_SOURCE
+    sys.path.insert(0, str(TESTS_DIR))
+    from standins.aptrepo import build_toolkit_debs, write_flat_repo
+
+    repo = LAB_DIR / "apt"
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+    write_flat_repo(repo, build_toolkit_debs(LAB_DIR / "apt-debs"))
+    log = open(LAB_DIR / "aptrepo.log", "ab")
+    # argv[0] carries the marker, so `down` can tell this process from any other.
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, runpy; sys.argv = sys.argv[1:]; "
+                             "runpy.run_module('http.server', run_name='__main__')", APT_MARKER,
+                             "--bind", "10.200.0.1", "--directory", str(repo), str(LAB_APT_PORT)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    APT_PIDFILE.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("10.200.0.1", LAB_APT_PORT), timeout=1):
+                return LAB_APT_SOURCE
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    raise RuntimeError(f"the lab's apt repository did not start; see {LAB_DIR / 'aptrepo.log'}")
+
+
+def stop_lab_services() -> None:
+    pid = _apt_server_pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while _apt_server_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    APT_PIDFILE.unlink(missing_ok=True)
+
+
 def down() -> None:
     """Remove every host, namespace, veth and the bridge; keep the key and rootfs cache."""
+    stop_lab_services()
     with _locked(LAB_DIR / ".hosts.lock"):
         for host in known_hosts():
             host.destroy()
@@ -886,6 +960,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"k3s stand-in air-gap folder: {build_airgap(LAB_DIR / 'airgap')}")
         except Exception as exc:  # upstream data missing: hosts are still usable for facts
             print(f"no k3s air-gap folder built ({exc})", file=sys.stderr)
+        print(f"NVIDIA container toolkit apt repository (gpu.container_toolkit.apt_source): {start_lab_services()}")
         for h in hosts:
             print(f"  {h.name:10} {h.address:12} {'gpu' if h.name in gpu else '   '}  ssh -i {key_path()} {SSH_USER}@{h.address}")
     elif args.command == "status":
