@@ -5,10 +5,12 @@ need an API (unit/test_cluster_side_flow.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -114,10 +116,26 @@ class Cluster:
 
     def _ping(self):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ping", timeout=2) as resp:
+            with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/ping", timeout=2,
+                                        context=self.tls(self.root / "etc/rancher/k3s/k3s.yaml", client=False)) as resp:
                 return resp.read() == b"pong"
-        except OSError:
+        except (OSError, ValueError, KeyError):
             return False
+
+    def tls(self, kubeconfig: Path, client: bool = True) -> ssl.SSLContext:
+        """TLS as the kubeconfig says: its CA verifies the server (127.0.0.1 is in its SANs);
+        its client certificate, unless `client` is False."""
+        user = yaml.safe_load(kubeconfig.read_text())
+        ca = base64.b64decode(user["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+        context = ssl.create_default_context(cadata=ca)
+        if client:
+            creds = user["users"][0]["user"]
+            with tempfile.TemporaryDirectory() as tmp:
+                cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+                cert.write_bytes(base64.b64decode(creds["client-certificate-data"]))
+                key.write_bytes(base64.b64decode(creds["client-key-data"]))
+                context.load_cert_chain(cert, key)
+        return context
 
     def connect(self, kubeconfig: Path):
         configuration = client.Configuration()
@@ -174,15 +192,15 @@ class Cluster:
         for name in names:
             wait(f"node {name} Ready", lambda: self.ready(name) == "True", timeout)
 
-    def raw(self, method, path, body=None, content_type="application/json", auth=True):
-        """(status, text) of one request, as the tool's raw client sends it."""
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        if auth:
-            headers["Authorization"] = self.api.configuration.get_api_key_with_prefix("BearerToken")
+    def raw(self, method, path, body=None, content_type="application/json", auth=True, headers=None):
+        """(status, text) of one request, as the tool's raw client sends it; `auth` False:
+        TLS without the client certificate."""
+        headers = {"Content-Type": content_type, "Accept": "application/json", **(headers or {})}
         data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method, headers=headers)
+        req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", data=data, method=method, headers=headers)
+        context = self.tls(self.root / "etc/rancher/k3s/k3s.yaml", client=auth)
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=10, context=context) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()

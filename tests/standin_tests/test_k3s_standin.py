@@ -7,11 +7,11 @@ shim; free ports on 127.0.0.1). tests/hosts/test_k3s_standin_hosts.py installs i
 test hosts by hand and runs it under systemd with a Type=notify unit like the installer's.
 
 Where the stand-in differs from real k3s (on purpose, or because it cannot do more):
-- It speaks plain HTTP, not TLS, on the supervisor (6443) and kubelet (10250) ports;
-  the Kubernetes API it serves there is a stand-in (tests/standins/kubeapi.py, tested
-  in tests/standin_tests/test_kubeapi.py), so its kubeconfig says http:// and carries a bearer token
-  instead of a CA and a client certificate. Its join protocol
-  (/cacerts, /v1-standin/join) is its own; real agents use /v1-k3s/... over TLS.
+- Its supervisor port (6443) speaks HTTPS with k3s's CAs and certificates
+  (tests/standins/k3s_pki.py, made with openssl; k3s.yaml as k3s writes it), but the
+  kubelet port (10250) plain HTTP; the Kubernetes API it serves is a stand-in
+  (tests/standins/kubeapi.py, tested in tests/standin_tests/test_kubeapi.py). Its join
+  protocol (/cacerts, /v1-standin/join) is its own; real agents use /v1-k3s/....
 - `k3s server` refuses unknown config-file keys (real k3s >= 1.21.7 only logs
   "Unknown flag --x found in config.yaml, skipping"; K3S_STANDIN_LENIENT_CONFIG=1
   restores that). `k3s agent` and CLI flags fail as in real k3s
@@ -19,8 +19,10 @@ Where the stand-in differs from real k3s (on purpose, or because it cannot do mo
 - An agent (or joining server) that cannot reach its server gives up after
   K3S_STANDIN_JOIN_TIMEOUT seconds (20); a wrong token is fatal at once. Real k3s
   keeps retrying both, so its unit stays "activating" instead of failing.
-- A node whose /etc/rancher/node/password changed is accepted with a warning (real
-  k3s rejects it until the Node object is deleted, which the stand-in cannot see).
+- A changed node password is refused as real k3s refuses it (an agent's: 403 until its
+  Node and node-password secret are gone; a server's own node: a Warning event only), but
+  the stand-in keeps the password's sha256 in the secret where k3s keeps an scrypt hash;
+  see tests/standin_tests/test_standin_node_identity.py.
 - Node lists are not replicated between servers after a join; no etcd runs (the
   data dir only has the files and the ports are held); snapshots are JSON files;
   nothing from server/manifests is applied; registries.yaml is not read.
@@ -33,6 +35,7 @@ Where the stand-in differs from real k3s (on purpose, or because it cannot do mo
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -42,12 +45,14 @@ import random
 import re
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -208,7 +213,9 @@ def start(procs, k3s, args, root, env=None, ready=True) -> Running:
 
 
 def get_json(port: int, path: str):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+    """The stand-in's own test endpoints (TLS verification: test_server_serves_tls_like_k3s)."""
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=5,
+                                context=ssl._create_unverified_context()) as resp:
         return json.loads(resp.read())
 
 
@@ -481,11 +488,16 @@ def test_server_writes_token_kubeconfig_and_serves(k3s, tmp_path, procs):
     kubeconfig_path = tmp_path / "etc/rancher/k3s/k3s.yaml"
     assert stat.S_IMODE(kubeconfig_path.stat().st_mode) == 0o600
     kubeconfig = yaml.safe_load(kubeconfig_path.read_text())
-    assert kubeconfig["clusters"][0] == {"name": "default", "cluster": {"server": f"http://127.0.0.1:{port}"}}
+    (cluster,) = kubeconfig["clusters"]
+    assert cluster["name"] == "default" and set(cluster["cluster"]) == {"server", "certificate-authority-data"}
+    assert cluster["cluster"]["server"] == f"https://127.0.0.1:{port}"
+    ca = base64.b64decode(cluster["cluster"]["certificate-authority-data"])
+    assert ca == (server / "tls/server-ca.crt").read_bytes()
     assert kubeconfig["current-context"] == "default"
     assert kubeconfig["contexts"][0]["context"] == {"cluster": "default", "user": "default"}
-    assert set(kubeconfig["users"][0]["user"]) == {"token"}
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as resp:
+    assert set(kubeconfig["users"][0]["user"]) == {"client-certificate-data", "client-key-data"}
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/ping", timeout=5,
+                                context=ssl.create_default_context(cadata=ca.decode())) as resp:
         assert resp.read() == b"pong"
     assert get_json(port, "/v1-standin/info")["datastore"] == "etcd"
     assert (server / "db/etcd/member").is_dir()
@@ -653,6 +665,15 @@ def test_second_server_joins_and_shares_the_ca(k3s, tmp_path, procs, cluster):
     assert {n["name"] for n in get_json(port, "/v1-standin/nodes")["nodes"]} == {"cp-1", "cp-2"}
     assert {n["name"] for n in get_json(port2, "/v1-standin/nodes")["nodes"]} == {"cp-1", "cp-2"}
     assert get_json(port2, "/v1-standin/info")["ca_hash"] == K10.match(token).group(1)
+    # The joined server has the cluster's CAs (bootstrap data) and its own admin certificate
+    # from the shared client CA: its k3s.yaml works against it, verified.
+    tls1, tls2 = (r / "var/lib/rancher/k3s/server/tls" for r in (root1, root2))
+    for name in ("server-ca.crt", "server-ca.key", "client-ca.crt", "client-ca.key"):
+        assert (tls1 / name).read_bytes() == (tls2 / name).read_bytes()
+    context = ssl.create_default_context(cadata=(tls2 / "server-ca.crt").read_text())
+    context.load_cert_chain(tls2 / "client-admin.crt", tls2 / "client-admin.key")
+    with urllib.request.urlopen(f"https://127.0.0.1:{port2}/api/v1/nodes", timeout=5, context=context) as resp:
+        assert json.loads(resp.read())["kind"] == "NodeList"
 
 
 @needs_upstream
@@ -672,6 +693,70 @@ def test_server_cannot_join_a_server_without_etcd(k3s, tmp_path, procs):
     write_config(tmp_path / "s2", agent_config(port, PASSWORD))
     proc = run(k3s, *server_args(free_port(), "cp-2"), root=tmp_path / "s2")
     assert proc.returncode == 1 and "cluster-init" in proc.stderr
+
+
+@needs_upstream
+def test_server_serves_tls_like_k3s(k3s, tmp_path, procs):
+    """CAs, serving certificate and admin client certificate as k3s makes them
+    (k3s-io/k3s pkg/daemons/control/deps/deps.go, pkg/cluster/https.go), and the API
+    authenticating by client certificate only."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    _, port = start_server(procs, k3s, tmp_path, yaml.safe_dump(
+        {"token": PASSWORD, "tls-san": ["api.example.test", "192.0.2.10"]}))
+    tls = tmp_path / "var/lib/rancher/k3s/server/tls"
+    server_ca = x509.load_pem_x509_certificate((tls / "server-ca.crt").read_bytes())
+    client_ca = x509.load_pem_x509_certificate((tls / "client-ca.crt").read_bytes())
+    cn = lambda cert: cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value  # noqa: E731
+    assert re.fullmatch(r"k3s-server-ca@\d+", cn(server_ca)) and re.fullmatch(r"k3s-client-ca@\d+", cn(client_ca))
+    assert server_ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    for key in ("server-ca.key", "client-ca.key", "client-admin.key"):
+        assert stat.S_IMODE((tls / key).stat().st_mode) == 0o600 and b"EC PRIVATE KEY" in (tls / key).read_bytes()
+
+    kubeconfig = yaml.safe_load((tmp_path / "etc/rancher/k3s/k3s.yaml").read_text())
+    user = kubeconfig["users"][0]["user"]
+    admin, chained_ca = x509.load_pem_x509_certificates(base64.b64decode(user["client-certificate-data"]))
+    assert chained_ca == client_ca and admin.issuer == client_ca.subject
+    assert cn(admin) == "system:admin"
+    assert [a.value for a in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == ["system:masters"]
+    assert list(admin.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.CLIENT_AUTH]
+
+    # The server verifies as 127.0.0.1 with the CA; its certificate carries k3s's SANs.
+    verified = ssl.create_default_context(cadata=(tls / "server-ca.crt").read_text())
+    with socket.create_connection(("127.0.0.1", port)) as raw, \
+            verified.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+        serving = x509.load_der_x509_certificate(conn.getpeercert(binary_form=True))
+    assert cn(serving) == "k3s" and serving.issuer == server_ca.subject
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"localhost", "cp-1", "api.example.test", "kubernetes.default.svc.cluster.local"} <= set(
+        sans.get_values_for_type(x509.DNSName))
+    assert {"127.0.0.1", "::1", "192.0.2.10"} <= {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+
+    def status(path, context):
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=5, context=context) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    # anonymous-auth=false (pkg/daemons/control/server.go): no certificate, no API
+    assert status("/api/v1/nodes", verified) == 401 and status("/version", verified) == 401
+    assert status("/ping", verified) == 200 and status("/cacerts", verified) == 200
+    with_cert = ssl.create_default_context(cadata=(tls / "server-ca.crt").read_text())
+    with_cert.load_cert_chain(tls / "client-admin.crt", tls / "client-admin.key")
+    assert status("/api/v1/nodes", with_cert) == 200 and status("/version", with_cert) == 200
+    # a client certificate from another CA does not get in
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-subj", "/O=system:masters/CN=system:admin", "-keyout", other / "k",
+                    "-out", other / "c", "-days", "1"], check=True, capture_output=True)
+    forged = ssl.create_default_context(cadata=(tls / "server-ca.crt").read_text())
+    forged.load_cert_chain(other / "c", other / "k")
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        status("/api/v1/nodes", forged)
 
 
 # --------------------------------------------------------------------------- node footprint

@@ -57,16 +57,20 @@ def pod(name, image="busybox:1.36", command=None, resources=None, **spec):
 
 
 @needs_upstream
-def test_kubeconfig_is_plain_http_with_a_token_and_the_api_checks_it(cluster):
+def test_kubeconfig_is_https_with_a_client_certificate_and_the_api_checks_it(cluster):
     cluster.server()
     kubeconfig = yaml.safe_load((cluster.root / "etc/rancher/k3s/k3s.yaml").read_text())
     (entry,) = kubeconfig["clusters"]
-    assert entry["cluster"] == {"server": f"http://127.0.0.1:{cluster.port}"}
-    token = kubeconfig["users"][0]["user"]["token"]
-    assert set(kubeconfig["users"][0]["user"]) == {"token"} and TOKEN not in token
-    status, body = cluster.raw("GET", "/api/v1/nodes", auth=False)
-    assert status == 401 and json.loads(body)["reason"] == "Unauthorized"
-    status, body = cluster.raw("GET", "/version", auth=False)
+    assert entry["cluster"]["server"] == f"https://127.0.0.1:{cluster.port}"
+    assert set(entry["cluster"]) == {"server", "certificate-authority-data"}
+    assert set(kubeconfig["users"][0]["user"]) == {"client-certificate-data", "client-key-data"}
+    # TLS without the client certificate: 401 everywhere, /version too (anonymous-auth=false)
+    for path in ("/api/v1/nodes", "/version", "/apis", "/healthz"):
+        status, body = cluster.raw("GET", path, auth=False)
+        assert status == 401 and json.loads(body)["reason"] == "Unauthorized", path
+    status, body = cluster.raw("GET", "/api/v1/nodes", auth=False, headers={"Authorization": "Bearer anything"})
+    assert status == 401
+    status, body = cluster.raw("GET", "/version")
     assert status == 200 and json.loads(body)["gitVersion"] == VERSION
     assert client.VersionApi(cluster.api).get_code().minor == "33"
     # discovery knows the built-in groups, k3s's CRDs and the add-on presets
@@ -85,17 +89,6 @@ def test_kubeconfig_is_plain_http_with_a_token_and_the_api_checks_it(cluster):
     assert "nvidia" in {r.metadata.name for r in client.NodeV1Api(cluster.api).list_runtime_class().items}
     assert client.AppsV1Api(cluster.api).read_namespaced_deployment("coredns", "kube-system").status.ready_replicas == 1
     assert cluster.core.read_namespaced_service_account("default", "kube-system").metadata.name == "default"
-
-
-@needs_upstream
-def test_anonymous_mode_for_client_go_which_sends_no_token_over_http(cluster):
-    cluster.server(env={"K3S_STANDIN_API_ANONYMOUS": "1"})
-    assert cluster.raw("GET", "/api/v1/nodes", auth=False)[0] == 200
-    req = urllib.request.Request(f"http://127.0.0.1:{cluster.port}/api/v1/nodes",
-                                 headers={"Authorization": "Bearer not-the-token"})
-    with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(req, timeout=5)
-    assert exc.value.code == 401
 
 
 @needs_upstream

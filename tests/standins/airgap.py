@@ -3,8 +3,9 @@
 
     build_airgap(dest, version="v1.33.5+k3s1") -> dest
         dest/k3s                              the stand-in (k3s_standin.py) with the version,
-                                              the valid server/agent flag names and the
-                                              stand-in Kubernetes API (kubeapi.py) embedded
+                                              the valid server/agent flag names, the
+                                              stand-in Kubernetes API (kubeapi.py) and its
+                                              certificates and TLS (k3s_pki.py) embedded
         dest/k3s-airgap-images-amd64.tar.zst  a small, valid .tar.zst placeholder
         dest/sha256sum-amd64.txt              "<sha256>  <file>" lines, as in a release
 
@@ -30,11 +31,13 @@ from pathlib import Path
 
 STANDIN_SOURCE = Path(__file__).resolve().parent / "k3s_standin.py"
 KUBEAPI_SOURCE = Path(__file__).resolve().parent / "kubeapi.py"
+PKI_SOURCE = Path(__file__).resolve().parent / "k3s_pki.py"
 FLAGS_NAME = "k3s/flags-docs-0243496.txt"
 DEFAULT_VERSION = "v1.33.5+k3s1"
 GO_VERSION = "go1.24.6"
 EMBED_LINE = "EMBEDDED = None\n"
 KUBEAPI_LINE = "KUBEAPI_SOURCE = None\n"
+PKI_LINE = "PKI_SOURCE = None\n"
 VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+(-rc\d+)?\+k3s\d+$")
 # What a release's airgap image list starts with (k3s-images.txt); only names here.
 PLACEHOLDER_IMAGES = (
@@ -103,10 +106,13 @@ def standin_program(version: str = DEFAULT_VERSION, flags: dict[str, list[str]] 
         "flags": {k: sorted(set(v)) for k, v in flags.items()},
     }
     program = source.replace(EMBED_LINE, f"EMBEDDED = {embedded!r}\n")
-    if program.count(KUBEAPI_LINE) != 1:
-        raise RuntimeError(f"{STANDIN_SOURCE}: expected exactly one line {KUBEAPI_LINE.strip()!r}")
-    # The stand-in Kubernetes API (kubeapi.py) travels inside the one file, as k3s is one binary.
-    return program.replace(KUBEAPI_LINE, f"KUBEAPI_SOURCE = {KUBEAPI_SOURCE.read_text()!r}\n")
+    # The stand-in Kubernetes API (kubeapi.py) and its TLS (k3s_pki.py) travel inside the one
+    # file, as k3s is one binary.
+    for line, module in ((KUBEAPI_LINE, KUBEAPI_SOURCE), (PKI_LINE, PKI_SOURCE)):
+        if program.count(line) != 1:
+            raise RuntimeError(f"{STANDIN_SOURCE}: expected exactly one line {line.strip()!r}")
+        program = program.replace(line, f"{line.split(' = ')[0]} = {module.read_text()!r}\n")
+    return program
 
 
 def _zstd_raw_frame(payload: bytes) -> bytes:

@@ -21,9 +21,11 @@ What it honours, like real k3s (details in each section below):
 
 Server: token files (server/token, node-token, agent-token: K10<sha256 of the CA>::
 server:<password>, 0600), kubeconfig /etc/rancher/k3s/k3s.yaml (0600 unless
-write-kubeconfig-mode), a CA generated once per data dir (server/tls/server-ca.crt,
-random bytes in PEM armour). It speaks plain HTTP (not TLS) on the supervisor port
-(https-listen-port, default 6443):
+write-kubeconfig-mode: https://127.0.0.1:<port> with the server CA and the system:admin
+client certificate embedded), the cluster CAs generated once per data dir (server/tls/
+server-ca.crt, client-ca.crt and keys, ECDSA P-256, made with openssl: k3s_pki.py). It
+speaks HTTPS on the supervisor port (https-listen-port, default 6443), with a certificate
+from the server CA whose SANs are k3s's (127.0.0.1, the node's addresses, tls-san, ...):
   GET  /ping                  -> "pong"
   GET  /cacerts               -> the cluster CA (its sha256 is the K10 hash)
   POST /v1-standin/join       token in "Authorization: Bearer <token>" (short password
@@ -36,9 +38,10 @@ random bytes in PEM armour). It speaks plain HTTP (not TLS) on the supervisor po
   POST /v1-standin/heartbeat  {name}, same token as a join: the node's k3s is alive (agents
                               and joined servers send one every K3S_STANDIN_HEARTBEAT s, 3)
   /version, /api..., /apis... the stand-in Kubernetes API server and cluster simulator
-                              (kubeapi.py, embedded by the builder): the kubeconfig's
-                              server is http://127.0.0.1:<port>, its user a bearer token
-Agent: needs server + token; checks the CA hash (K10 token) against /cacerts, joins,
+                              (kubeapi.py, embedded by the builder), for client
+                              certificates from the client CA (k3s.yaml's system:admin)
+Agent: needs server + token; fetches /cacerts unverified, checks its hash against the K10
+token, then verifies the server with that CA (joins, heartbeats); joins,
 then listens on 10250 (kubelet-arg port=N moves it) with GET /healthz -> "ok".
 Both: a node-ip that no link of the host holds is fatal (real k3s's network policy
 controller exits on it; see check_node_ip).
@@ -65,10 +68,8 @@ Knobs for tests (not in real k3s):
                             warning, as real k3s >= 1.21.7 does, instead of refusing them
   K3S_STANDIN_NO_SHIM=1     do not start the containerd-shim stand-in process
   K3S_STANDIN_HEARTBEAT     seconds between an agent's heartbeats to its server (default 3)
-  K3S_STANDIN_API_ANONYMOUS=1  the API also takes requests with no credentials (kubectl and
-                            helm send no bearer token over plain HTTP); the simulator's
-                            timings (K3S_STANDIN_NODE_GRACE, ..._POD_SECONDS, ...) are in
-                            kubeapi.py's Simulator docstring
+  The simulator's timings (K3S_STANDIN_NODE_GRACE, ..._POD_SECONDS, ...) are in kubeapi.py's
+                            Simulator docstring
 
 Differences from real k3s worth knowing are listed in the module docstring of
 tests/standin_tests/test_k3s_standin.py.
@@ -89,6 +90,7 @@ import shutil
 import signal
 import socket
 import socketserver
+import ssl
 import subprocess
 import sys
 import threading
@@ -105,8 +107,10 @@ import uuid
 EMBEDDED = None
 
 # The builder also embeds tests/standins/kubeapi.py (the stand-in Kubernetes API server and
-# cluster simulator) on the next line; unbuilt, it is loaded from beside this file.
+# cluster simulator) and tests/standins/k3s_pki.py (certificates and TLS) on the next lines;
+# unbuilt, they are loaded from beside this file.
 KUBEAPI_SOURCE = None
+PKI_SOURCE = None
 
 PROGRAM = "k3s"
 
@@ -206,24 +210,34 @@ def read_text(path, default=None):
         return default
 
 
-_KUBEAPI = []
+_MODULES = {}
 
 
-def kubeapi():
-    """The stand-in Kubernetes API module (kubeapi.py), loaded once."""
-    if not _KUBEAPI:
-        source, origin = KUBEAPI_SOURCE, "<k3s stand-in: kubeapi.py>"
+def embedded_module(filename, source):
+    """A module the builder embedded (or, unbuilt, the file beside this one), loaded once."""
+    if filename not in _MODULES:
+        origin = "<k3s stand-in: %s>" % filename
         if source is None:
-            origin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kubeapi.py")
+            origin = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
             source = read_text(origin)
             if source is None:
-                fatal("kubeapi.py not found beside %s (build the stand-in with tests/standins/airgap.py)" % __file__)
-        module = types.ModuleType("k3s_standin_kubeapi")
+                fatal("%s not found beside %s (build the stand-in with tests/standins/airgap.py)" % (filename, __file__))
+        module = types.ModuleType("k3s_standin_" + filename[:-3])
         module.__file__ = origin
         sys.modules[module.__name__] = module
         exec(compile(source, origin, "exec"), module.__dict__)
-        _KUBEAPI.append(module)
-    return _KUBEAPI[0]
+        _MODULES[filename] = module
+    return _MODULES[filename]
+
+
+def kubeapi():
+    """The stand-in Kubernetes API module (kubeapi.py)."""
+    return embedded_module("kubeapi.py", KUBEAPI_SOURCE)
+
+
+def pki():
+    """The stand-in's certificates and TLS (k3s_pki.py)."""
+    return embedded_module("k3s_pki.py", PKI_SOURCE)
 
 
 # =============================================================================
@@ -910,15 +924,10 @@ def check_version_history(data_dir):
 
 
 # =============================================================================
-# CA and tokens. The CA is random bytes in PEM armour, made once per data dir;
-# its sha256 is the hash in the secure token format K10<hash>::server:<password>.
+# CA and tokens. The server CA (a real certificate, k3s_pki.py) is made once per data
+# dir; the sha256 of server-ca.crt is the hash in the secure token format
+# K10<hash>::server:<password> (k3s-io/k3s pkg/clientaccess/token.go hashes /cacerts).
 # =============================================================================
-
-def fake_pem(kind, nbytes=96):
-    body = base64.b64encode(b"k3s-standin " + secrets.token_bytes(nbytes)).decode()
-    lines = [body[i:i + 64] for i in range(0, len(body), 64)]
-    return "-----BEGIN %s-----\n%s\n-----END %s-----\n" % (kind, "\n".join(lines), kind)
-
 
 def ca_hash(pem_bytes):
     return hashlib.sha256(pem_bytes).hexdigest()
@@ -1563,7 +1572,8 @@ def kubelet_port(opts):
 
 
 # =============================================================================
-# Listeners. Plain HTTP stands in for k3s's TLS listeners. The main ones are
+# Listeners. The supervisor/API port speaks TLS as k3s's does (k3s_pki.py); the
+# kubelet stand-in is plain HTTP. The main ones are
 # IPv6 dual-stack wildcards (ss shows *:6443, as for real k3s); auxiliary ports
 # that real k3s holds (apiserver 6444, kubelet healthz 10248, kube-proxy, etcd)
 # accept and close, so port checks see them owned by k3s.
@@ -1573,7 +1583,8 @@ class DualStackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, bind, port, handler):
+    def __init__(self, bind, port, handler, tls=None):
+        self.tls = tls
         self.address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         super().__init__((bind, port), handler, bind_and_activate=False)
         if self.address_family == socket.AF_INET6:
@@ -1591,22 +1602,34 @@ class DualStackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = "k3s", self.server_address[1]
 
+    def get_request(self):
+        conn, addr = super().get_request()
+        if self.tls is not None:  # the handshake happens in the request's thread, on first read
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, addr
 
-def listen_http(bind, port, handler, what):
-    """Bind `handler` on bind:port; the default bind (0.0.0.0) becomes [::] dual-stack
-    when IPv6 works. Fatal if the port is taken, as for real k3s."""
+    def handle_error(self, request, client_address):
+        if sys.exc_info()[0] is not None and issubclass(sys.exc_info()[0], (ssl.SSLError, ConnectionError)):
+            return  # a client that gave up, or failed the handshake: Go's http server logs at debug
+        super().handle_error(request, client_address)
+
+
+def listen_http(bind, port, handler, what, tls=None):
+    """Bind `handler` on bind:port (TLS with the `tls` context); the default bind (0.0.0.0)
+    becomes [::] dual-stack when IPv6 works. Fatal if the port is taken, as for real k3s."""
     binds = ["::", "0.0.0.0"] if bind in ("", "0.0.0.0") else [bind]
     last = None
     for b in binds:
         try:
-            server = DualStackServer(b, port, handler)
+            server = DualStackServer(b, port, handler, tls)
         except OSError as exc:
             last = exc
             if exc.errno == errno.EADDRINUSE:
                 break
             continue
         threading.Thread(target=server.serve_forever, name=what, daemon=True).start()
-        info("%s listening on %s:%d (plain HTTP: k3s stand-in)" % (what, "*" if b in ("::", "0.0.0.0") else b, port))
+        info("%s listening on %s:%d (%s: k3s stand-in)" % (what, "*" if b in ("::", "0.0.0.0") else b, port,
+                                                          "HTTPS" if tls else "plain HTTP"))
         return server
     fatal("%s: failed to listen on %s:%d: %s" % (what, bind or "0.0.0.0", port, last))
 
@@ -1869,9 +1892,13 @@ def make_supervisor_handler(state):
             if state.get("api") is not None:
                 state["api"].sim.joined(node)
             info("Node %s joined as %s from %s" % (node["name"], role, node.get("address")))
-            reply = {"node": {k: v for k, v in node.items() if k != "password_sha256"}}
+            reply = {"node": {k: v for k, v in node.items() if k != "password_sha256"},
+                     "client_ca": read_text(os.path.join(state["tls"], "client-ca.crt"))}
             if role == "server":
                 reply["nodes"] = state["cluster"].load().get("nodes", {})
+                # k3s-io/k3s pkg/cluster/bootstrap.go: a joining server takes the cluster's CA
+                # certificates and keys from the bootstrap data its server token unlocks.
+                reply["bootstrap"] = pki().bundle(state["tls"])
             self.reply(200, reply)
 
     return SupervisorHandler
@@ -1879,8 +1906,15 @@ def make_supervisor_handler(state):
 
 # =============================================================================
 # Joining (agents, and servers with `server:`). The stand-in protocol runs over
-# plain HTTP on the host:port of the https:// URL.
+# HTTPS on the host:port of the https:// URL: /cacerts unverified, everything else
+# verified with the cluster CA once it is known (k3s-io/k3s pkg/clientaccess/token.go).
 # =============================================================================
+
+SUPERVISOR_CA = []  # the cluster CA (PEM), once known: later calls verify the server with it
+
+
+def trust_supervisor(ca_pem):
+    SUPERVISOR_CA[:] = [ca_pem]
 
 class NotReady(Exception):
     pass
@@ -1901,15 +1935,23 @@ def _dial_error(exc, hostport):
 
 
 def http_call(base, path, shown, data=None, headers=None, timeout=5):
-    """GET (or POST data) base+path; `shown` is the https URL the user configured."""
-    request = urllib.request.Request(base + path, data=data, headers=headers or {},
+    """GET (or POST data) https://<host:port of base>+path; `shown` is the https URL the
+    user configured. Only /cacerts goes without verifying the server."""
+    if path != "/cacerts" and not SUPERVISOR_CA:
+        raise NotReady("%s%s: the cluster CA is not known yet" % (shown, path))
+    context = pki().client_context(SUPERVISOR_CA[0] if path != "/cacerts" else None)
+    request = urllib.request.Request("https://" + base.split("://", 1)[-1] + path, data=data, headers=headers or {},
                                      method="POST" if data is not None else "GET")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLCertVerificationError):
+            raise NotReady('Get "%s%s": tls: failed to verify certificate: %s' % (shown, path, exc.reason.verify_message))
+        raise NotReady('Get "%s%s": %s' % (shown, path, _dial_error(exc, urllib.parse.urlparse(base).netloc)))
+    except OSError as exc:
         raise NotReady('Get "%s%s": %s' % (shown, path, _dial_error(exc, urllib.parse.urlparse(base).netloc)))
 
 
@@ -1920,7 +1962,7 @@ def join_cluster(server_url, token, body):
     if parsed.scheme != "https" or not parsed.hostname:
         fatal("server url must begin with https:// (got %s)" % server_url)
     hostpart = "[%s]" % parsed.hostname if ":" in parsed.hostname else parsed.hostname
-    base = "http://%s:%d" % (hostpart, parsed.port or 443)
+    base = "https://%s:%d" % (hostpart, parsed.port or 443)
     shown = server_url.rstrip("/")
     want_hash, _ = parse_token(token)
     deadline = time.monotonic() + float(os.environ.get("K3S_STANDIN_JOIN_TIMEOUT", "20"))
@@ -1932,6 +1974,7 @@ def join_cluster(server_url, token, body):
             if want_hash and ca_hash(ca) != want_hash:
                 fatal("Failed to validate connection to cluster at %s: token CA hash does not match the Cluster CA "
                       "certificate hash: %s != %s" % (shown, ca_hash(ca), want_hash))
+            trust_supervisor(ca)
             status, reply = http_call(base, "/v1-standin/join", shown, json.dumps(body).encode(),
                                       {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
             if status == 200:
@@ -1961,7 +2004,7 @@ def rejoin_quietly(server_url, token, body):
         try:
             parsed = urllib.parse.urlparse(server_url)
             hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
-            status, _ = http_call("http://%s:%d" % (hostpart, parsed.port or 443), "/v1-standin/join",
+            status, _ = http_call("https://%s:%d" % (hostpart, parsed.port or 443), "/v1-standin/join",
                                   server_url.rstrip("/"), json.dumps(body).encode(),
                                   {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
             if status == 200:
@@ -1977,7 +2020,7 @@ def start_heartbeats(server_url, token, name, role):
     does for a kubelet that stopped posting status."""
     parsed = urllib.parse.urlparse(server_url)
     hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
-    base = "http://%s:%d" % (hostpart, parsed.port or 443)
+    base = "https://%s:%d" % (hostpart, parsed.port or 443)
     interval = float(os.environ.get("K3S_STANDIN_HEARTBEAT", "3"))
     body = json.dumps({"name": name, "role": role}).encode()
     headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
@@ -2022,7 +2065,7 @@ class ClusterView:
 # Kubeconfig and packaged manifests (server).
 # =============================================================================
 
-def write_kubeconfig(opts, port, token):
+def write_kubeconfig(opts, port, tls_dir):
     path = opts.get("write-kubeconfig") or host(DEFAULT_KUBECONFIG)
     mode_text = opts.get("write-kubeconfig-mode")
     mode = 0o600
@@ -2031,27 +2074,10 @@ def write_kubeconfig(opts, port, token):
             mode = int(str(mode_text), 8)
         except ValueError:
             fatal("failed to parse write-kubeconfig-mode %r: not an octal file mode" % mode_text)
-    # The stand-in's API speaks plain HTTP, so no TLS data; real k3s writes https:// with a
-    # CA and a client certificate.
-    text = (
-        "apiVersion: v1\n"
-        "clusters:\n"
-        "- cluster:\n"
-        "    server: http://127.0.0.1:%d\n"
-        "  name: default\n"
-        "contexts:\n"
-        "- context:\n"
-        "    cluster: default\n"
-        "    user: default\n"
-        "  name: default\n"
-        "current-context: default\n"
-        "kind: Config\n"
-        "preferences: {}\n"
-        "users:\n"
-        "- name: default\n"
-        "  user:\n"
-        "    token: %s\n"
-    ) % (port, token)
+    # k3s-io/k3s pkg/server/server.go writeKubeConfig: the server CA and the system:admin
+    # client certificate (pkg/daemons/control/deps/deps.go genClientCerts) embedded.
+    chain, key = pki().ensure_admin(tls_dir)
+    text = pki().kubeconfig(port, read_text(os.path.join(tls_dir, "server-ca.crt")).encode(), chain, key)
     write_file(path, text, mode)
     group = opts.get("write-kubeconfig-group")
     if group:
@@ -2089,18 +2115,30 @@ def packaged_manifests(server_dir, disabled):
 # k3s server
 # =============================================================================
 
-def ensure_ca(server_dir, given_ca=None):
+def ensure_ca(server_dir, given=None):
+    """The server CA certificate (PEM bytes): the cluster's CAs from `given` (the bootstrap
+    files of a join or a snapshot), else those already here, else new ones."""
     tls = os.path.join(server_dir, "tls")
-    path = os.path.join(tls, "server-ca.crt")
-    if given_ca is not None:
-        write_file(path, given_ca, 0o644)
-    elif not os.path.exists(path):
-        write_file(path, fake_pem("CERTIFICATE"), 0o644)
-        write_file(os.path.join(tls, "server-ca.key"), fake_pem("EC PRIVATE KEY", 48), 0o600)
-        write_file(os.path.join(tls, "client-ca.crt"), fake_pem("CERTIFICATE"), 0o644)
-        write_file(os.path.join(tls, "client-ca.key"), fake_pem("EC PRIVATE KEY", 48), 0o600)
-    with open(path, "rb") as fh:
-        return fh.read()
+    mkdirs(tls, 0o700)
+    try:
+        if given:
+            pki().install(tls, given)
+        ca = pki().ensure_cas(tls)
+    except pki().PkiError as exc:
+        fatal("starting kubernetes: preparing server: failed to generate certificates: %s" % exc)
+    trust_supervisor(ca)
+    return ca
+
+
+def serving_tls(opts, tls_dir, name, address):
+    """The supervisor port's certificate (k3s's SANs) and the TLS context that serves it."""
+    sans = pki().san_list(opts.get("tls-san") or [], name, (opts.get("node-ip") or []) + [address],
+                          opts.get("node-external-ip") or [], opts.get("advertise-address"))
+    try:
+        chain, key = pki().issue_serving(tls_dir, sans)
+        return pki().server_context(tls_dir, chain, key)
+    except (pki().PkiError, ssl.SSLError) as exc:
+        fatal("starting kubernetes: preparing server: failed to create the serving certificate: %s" % exc)
 
 
 def write_tokens(server_dir, ca_digest, password, agent_password):
@@ -2127,6 +2165,9 @@ def cmd_server(argv):
     if opts.get("cluster-reset"):
         return cluster_reset(opts, data_dir)
     check_version_history(data_dir)
+    tls_dir = os.path.join(server_dir, "tls")
+    if os.path.exists(os.path.join(tls_dir, "server-ca.crt")):  # a restart: the cluster CA is known
+        trust_supervisor(read_text(os.path.join(tls_dir, "server-ca.crt")).encode())
 
     cluster = Cluster(data_dir)
     db = os.path.join(server_dir, "db")
@@ -2157,7 +2198,7 @@ def cmd_server(argv):
         body = node_record(opts, "server", name, address, True)
         body["critical"] = critical_config(opts)
         joined = join_cluster(opts["server"], token, body)
-        ca = ensure_ca(server_dir, joined["ca"])
+        ca = ensure_ca(server_dir, joined.get("bootstrap"))
         etcd = True
     elif opts.get("server") and password:
         # A joined server starting again (a restart, an upgrade): like a kubelet updating
@@ -2204,8 +2245,7 @@ def cmd_server(argv):
     disabled = set(opts.get("disable", []))
     packaged_manifests(server_dir, disabled)
     port = opts.get("https-listen-port") or 6443
-    token_for_api = kubeapi().admin_token(password)
-    write_kubeconfig(opts, port, token_for_api)
+    write_kubeconfig(opts, port, tls_dir)
     registries = opts.get("private-registry") or host("/etc/rancher/k3s/registries.yaml")
     if os.path.exists(registries):  # real k3s reads it; the stand-in only notes it
         info("Using private registry config file at %s" % registries)
@@ -2215,13 +2255,15 @@ def cmd_server(argv):
     if run_agent_part:
         mine = cluster.record(node_record(opts, "server", name, address, etcd))
         pod_cidr = mine["pod_cidr"]
-    api = kubeapi().KubeAPI(server_dir, EMBEDDED["version"], token_for_api, name if run_agent_part else None,
+    api = kubeapi().KubeAPI(server_dir, EMBEDDED["version"], name if run_agent_part else None,
                             cluster=ClusterView(cluster),
                             options={"disable": sorted(disabled), "ca": ca.decode(), "ca_hash": digest}).start()
     state = {"ca": ca, "ca_hash": digest, "password": password, "agent_password": agent_password,
-             "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name, "api": api}
+             "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name, "api": api,
+             "tls": tls_dir}
     bind = opts.get("bind-address") or ""
-    listen_http(bind, port, make_supervisor_handler(state), "Supervisor (k3s stand-in API)")
+    listen_http(bind, port, make_supervisor_handler(state), "Supervisor (k3s stand-in API)",
+                serving_tls(opts, tls_dir, name, address))
     if opts.get("server"):  # a server that joined another one reports to it, as agents do
         start_heartbeats(opts["server"], token, name, "server")
     if run_agent_part:
@@ -2263,7 +2305,7 @@ def cmd_agent(argv):
     joined = join_cluster(server_url, token, node_record(opts, "agent", name, address, False))
     agent = os.path.join(data_dir, "agent")
     write_file(os.path.join(agent, "server-ca.crt"), joined["ca"], 0o644)
-    write_file(os.path.join(agent, "client-ca.crt"), joined["ca"], 0o644)
+    write_file(os.path.join(agent, "client-ca.crt"), joined.get("client_ca") or "", 0o644)
     lb = opts.get("lb-server-port") or 6444
     write_file(os.path.join(agent, "kubelet.kubeconfig"),
                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://127.0.0.1:%d\n"
@@ -2361,7 +2403,7 @@ def cmd_etcd_snapshot(argv):
         snapshot = {"kind": "k3s-standin-etcd-snapshot", "version": EMBEDDED["version"], "ca": ca,
                     "ca_hash": ca_hash(ca.encode()), "token_check": token_check(stored_password(server_dir) or ""),
                     "nodes": cluster.load().get("nodes", {}), "created": int(time.time()),
-                    "api": kubeapi().read_state(server_dir)}
+                    "api": kubeapi().read_state(server_dir), "tls": pki().bundle(os.path.join(server_dir, "tls"))}
         mkdirs(directory, 0o700)
         write_file(os.path.join(directory, name), json.dumps(snapshot, indent=2) + "\n", 0o600)
         info("Snapshot %s saved." % name)
@@ -2418,7 +2460,7 @@ def cluster_reset(opts, data_dir):
                   "encrypted with different token (the token does not match the snapshot)")
         if os.path.isdir(os.path.join(db, "etcd")):
             os.rename(os.path.join(db, "etcd"), os.path.join(db, "etcd-old-%d" % int(time.time())))
-        ca = ensure_ca(server_dir, snapshot["ca"].encode())
+        ca = ensure_ca(server_dir, snapshot.get("tls"))
         write_tokens(server_dir, ca_hash(ca), password, parse_token(token_from(opts, "agent-token"))[1])
         cluster.save({"nodes": snapshot.get("nodes", {})})
         if snapshot.get("api"):  # the Kubernetes objects, as etcd holds them

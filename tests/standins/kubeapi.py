@@ -1,15 +1,16 @@
 """Stand-in Kubernetes API server and cluster simulator, served by the k3s stand-in.
 
 The k3s stand-in (k3s_standin.py) serves this on its supervisor port (6443) next to its
-own endpoints, over plain HTTP, so the tool reaches it through the same SSH tunnel and
-the same code path (the official `kubernetes` Python client) as a real cluster. The
+own endpoints, over HTTPS (k3s_pki.py), so the tool, kubectl and Helm reach it through the
+same SSH tunnel, kubeconfig and TLS verification as a real cluster. The
 builder (airgap.py) embeds this file into the built stand-in; Debian 12's python3 (3.11)
 standard library only, threads, no third-party packages.
 
 Contract (what the official client needs; details in each section):
-  Auth       "Authorization: Bearer <token>" with the kubeconfig's token (derived from the
-             cluster token, so every server of a cluster accepts the same one); 401 else.
-             /version, /healthz, /livez, /readyz need none.
+  Auth       a client certificate signed by the cluster's client CA (k3s.yaml's system:admin,
+             O system:masters); none is 401 on every API path, /version and /healthz too
+             (k3s runs kube-apiserver with anonymous-auth=false: k3s-io/k3s
+             pkg/daemons/control/server.go); a user outside system:masters is 403.
   Discovery  /version, /api, /api/v1, /apis, /apis/G, /apis/G/V (legacy discovery, JSON),
              no /openapi.
   Objects    GET (get, list, watch=true), POST (create), PUT (replace), PATCH (JSON patch,
@@ -37,8 +38,6 @@ Exec, attach and port-forward (SPDY/websocket upgrades) are not served, nor prot
 bodies (kubectl sends those for `create namespace` and the like).
 
 Knobs (environment of `k3s server`; defaults in brackets):
-  K3S_STANDIN_API_ANONYMOUS=1      take requests without credentials (client-go, i.e.
-                                   kubectl and helm, sends no bearer token over HTTP)
   K3S_STANDIN_API_PRESETS          CRDs present from the first start
                                    [volcano,multus,gpu-operator]; "none" for none
   K3S_STANDIN_DEVICE_PLUGIN        always | operator: see Simulator.gpu_operator_active
@@ -1056,7 +1055,7 @@ class Disconnect(Exception):
 # endpoints), verbs on the store, discovery, watch and pod logs.
 # =============================================================================
 
-PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
 GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")  # strconv.ParseBool, as the API server reads ?watch=
 STATE_FILE = "standin-api.json"
 
@@ -1084,17 +1083,22 @@ def write_state(server_dir, data):
     write_json_file(os.path.join(server_dir, STATE_FILE), data)
 
 
-def admin_token(password):
-    """The kubeconfig's bearer token: the same on every server of a cluster (they share
-    the cluster token), and not the cluster token itself."""
-    return "standin-admin." + hashlib.sha256(("k3s-standin-kubeapi:" + password).encode()).hexdigest()[:40]
+def client_identity(handler):
+    """(user, groups) of the verified client certificate on the request's TLS connection,
+    or None: the x509 authenticator takes the CN as the user, the O values as groups."""
+    getpeercert = getattr(handler.connection, "getpeercert", None)
+    cert = getpeercert() if getpeercert else None
+    if not cert:
+        return None
+    fields = [item for rdn in cert.get("subject", ()) for item in rdn]
+    user = next((v for k, v in fields if k == "commonName"), None)
+    return (user, [v for k, v in fields if k == "organizationName"]) if user else None
 
 
 class KubeAPI:
-    def __init__(self, server_dir, version, token, node_name=None, cluster=None, options=None):
+    def __init__(self, server_dir, version, node_name=None, cluster=None, options=None):
         self.server_dir = server_dir
         self.version = version
-        self.token = token
         self.node_name = node_name
         self.cluster = cluster  # adapter: records() -> {name: join record}; etcd_removed(name)
         self.options = dict(options or {})
@@ -1103,9 +1107,6 @@ class KubeAPI:
         self.started = time.time()
         self.stopping = threading.Event()
         self.save_lock = threading.Lock()
-        # client-go (kubectl, helm) sends no bearer token over plain HTTP; K3S_STANDIN_API_ANONYMOUS=1
-        # lets requests without credentials in (a wrong token is still refused).
-        self.anonymous = os.environ.get("K3S_STANDIN_API_ANONYMOUS", "") == "1"
         self.sim = Simulator(self)
 
     # -- lifecycle -------------------------------------------------------------
@@ -1673,7 +1674,8 @@ class KubeAPI:
     # -- HTTP ------------------------------------------------------------------
     def handles(self, raw_path):
         path = urllib.parse.urlparse(raw_path).path.rstrip("/") or "/"
-        return path in ("/api", "/apis") or path.startswith(("/api/", "/apis/", "/openapi")) or path in PUBLIC_PATHS
+        return path in ("/api", "/apis", "/version") or path.startswith(("/api/", "/apis/", "/openapi")) or \
+            path in HEALTH_PATHS
 
     def serve(self, handler, method):
         parsed = urllib.parse.urlparse(handler.path)
@@ -1682,16 +1684,19 @@ class KubeAPI:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length > 0 else b""
         try:
-            if path in PUBLIC_PATHS:
+            identity = client_identity(handler)
+            if identity is None:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            if "system:masters" not in identity[1]:  # RBAC: only the admin group has rights here
+                raise ApiError(403, "Forbidden", 'forbidden: User "%s" cannot %s path "%s"'
+                               % (identity[0], method.lower(), path))
+            if path in HEALTH_PATHS or path == "/version":
                 if method != "GET":
                     raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                                    "resource")
                 if path == "/version":
                     return self.send(handler, 200, self.version_info())
                 return self.send(handler, 200, "ok", "text/plain; charset=utf-8")
-            auth = handler.headers.get("Authorization", "")
-            if auth != "Bearer " + self.token and not (auth == "" and self.anonymous):
-                raise ApiError(401, "Unauthorized", "Unauthorized")
             status, result = self.dispatch(handler, method, path, query, body)
             if result is STREAMED:
                 return None
