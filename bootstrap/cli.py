@@ -12,7 +12,7 @@ from bootstrap.errors import EXIT_USAGE, run_command
 
 # name -> (module in bootstrap.commands, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "check": ("check", "validate an inventory offline; touches no host"),
+    "check": ("check", "validate an inventory offline; touches no host (--hosts: also check the hosts, changing nothing)"),
     "facts": ("facts", "show what each host has: OS, GPUs, driver, MIG profiles, RDMA, k3s"),
     "up": ("up", "check every host, then build or converge the cluster"),
     "validate": ("validate", "prove the cluster works: GPU pods, capacity, RDMA, a PVC, a gang job"),
@@ -84,6 +84,9 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--node", action="append", metavar="NAME", help="only these nodes (repeatable)")
     if name == "check":
         cmd.add_argument("--quiet", "-q", action="store_true", help="print nothing when the inventory is valid")
+        cmd.add_argument("--hosts", action="store_true",
+                         help="also run every check `up` makes on the hosts (preflight, reachability between "
+                              "the nodes), changing nothing")
     if name == "down":
         cmd.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
         cmd.add_argument("--purge-drivers", action="store_true",
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if args.command not in OFFLINE:
+    if args.command not in OFFLINE or getattr(args, "hosts", False):
         # pyinfra runs on gevent: patch before paramiko, sockets or threads are first used.
         from gevent import monkey
 

@@ -34,10 +34,11 @@ NVSMI_QUERY_ARGS = (
 # Requested paths for disk space, in the order the df section reports them.
 DF_PATHS = ("/", "/var/lib/rancher")
 
-# `command -v` checks: package manager detection, and preflight's "what is missing".
+# `command -v` checks: package manager detection, preflight's "what is missing", and python3
+# for the reachability probes' listeners and senders.
 COMMANDS = (
     "nvidia-smi", "nvidia-ctk", "k3s", "kubectl", "systemctl", "ss", "curl", "sudo",
-    "timeout", "apt-get", "dnf", "yum", "zypper", "apk",
+    "timeout", "apt-get", "dnf", "yum", "zypper", "apk", "python3",
 )  # fmt: skip
 
 SECTIONS = (

@@ -296,6 +296,21 @@ class HostSession:
                                             print_output=False, print_input=False)
         return output.stdout if ok else None
 
+    def run_each(self, commands: dict[str, str]) -> dict[str, str | None]:
+        """One shell command per host (its own), all in parallel, as the login user:
+        {node: stdout, or None when it failed or could not run}."""
+        import gevent
+
+        def run(name: str, command: str) -> str | None:
+            host = self._state.inventory.get_host(name)
+            ok, output = host.run_shell_command(command, print_output=False, print_input=False)
+            return output.stdout if ok else None
+
+        jobs = {name: gevent.spawn(run, name, command) for name, command in commands.items()
+                if name not in self.failures}
+        gevent.joinall(list(jobs.values()))
+        return {name: job.value for name, job in jobs.items()}
+
     def gather(self, fact_cls, **fact_kwargs) -> dict:
         """Run one fact on every active host in parallel: {node name: value}."""
         from pyinfra.api.facts import get_facts

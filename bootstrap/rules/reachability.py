@@ -1,0 +1,244 @@
+"""Which node must reach which, on which port, and what the probes found. Pure.
+
+Rented machines sit behind their provider's firewall (security groups, cloud firewalls),
+which often lets only SSH in. k3s's inbound rules (k3s-io/docs
+docs/installation/requirements.md, "Inbound Rules for K3s Nodes", commit 005d295):
+
+    TCP 2379-2380  servers -> servers     embedded etcd (the tool always runs it)
+    TCP 6443       all nodes -> servers   k3s supervisor and Kubernetes API server
+    UDP 8472       all -> all             flannel VXLAN
+    UDP 51820      all -> all             flannel WireGuard (51821 with IPv6)
+    TCP 10250      all -> all             kubelet
+    TCP 5001, 6443 all -> all             embedded registry mirror (Spegel)
+
+Every pair is probed on the address the cluster will use (each node's node-ip) before any
+host changes. Nodes that both run k3s already are one cluster: the running cluster is the
+evidence, so a converged cluster is not probed at all (a no-op `up` costs no round trip).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bootstrap.facts.host_facts import HostFacts
+from bootstrap.inventory.model import Inventory, Node, Role
+from bootstrap.preflight import Finding
+
+
+@dataclass(frozen=True)
+class Rule:
+    proto: str  # "tcp" | "udp"
+    port: int
+    what: str
+    servers_only: bool = False  # only servers receive it
+    between_servers: bool = False  # only servers send and receive it
+
+    @property
+    def label(self) -> str:
+        return f"{self.proto.upper()} {self.port}"
+
+
+def rules(inventory: Inventory, embedded_mirror: bool, family: int = 4) -> list[Rule]:
+    out = [Rule("tcp", 6443, "k3s supervisor and API server", servers_only=not embedded_mirror),
+           Rule("tcp", 10250, "kubelet")]
+    if len(inventory.servers) > 1:
+        out += [Rule("tcp", 2379, "etcd clients", between_servers=True),
+                Rule("tcp", 2380, "etcd peers", between_servers=True)]
+    backend = inventory.k3s.flannel_backend
+    if backend == "vxlan":
+        out.append(Rule("udp", 8472, "flannel VXLAN"))
+    elif backend == "wireguard-native":
+        out.append(Rule("udp", 51821 if family == 6 else 51820, "flannel WireGuard"))
+    if embedded_mirror:
+        out.append(Rule("tcp", 5001, "embedded registry mirror"))
+    return out
+
+
+def runs_k3s(facts: HostFacts | None) -> bool:
+    return bool(facts and facts.k3s and any(u.active for u in facts.k3s.units))
+
+
+@dataclass(frozen=True)
+class Probe:
+    sender: str
+    receiver: str
+    address: str  # the receiver's cluster address
+    proto: str
+    port: int
+    listen: bool  # a short-lived listener answers; False: the receiver's running k3s does (TCP)
+
+
+@dataclass(frozen=True)
+class Untested:
+    sender: str
+    receiver: str
+    label: str  # "UDP 8472"
+    why: str
+
+
+@dataclass
+class ProbePlan:
+    probes: list[Probe]
+    untested: list[Untested]
+    addresses: dict[str, str]  # node -> the address the cluster uses for it
+    family: int = 4
+
+    def listeners(self) -> dict[str, list[tuple[str, int]]]:
+        """receiver -> the (proto, port)s its listener binds."""
+        out: dict[str, list[tuple[str, int]]] = {}
+        for p in self.probes:
+            if p.listen and (p.proto, p.port) not in out.setdefault(p.receiver, []):
+                out[p.receiver].append((p.proto, p.port))
+        return out
+
+    def targets(self) -> dict[str, list[Probe]]:
+        out: dict[str, list[Probe]] = {}
+        for p in self.probes:
+            out.setdefault(p.sender, []).append(p)
+        return out
+
+
+def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> ProbePlan:
+    from bootstrap.rules.node_addresses import choose
+
+    addresses = {n.name: choose(inventory, n, facts).internal or n.address for n in inventory.nodes}
+    family = 6 if any(":" in a for a in addresses.values()) else 4
+    probes, untested = [], []
+    nodes = [n for n in inventory.nodes if n.name in facts]
+    for receiver in nodes:
+        there = facts[receiver.name]
+        for sender in nodes:
+            here = facts[sender.name]
+            if sender.name == receiver.name or (runs_k3s(here) and runs_k3s(there)):
+                continue
+            for rule in rules(inventory, embedded_mirror, family):
+                if not _applies(rule, sender, receiver):
+                    continue
+                why = _cannot_probe(rule, here, there)
+                if why:
+                    untested.append(Untested(sender.name, receiver.name, rule.label, why))
+                    continue
+                probes.append(Probe(sender.name, receiver.name, addresses[receiver.name], rule.proto, rule.port,
+                                    listen=not runs_k3s(there)))
+    return ProbePlan(probes, untested, addresses, family)
+
+
+def _applies(rule: Rule, sender: Node, receiver: Node) -> bool:
+    if rule.between_servers:
+        return sender.role == Role.SERVER and receiver.role == Role.SERVER
+    return receiver.role == Role.SERVER or not rule.servers_only
+
+
+def _cannot_probe(rule: Rule, sender: HostFacts, receiver: HostFacts) -> str | None:
+    if "python3" not in sender.commands:
+        return "no python3 on the sending host"
+    if runs_k3s(receiver):
+        # Its k3s holds the port: a TCP connect to it is the test; a UDP socket cannot answer.
+        if rule.proto == "udp":
+            return "the running k3s holds the port"
+        return None if receiver.listener(rule.port, "tcp") else "nothing listens there while k3s runs"
+    if "python3" not in receiver.commands:
+        return "no python3 on the receiving host"
+    if receiver.listener(rule.port, rule.proto):
+        return "the port is taken (see the ports check)"
+    return None
+
+
+# --- what the probes found ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Outcome:
+    probe: Probe
+    ok: bool | None  # None: not known (a host did not report)
+    detail: str = ""  # "timed out", "refused", "no answer", ...
+
+
+def outcomes(plan: ProbePlan, sent: dict[str, dict[tuple, str]], received: dict[str, set[tuple]],
+             bound: dict[str, dict[tuple, str]]) -> list[Outcome]:
+    """`sent[sender][(address, proto, port)]`: the prober's word ("ok", "timeout", "refused",
+    "sent", an error); `received[receiver]`: the (sender, proto, port)s its listener logged;
+    `bound[receiver][(proto, port)]`: "ok" or why its listener could not bind. A host that
+    did not report is missing from its dict."""
+    out = []
+    for p in plan.probes:
+        said = sent.get(p.sender, {}).get((p.address, p.proto, p.port))
+        if p.sender not in sent:
+            out.append(Outcome(p, None, f"{p.sender} did not report its probes"))
+        elif not p.listen:
+            out.append(Outcome(p, said == "ok", _words(said)))
+        elif p.receiver not in bound or p.receiver not in received:
+            out.append(Outcome(p, None, f"{p.receiver}'s listener did not report"))
+        elif bound[p.receiver].get((p.proto, p.port)) != "ok":
+            out.append(Outcome(p, None, f"could not listen: {bound[p.receiver].get((p.proto, p.port), '?')}"))
+        elif (p.sender, p.proto, p.port) in received[p.receiver] or (p.proto == "tcp" and said == "ok"):
+            # A TCP handshake with the port only our listener holds is an answer by itself.
+            out.append(Outcome(p, True))
+        else:
+            out.append(Outcome(p, False, _words(said) if p.proto == "tcp" else "nothing arrived"))
+    return out
+
+
+def _words(said: str | None) -> str:
+    return {"ok": "", "timeout": "timed out", "refused": "refused", None: "no answer"}.get(said, said or "")
+
+
+def render_matrix(names: list[str], results: list[Outcome]) -> list[str]:
+    """Rows send, columns receive; a cell lists what did not get through."""
+    cells: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        cell = cells.setdefault((r.probe.sender, r.probe.receiver), [])
+        if r.ok is False:
+            cell.append(f"{r.probe.proto}/{r.probe.port}")
+        elif r.ok is None:
+            cell.append(f"{r.probe.proto}/{r.probe.port}?")
+
+    def cell(sender: str, receiver: str) -> str:
+        if sender == receiver:
+            return "-"
+        if (sender, receiver) not in cells:
+            return "."
+        return ",".join(cells[(sender, receiver)]) or "ok"
+
+    corner = "from \\ to"
+    width = max([len(n) for n in names] + [len(cell(s, r)) for s in names for r in names] + [len(corner)])
+    lines = ["  " + corner.ljust(width) + "  " + "  ".join(n.ljust(width) for n in names)]
+    for sender in names:
+        lines.append("  " + sender.ljust(width) + "  " + "  ".join(cell(sender, r).ljust(width) for r in names))
+    return [line.rstrip() for line in lines]
+
+
+def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> list[Finding]:
+    """One error per receiving node and port that some node cannot reach, with the rule to
+    open; one warning per port that could not be tested."""
+    what = {(r.proto, r.port): r.what for r in rules(inventory, True, plan.family)}
+    failed: dict[tuple, list[Outcome]] = {}
+    unknown: dict[tuple, list[Outcome]] = {}
+    for r in results:
+        key = (r.probe.receiver, r.probe.proto, r.probe.port, r.probe.address)
+        if r.ok is False:
+            failed.setdefault(key, []).append(r)
+        elif r.ok is None:
+            unknown.setdefault(key, []).append(r)
+    out = []
+    for (receiver, proto, port, address), rs in sorted(failed.items()):
+        senders = [r.probe.sender for r in rs]
+        sources = ", ".join(f"{s} ({plan.addresses[s]})" for s in senders)
+        details = sorted({r.detail for r in rs if r.detail})
+        out.append(Finding(
+            receiver, "reachability",
+            f"{proto.upper()} {port} ({what.get((proto, port), 'k3s')}) on {address} is not reachable from "
+            f"{', '.join(senders)}" + (f" ({'; '.join(details)})" if details else ""),
+            f"open {proto.upper()} {port} inbound on {receiver} from {sources} in the provider's firewall "
+            "(security group) and in the host's own firewall"))
+    for (receiver, proto, port, _), rs in sorted(unknown.items()):
+        out.append(Finding(receiver, "reachability", f"{proto.upper()} {port} from {', '.join(r.probe.sender for r in rs)} "
+                           f"not tested: {rs[0].detail}", None, severity="warning"))
+    untested: dict[tuple, list[Untested]] = {}
+    for u in plan.untested:
+        untested.setdefault((u.receiver, u.label, u.why), []).append(u)
+    for (receiver, label, why), us in sorted(untested.items()):
+        if "python3" in why:
+            out.append(Finding(receiver, "reachability", f"{label} from {', '.join(u.sender for u in us)} not tested: "
+                               f"{why}", "install python3 on the host to have it checked", severity="warning"))
+    return out
+

@@ -1,0 +1,83 @@
+"""A provider firewall between the nodes: `up` (preflight) and `check --hosts` probe every
+pair of nodes on the ports k3s needs, on the addresses the cluster uses, before any host
+changes, and say which rule to open. iptables rules inside the test hosts play the firewall."""
+
+import re
+
+import pytest
+from clirun import run_bootstrap
+from labinv import write_inventory
+
+import testhosts
+
+pytestmark = pytest.mark.hosts
+
+
+def drop(host, source, proto, port, target="DROP"):
+    extra = " --reject-with tcp-reset" if target == "REJECT" and proto == "tcp" else ""
+    host.ssh(f"iptables -A INPUT -s {source.address} -p {proto} --dport {port} -j {target}{extra}", user="root")
+
+
+def listeners_left(host):
+    return [line for line in host.ssh("ss -Hltunp", user="root").stdout.splitlines() if "python3" in line]
+
+
+def test_dropped_ports_stop_up_before_any_change_and_name_the_rule_to_open(lab, tmp_path, airgap):
+    # a2 sits behind NAT: it is probed on its private address, the one k3s will use.
+    hosts = lab.start(["rc-cp", "rc-a1", testhosts.HostSpec("rc-a2", nat=True)])
+    cp, a1, a2 = hosts
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}},
+                                node_extra={a2.name: {"address": a2.public_address}})
+    drop(a1, cp, "udp", 8472)  # VXLAN from the server lost
+    drop(cp, a2, "tcp", 6443)  # the agent cannot reach the API server
+    drop(a2, a1, "tcp", 10250, "REJECT")  # kubelet refused
+
+    check = run_bootstrap("check", inventory, "--hosts")
+    assert check.returncode == 1, check.stdout + check.stderr
+    out = check.stdout
+    assert f"FAIL rc-a1: reachability: UDP 8472 (flannel VXLAN) on {a1.address} is not reachable from rc-cp " \
+           "(nothing arrived)" in out
+    assert f"fix: open UDP 8472 inbound on rc-a1 from rc-cp ({cp.address}) in the provider's firewall" in out
+    assert f"FAIL rc-cp: reachability: TCP 6443 (k3s supervisor and API server) on {cp.address} is not " \
+           "reachable from rc-a2 (timed out)" in out
+    assert f"FAIL rc-a2: reachability: TCP 10250 (kubelet) on {a2.address} is not reachable from rc-a1 " \
+           "(refused)" in out
+    assert not [line for line in out.splitlines() if "reachability" in line and a2.public_address in line]
+    matrix = out[out.index("what did not get through"):].splitlines()[1:5]
+    rows = {line.split()[0]: line.split()[1:] for line in matrix[1:]}
+    assert rows["rc-cp"] == ["-", "udp/8472", "ok"] and rows["rc-a2"] == ["tcp/6443", "ok", "-"]
+    assert rows["rc-a1"] == ["ok", "-", "tcp/10250"]
+    assert "no host was changed" in check.stderr
+
+    up = run_bootstrap("up", inventory, "--hosts-only")
+    assert up.returncode == 1 and "UDP 8472 (flannel VXLAN)" in up.stdout and "no host was changed" in up.stderr
+    for host in hosts:
+        assert host.created_files() == set(), host.created_files()  # the probes wrote nothing
+        assert listeners_left(host) == []  # and their listeners are gone
+
+    for host in hosts:
+        host.ssh("iptables -F INPUT", user="root")
+    up = run_bootstrap("up", inventory, "--hosts-only")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert re.search(r"reachability: \d+ probes between 3 nodes on the cluster's addresses: \d+ got through\n",
+                     up.stdout), up.stdout
+    again = run_bootstrap("up", inventory, "--hosts-only")
+    assert again.returncode == 0 and "hosts: no change" in again.stdout
+    assert "reachability" not in again.stdout  # a converged cluster is its own evidence: no probe
+
+    # A node joining the running cluster is probed from and to the running nodes' k3s.
+    (a3,) = lab.start(["rc-a3"])
+    drop(a3, cp, "udp", 8472)
+    drop(cp, a3, "tcp", 10250)
+    grown = write_inventory(tmp_path / "inv.yaml", hosts + [a3], extra={"k3s": {"airgap": str(airgap)}},
+                            node_extra={a2.name: {"address": a2.public_address}})
+    join = run_bootstrap("up", grown, "--hosts-only")
+    assert join.returncode == 1, join.stdout + join.stderr
+    assert f"FAIL rc-a3: reachability: UDP 8472 (flannel VXLAN) on {a3.address} is not reachable from rc-cp" \
+        in join.stdout
+    assert f"FAIL rc-cp: reachability: TCP 10250 (kubelet) on {cp.address} is not reachable from rc-a3 (timed out)" \
+        in join.stdout  # the running k3s answered the others: only rc-a3 is cut off
+    assert "rc-a1: reachability" not in join.stdout and a3.created_files() == set()
+    a3.ssh("iptables -F INPUT", user="root")
+    cp.ssh("iptables -F INPUT", user="root")
+    assert run_bootstrap("up", grown, "--hosts-only").returncode == 0

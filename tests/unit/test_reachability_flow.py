@@ -1,0 +1,96 @@
+"""The reachability check inside preflight (flows.host_phase.gather_and_plan, which `up`,
+`plan`, `rebuild` and `check --hosts` share), in-process: a fake network answers the
+listener, prober and collector commands the way hosts behind a firewall would."""
+
+import shlex
+from dataclasses import replace
+
+import pytest
+import yaml
+from fakes import FakeSession
+from test_host_phase_flow import healthy_host
+
+from bootstrap import progress
+from bootstrap.facts.host_facts import InterfaceAddress, K3sInstall, ListeningPort, SystemdUnit
+from bootstrap.flows.host_phase import PreflightFailed, gather_and_plan
+from bootstrap.hostparts.manifest import ID_KEY
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.statedir import StateDir
+
+ADDRESSES = {"cp": "10.0.0.1", "a1": "10.0.0.2", "a2": "10.0.0.3"}
+
+
+def host(name):
+    return replace(healthy_host(name), addresses=[InterfaceAddress("eth0", ADDRESSES[name], 24)])
+
+
+class FirewalledSession(FakeSession):
+    """Hosts that run the probe scripts; `dropped` holds (sender, receiver, proto, port)."""
+
+    def __init__(self, inventory, facts, dropped=()):
+        super().__init__(inventory, facts)
+        self.dropped, self.calls, self.heard = set(dropped), [], {}
+        self.by_address = {a: n for n, a in ADDRESSES.items()}
+
+    def run_each(self, commands):
+        self.calls.append(sorted(commands))
+        out = {}
+        for name, command in commands.items():
+            script, *args = shlex.split(command)[2:]
+            if "control.bind" in script:  # a listener: binds every port it is given
+                self.heard[name] = set()
+                out[name] = "".join(f"bound {spec.replace('/', ' ')}\n" for spec in args[3:])
+            elif "create_connection" in script:  # a prober
+                lines = []
+                for target in args[3:]:
+                    proto, address, port, _ = target.split(",")
+                    receiver = self.by_address[address]
+                    lost = (name, receiver, proto, int(port)) in self.dropped
+                    if not lost and receiver in self.heard:
+                        self.heard[receiver].add(f"got {proto} {port} {name}\n")
+                    lines.append(f"sent {proto} {address} {port} {'sent' if proto == 'udp' else 'timeout' if lost else 'ok'}\n")
+                out[name] = "".join(lines)
+            else:  # the collector
+                out[name] = "".join(sorted(self.heard.pop(name))) + "end\n"
+        return out
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "t", "state_dir": "state", "k3s": {"version": "v1.33.5+k3s1"},
+                                    "images": {"embedded_mirror": False}, "nodes": [
+        {"name": n, "address": a, "role": "server" if n == "cp" else "agent"} for n, a in ADDRESSES.items()]}))
+    inventory = load_inventory(path)
+    return inventory, StateDir(inventory)
+
+
+def plan(inventory, state, session):
+    return gather_and_plan(session, inventory, state, progress.Console(progress.Reporter()), create_token=False)
+
+
+def test_a_dropped_port_stops_preflight_with_the_matrix_and_the_rule(cluster, capsys):
+    inventory, state = cluster
+    session = FirewalledSession(inventory, {n: host(n) for n in ADDRESSES}, dropped={("cp", "a2", "udp", 8472)})
+    with pytest.raises(PreflightFailed, match="1 problem"):
+        plan(inventory, state, session)
+    out = capsys.readouterr().out
+    assert "FAIL a2: reachability: UDP 8472 (flannel VXLAN) on 10.0.0.3 is not reachable from cp" in out
+    assert "fix: open UDP 8472 inbound on a2 from cp (10.0.0.1) in the provider's firewall" in out
+    assert "  cp         -          udp/8472" in out and "  a2         ok         -" in out  # the nodes involved
+    assert session.calls == [["a1", "a2", "cp"]] * 3 and session.executed == []
+
+
+def test_open_ports_pass_and_a_converged_cluster_costs_no_round_trip(cluster, capsys):
+    inventory, state = cluster
+    session = FirewalledSession(inventory, {n: host(n) for n in ADDRESSES})
+    plan(inventory, state, session)
+    assert "reachability: 14 probes between 3 nodes on the cluster's addresses: 14 got through" \
+        in capsys.readouterr().out
+    running = {n: replace(host(n), manifest={ID_KEY: state.cluster_id}, listening_ports=[ListeningPort("tcp", 6443), ListeningPort("tcp", 10250)],
+                          k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [
+                              SystemdUnit("k3s.service" if n == "cp" else "k3s-agent.service", "loaded", "active")]))
+               for n in ADDRESSES}
+    converged = FirewalledSession(inventory, running)
+    plan(inventory, state, converged)
+    assert converged.calls == [] and "reachability" not in capsys.readouterr().out
