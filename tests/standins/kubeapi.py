@@ -12,9 +12,16 @@ Contract (what the official client needs; details in each section):
              (k3s runs kube-apiserver with anonymous-auth=false: k3s-io/k3s
              pkg/daemons/control/server.go); a user outside system:masters is 403.
   Discovery  /version, /api, /api/v1, /apis, /apis/G, /apis/G/V (legacy discovery, JSON),
-             no /openapi.
+             /openapi/v3 (the index) and /openapi/v3/api/v1, /openapi/v3/apis/G/V (paths, verbs and
+             query parameters, no schemas); no /openapi/v2 (kubectl asks for it as protobuf
+             only when v3 is missing).
+  Tables     GET with Accept "application/json;as=Table;v=v1;g=meta.k8s.io" (kubectl get):
+             meta.k8s.io/v1 Table, the real printers' columns for Node, Pod, Namespace,
+             Deployment, DaemonSet, ConfigMap, Secret; Name and Age for other kinds.
   Objects    GET (get, list, watch=true), POST (create), PUT (replace), PATCH (JSON patch,
-             merge patch, strategic merge patch for built-in kinds, server-side apply),
+             merge patch, strategic merge patch for built-in kinds, server-side apply); bodies
+             in JSON, YAML, or protobuf for the kinds client-go's typed clients send (Secret,
+             ConfigMap, Namespace, DeleteOptions: Helm's release storage, kubectl create),
              DELETE (one, collection) on the built-in kinds in BUILTIN below and on custom
              resources of every CustomResourceDefinition (k3s's own, the PRESETS, and any
              created through the API). Subresources: status (GET/PUT/PATCH), pods/log,
@@ -23,7 +30,8 @@ Contract (what the official client needs; details in each section):
              notin, exists, !exists), fieldSelector (any dotted field, = == !=); limit is
              accepted, everything comes in one page (no continue token).
   Watch      watch=true streams chunked JSON lines {"type", "object"} from resourceVersion
-             (ADDED for the current objects when none is given), until timeoutSeconds
+             (ADDED for the current objects when none is given; with sendInitialEvents=true
+             those, then the initial-events-end BOOKMARK), until timeoutSeconds
              (default 60, at most 300); a resourceVersion older than the last 4096 changes
              gets one ERROR event with code 410 (the client then lists again).
   Errors     Status objects with the reasons and messages of the real API server
@@ -35,7 +43,7 @@ Contract (what the official client needs; details in each section):
 The simulator (class Simulator, a thread ticking every 0.2 s) plays the controllers,
 the scheduler and the kubelets of a small k3s cluster; its rules are in its docstring.
 Exec, attach and port-forward (SPDY/websocket upgrades) are not served, nor protobuf
-bodies (kubectl sends those for `create namespace` and the like).
+bodies of other kinds, nor protobuf replies (JSON goes back; client-go accepts it).
 
 Knobs (environment of `k3s server`; defaults in brackets):
   K3S_STANDIN_API_PRESETS          CRDs present from the first start
@@ -1664,6 +1672,24 @@ class KubeAPI:
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "%s/%s" % (group, version)
                 if group else version, "resources": out}
 
+    def openapi(self, parts):
+        """/openapi/v3 (the index of group-versions) and one group-version's document."""
+        resources = self.resources()
+        gvs = sorted({("", v) if not r.group else (r.group, v) for r in resources for v in r.versions})
+        if parts == ["openapi", "v3"]:
+            index = {}
+            for group, version in gvs:
+                key = "api/%s" % version if not group else "apis/%s/%s" % (group, version)
+                doc = json.dumps(openapi_v3_doc(resources, group, version, self.version), sort_keys=True)
+                index[key] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s" % (
+                    key, hashlib.sha512(doc.encode()).hexdigest().upper()[:128])}
+            return {"paths": index}
+        wanted = ("", parts[3]) if parts[2:3] == ["api"] and len(parts) == 4 else \
+            (parts[3], parts[4]) if parts[2:3] == ["apis"] and len(parts) == 5 else None
+        if parts[1:2] != ["v3"] or wanted not in gvs:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return openapi_v3_doc(resources, wanted[0], wanted[1], self.version)
+
     def version_info(self):
         m = K8S_VERSION_RE.match(self.version or "v1.33.5")
         major, minor = (m.group(1), m.group(2)) if m else ("1", "33")
@@ -1724,7 +1750,10 @@ class KubeAPI:
     def dispatch(self, handler, method, path, query, body):
         parts = [urllib.parse.unquote(p) for p in path.split("/") if p]
         if parts[0] == "openapi":
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if method != "GET":
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
+                               "resource")
+            return 200, self.openapi(parts)
         if parts[0] == "api":
             if len(parts) < 2 or parts[1] != "v1":
                 if len(parts) == 1 and method == "GET":
@@ -1760,6 +1789,8 @@ class KubeAPI:
         def parse_body():
             if not body:
                 return {}
+            if ctype.split(";")[0].strip() == "application/vnd.kubernetes.protobuf":
+                return decode_protobuf(body)
             try:
                 return json.loads(body)
             except ValueError:
@@ -1776,13 +1807,15 @@ class KubeAPI:
                 if query.get("watch") in GO_TRUE:
                     self.watch(handler, res, ns, query, version)
                     return 200, STREAMED
-                return 200, self.list(res, ns, query, version)
+                listed = self.list(res, ns, query, version)
+                return 200, as_table(res, listed) if wants_table(handler.headers.get("Accept")) else listed
             if sub == "log":
                 return 200, self.pod_log(ns, name, query)
             if sub in ("eviction", "binding"):
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                                "resource")
-            return 200, self.get(res, ns, name, version)
+            found = self.get(res, ns, name, version)
+            return 200, as_table(res, found) if sub is None and wants_table(handler.headers.get("Accept")) else found
         if method == "POST":
             if name is None:
                 return 201, self.create(res, ns, parse_body(), dry_run, version)
@@ -1829,13 +1862,22 @@ class KubeAPI:
             return (ns is None or obj["metadata"].get("namespace", "") == ns) and \
                 labels_match(reqs, deep(obj, "metadata", "labels")) and fields_match(freqs, obj)
 
+        # A watch-list (client-go's WatchListClient, on by default since client-go 0.35: Helm's
+        # --wait) asks sendInitialEvents=true: the current objects as ADDED, then a BOOKMARK
+        # annotated k8s.io/initial-events-end (k8s.io/apiserver pkg/storage/cacher,
+        # KEP-3157); without that bookmark the client waits for ever.
+        initial = query.get("sendInitialEvents") in GO_TRUE
         with store.lock:
             pending = []
-            if since in ("", "0"):
+            if since in ("", "0") or initial:
                 for obj in store.items(res, ns):
                     if matches(obj):
                         pending.append({"type": "ADDED", "object": self.out(res, obj, version)})
                 cursor = store.rv
+                if initial:
+                    pending.append({"type": "BOOKMARK", "object": {
+                        "kind": res.kind, "apiVersion": res.api_version(version), "metadata": {
+                            "resourceVersion": str(cursor), "annotations": {"k8s.io/initial-events-end": "true"}}}})
             else:
                 try:
                     cursor = int(since)
@@ -1880,6 +1922,271 @@ class KubeAPI:
 
 
 STREAMED = object()
+
+
+# =============================================================================
+# What kubectl and Helm ask for besides objects: server-side printing (Tables, for
+# `kubectl get`) and the OpenAPI v3 index with per-group-version documents (kubectl
+# apply and Helm look there for PATCH's fieldValidation parameter before they send a
+# request with it, k8s.io/cli-runtime pkg/resource/query_param_verifier_v3.go).
+# =============================================================================
+
+def human_duration(seconds):
+    """k8s.io/apimachinery pkg/util/duration HumanDuration, as the AGE column shows it."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return "%ds" % s
+    m = s // 60
+    if m < 10:
+        return "%dm%ds" % (m, s % 60) if s % 60 else "%dm" % m
+    if m < 180:
+        return "%dm" % m
+    h = m // 60
+    if h < 8:
+        return "%dh%dm" % (h, m % 60) if m % 60 else "%dh" % h
+    if h < 48:
+        return "%dh" % h
+    if h < 192:
+        return "%dd%dh" % (h // 24, h % 24) if h % 24 else "%dd" % (h // 24)
+    d = h // 24
+    if d < 730:
+        return "%dd" % d
+    if d < 2920:
+        return "%dy%dd" % (d // 365, d % 365) if d % 365 else "%dy" % (d // 365)
+    return "%dy" % (d // 365)
+
+
+def _age(obj):
+    created = parse_iso(deep(obj, "metadata", "creationTimestamp"))
+    return human_duration(time.time() - created) if created is not None else "<unknown>"
+
+
+def _node_row(node):
+    ready = next((c for c in deep(node, "status", "conditions", default=[]) or [] if c.get("type") == "Ready"), None)
+    status = ["Ready" if ready and ready.get("status") == "True" else "NotReady" if ready and
+              ready.get("status") == "False" else "Unknown"]
+    if deep(node, "spec", "unschedulable"):
+        status.append("SchedulingDisabled")
+    labels = deep(node, "metadata", "labels", default={}) or {}
+    roles = sorted(k.split("/", 1)[1] for k in labels if k.startswith("node-role.kubernetes.io/") and "/" in k)
+    return [",".join(status), ",".join(roles) or "<none>", _age(node), deep(node, "status", "nodeInfo", "kubeletVersion",
+                                                                             default="")]
+
+
+def _pod_row(pod):
+    statuses = deep(pod, "status", "containerStatuses", default=[]) or []
+    containers = deep(pod, "spec", "containers", default=[]) or []
+    ready = sum(1 for s in statuses if s.get("ready"))
+    restarts = sum(int(s.get("restartCount") or 0) for s in statuses)
+    reason = deep(pod, "status", "reason") or deep(pod, "status", "phase") or "Unknown"
+    for s in statuses:
+        waiting, done = deep(s, "state", "waiting"), deep(s, "state", "terminated")
+        if waiting and waiting.get("reason"):
+            reason = waiting["reason"]
+        elif done and done.get("reason") and reason not in ("Succeeded",):
+            reason = done["reason"]
+    if deep(pod, "metadata", "deletionTimestamp"):
+        reason = "Terminating"
+    return ["%d/%d" % (ready, len(containers)), reason, restarts, _age(pod)]
+
+
+def _workload_row(obj, kind):
+    st, spec = obj.get("status") or {}, obj.get("spec") or {}
+    if kind == "Deployment":
+        return ["%d/%d" % (st.get("readyReplicas") or 0, spec.get("replicas", 1)), st.get("updatedReplicas") or 0,
+                st.get("availableReplicas") or 0, _age(obj)]
+    selector = deep(spec, "template", "spec", "nodeSelector", default={}) or {}
+    return [st.get("desiredNumberScheduled") or 0, st.get("currentNumberScheduled") or 0, st.get("numberReady") or 0,
+            st.get("updatedNumberScheduled") or 0, st.get("numberAvailable") or 0,
+            ",".join("%s=%s" % kv for kv in sorted(selector.items())) or "<none>", _age(obj)]
+
+
+# kubernetes/kubernetes pkg/printers/internalversion/printers.go (AddHandlers): the columns
+# (priority 0) of the kinds a user lists first; other kinds get the default Name, Age
+# (CRDs without additionalPrinterColumns print the same).
+TABLE_COLUMNS = {
+    "Node": (["Status", "Roles", "Age", "Version"], _node_row),
+    "Pod": (["Ready", "Status", "Restarts", "Age"], _pod_row),
+    "Namespace": (["Status", "Age"], lambda o: [deep(o, "status", "phase", default="Active"), _age(o)]),
+    "Deployment": (["Ready", "Up-to-date", "Available", "Age"], lambda o: _workload_row(o, "Deployment")),
+    "DaemonSet": (["Desired", "Current", "Ready", "Up-to-date", "Available", "Node Selector", "Age"],
+                  lambda o: _workload_row(o, "DaemonSet")),
+    "ConfigMap": (["Data", "Age"], lambda o: [len(o.get("data") or {}) + len(o.get("binaryData") or {}), _age(o)]),
+    "Secret": (["Type", "Data", "Age"], lambda o: [o.get("type") or "Opaque", len(o.get("data") or {}), _age(o)]),
+}
+TABLE_TYPES = {"Restarts": "integer", "Data": "integer", "Up-to-date": "integer", "Available": "integer",
+               "Desired": "integer", "Current": "integer"}
+
+
+def wants_table(accept):
+    """client-go's `get` asks for application/json;as=Table;v=v1;g=meta.k8s.io first."""
+    first = (accept or "").split(",")[0]
+    return "as=Table" in first.replace(" ", "") and "g=meta.k8s.io" in first
+
+
+def as_table(res, result):
+    """A meta.k8s.io/v1 Table of a list or one object, rows carrying PartialObjectMetadata
+    (includeObject=Metadata, the default)."""
+    names, row = TABLE_COLUMNS.get(res.kind if not res.crd else "", (["Age"], lambda o: [_age(o)]))
+    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a "
+                "namespace.", "priority": 0}] + [{"name": n, "type": TABLE_TYPES.get(n, "string"), "format": "",
+                                                  "description": "", "priority": 0} for n in names]
+    items = result["items"] if "items" in result else [result]
+    rows = [{"cells": [o["metadata"]["name"]] + row(o), "object": {
+        "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}} for o in items]
+    meta = {"resourceVersion": deep(result, "metadata", "resourceVersion", default="")}
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns,
+            "rows": rows}
+
+
+PATCH_PARAMS = ("dryRun", "fieldManager", "fieldValidation", "force", "pretty")
+
+
+# Protobuf request bodies. client-go's typed clients (Helm's release storage: Secrets; its
+# --create-namespace; kubectl create namespace|secret|configmap) send
+# application/vnd.kubernetes.protobuf: "k8s\x00" then a runtime.Unknown {typeMeta, raw}
+# (k8s.io/apimachinery pkg/runtime/serializer/protobuf/protobuf.go, generated.proto). The
+# messages below are field numbers from k8s.io/api core/v1 and apimachinery meta/v1
+# generated.proto, for the kinds those clients send; another kind is 415, as for a server
+# without the type. Replies stay JSON (the clients accept it: Accept lists application/json).
+PROTO_MAGIC = b"k8s\x00"
+_TIME = {1: ("seconds", "int"), 2: ("nanos", "int")}
+_OWNER = {1: ("kind", "string"), 3: ("name", "string"), 4: ("uid", "string"), 5: ("apiVersion", "string"),
+          6: ("controller", "bool"), 7: ("blockOwnerDeletion", "bool")}
+_META = {1: ("name", "string"), 2: ("generateName", "string"), 3: ("namespace", "string"), 5: ("uid", "string"),
+         6: ("resourceVersion", "string"), 7: ("generation", "int"), 8: ("creationTimestamp", _TIME),
+         11: ("labels", ("map", "string")), 12: ("annotations", ("map", "string")),
+         13: ("ownerReferences", ("repeated", _OWNER)), 14: ("finalizers", ("repeated", "string"))}
+PROTO_KINDS = {
+    "Secret": {1: ("metadata", _META), 2: ("data", ("map", "bytes")), 3: ("type", "string"),
+               4: ("stringData", ("map", "string")), 5: ("immutable", "bool")},
+    "ConfigMap": {1: ("metadata", _META), 2: ("data", ("map", "string")), 3: ("binaryData", ("map", "bytes")),
+                  4: ("immutable", "bool")},
+    "Namespace": {1: ("metadata", _META), 2: ("spec", {1: ("finalizers", ("repeated", "string"))}),
+                  3: ("status", {1: ("phase", "string")})},
+    "DeleteOptions": {1: ("gracePeriodSeconds", "int"), 2: ("preconditions", {1: ("uid", "string"),
+                                                                               2: ("resourceVersion", "string")}),
+                      3: ("orphanDependents", "bool"), 4: ("propagationPolicy", "string"),
+                      5: ("dryRun", ("repeated", "string"))},
+}
+_UNKNOWN = {1: ("typeMeta", {1: ("apiVersion", "string"), 2: ("kind", "string")}), 2: ("raw", "raw")}
+
+
+def _varint(data, pos):
+    shift = value = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _proto_fields(data):
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            value, pos = data[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            value, pos = data[pos:pos + width], pos + width
+        else:
+            raise ValueError("unsupported wire type %d" % wire)
+        yield number, value
+
+
+def _proto_value(kind, value):
+    if kind == "string":
+        return value.decode()
+    if kind == "bytes":
+        return base64.b64encode(value).decode()  # as the JSON form of []byte
+    if kind == "raw":
+        return value
+    if kind == "int":
+        return value - (1 << 64) if value >= 1 << 63 else value
+    if kind == "bool":
+        return bool(value)
+    if kind is _TIME:
+        seconds = proto_message(_TIME, value).get("seconds")
+        return now_iso(seconds) if seconds else None
+    return proto_message(kind, value)
+
+
+def proto_message(spec, data):
+    out = {}
+    for number, value in _proto_fields(data):
+        if number not in spec:
+            continue
+        name, kind = spec[number]
+        if isinstance(kind, tuple) and kind[0] == "map":
+            entry = dict(_proto_fields(value))
+            out.setdefault(name, {})[entry.get(1, b"").decode()] = _proto_value(kind[1], entry.get(2, b""))
+        elif isinstance(kind, tuple):
+            out.setdefault(name, []).append(_proto_value(kind[1], value))
+        else:
+            decoded = _proto_value(kind, value)
+            if decoded not in ("", None, 0, False, {}):  # optional fields the Go side leaves empty
+                out[name] = decoded
+    return out
+
+
+def decode_protobuf(body):
+    """A JSON-shaped object from a protobuf request body, or ApiError 415."""
+    try:
+        if not body.startswith(PROTO_MAGIC):
+            raise ValueError("no protobuf magic")
+        unknown = proto_message(_UNKNOWN, body[len(PROTO_MAGIC):])
+        meta = unknown.get("typeMeta") or {}
+        spec = PROTO_KINDS.get(meta.get("kind"))
+        if spec is None:
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                           "accepted media types include: application/json, application/yaml (protobuf is "
+                           "taken for %s only)" % ", ".join(sorted(PROTO_KINDS)))
+        obj = proto_message(spec, unknown.get("raw") or b"")
+    except (ValueError, UnicodeDecodeError, IndexError):
+        raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+    if meta.get("apiVersion"):
+        obj["apiVersion"] = meta["apiVersion"]
+    obj["kind"] = meta["kind"]
+    return obj
+
+
+def openapi_v3_doc(resources, group, version, k8s_version):
+    """One group-version's OpenAPI v3 document: its paths with the operations and query
+    parameters the stand-in takes. No schemas: PATCH lists no strategic-merge body, so
+    kubectl computes client-side strategic merges from its built-in types, as it does for a
+    group-version without one."""
+    paths = {}
+    base = "/api/%s" % version if not group else "/apis/%s/%s" % (group, version)
+    for res in resources:
+        if res.group != group or version not in res.versions:
+            continue
+        gvk = {"group": group, "version": version, "kind": res.kind}
+        collection = base + ("/namespaces/{namespace}/" if res.namespaced else "/") + res.plural
+        params = [{"name": p, "in": "query", "schema": {"type": "string"}} for p in PATCH_PARAMS]
+        op = {"x-kubernetes-group-version-kind": gvk, "parameters": params}
+        content = {t: {"schema": {"type": "object"}} for t in (
+            "application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json")}
+        paths[collection] = {"get": dict(op, **{"x-kubernetes-action": "list"}),
+                             "post": dict(op, **{"x-kubernetes-action": "post"})}
+        paths[collection + "/{name}"] = {
+            "get": dict(op, **{"x-kubernetes-action": "get"}), "put": dict(op, **{"x-kubernetes-action": "put"}),
+            "delete": dict(op, **{"x-kubernetes-action": "delete"}),
+            "patch": dict(op, **{"x-kubernetes-action": "patch", "requestBody": {"content": content}})}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": k8s_version}, "paths": paths,
+            "components": {"schemas": {}}}
 
 
 def version_priority(version):

@@ -1,0 +1,148 @@
+"""The real kubectl and Helm against the stand-in API, through k3s.yaml as k3s writes it
+(HTTPS, the server CA, the system:admin client certificate): what a user runs after
+`bootstrap kubeconfig --merge`. Sandboxed (tests/sandbox.py); the host tests run the same
+clients through the tool's tunnel and merged kubeconfig (tests/hosts/test_kubectl_hosts.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "standins"))
+import airgap  # noqa: E402
+
+from sandbox import cluster, k3s  # noqa: E402,F401
+
+needs_upstream = pytest.mark.skipif(airgap.upstream_missing() is not None, reason=airgap.upstream_missing() or "")
+KUBECTL, HELM = shutil.which("kubectl"), shutil.which("helm")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH (.ci/run installs it)")
+needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not on PATH (.ci/run installs it)")
+
+
+def run(kubeconfig: Path, *argv: str, check=True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "HELM_"))}
+    env.update(KUBECONFIG=str(kubeconfig), HELM_CACHE_HOME=str(kubeconfig.parent / "helm-cache"),
+               HELM_CONFIG_HOME=str(kubeconfig.parent / "helm-config"), HOME=str(kubeconfig.parent))
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=120, env=env)
+    if check:
+        assert proc.returncode == 0, f"{' '.join(argv)}: {proc.stderr}"
+    return proc
+
+
+def make_chart(folder: Path, name: str, version: str, replicas: int = 1) -> Path:
+    """A small chart with the component's name: a ConfigMap and a Deployment."""
+    chart = folder / name
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(yaml.safe_dump({"apiVersion": "v2", "name": name, "version": version}))
+    (chart / "values.yaml").write_text(yaml.safe_dump({"replicas": replicas}))
+    (chart / "templates/all.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-config\ndata:\n"
+        "  replicas: \"{{ .Values.replicas }}\"\n---\n"
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ .Release.Name }}\nspec:\n"
+        "  replicas: {{ .Values.replicas }}\n  selector:\n    matchLabels: {app: {{ .Release.Name }}}\n"
+        "  template:\n    metadata:\n      labels: {app: {{ .Release.Name }}}\n    spec:\n"
+        "      containers: [{name: main, image: \"registry.example/%s:%s\"}]\n" % (name, version))
+    out = subprocess.run([HELM, "package", str(chart), "-d", str(folder)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return folder / f"{name}-{version}.tgz"
+
+
+@needs_upstream
+@needs_kubectl
+def test_kubectl_gets_nodes_and_pods_creates_and_applies(cluster, tmp_path):
+    cluster.server()
+    cluster.agent("gpu-1", gpus=1)
+    cluster.wait_ready("cp-1", "gpu-1")
+    kubeconfig = cluster.root / "etc/rancher/k3s/k3s.yaml"
+    nodes = run(kubeconfig, KUBECTL, "get", "nodes").stdout.splitlines()
+    assert nodes[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    rows = {line.split()[0]: line.split() for line in nodes[1:]}
+    assert rows["cp-1"][1:3] == ["Ready", "control-plane,etcd,master"] and rows["cp-1"][-1] == "v1.33.5+k3s1"
+    assert rows["gpu-1"][1:3] == ["Ready", "<none>"]
+    # kubectl create sends protobuf (client-go's typed client)
+    run(kubeconfig, KUBECTL, "create", "namespace", "team-a")
+    assert cluster.core.read_namespace("team-a").metadata.name == "team-a"
+    manifest = tmp_path / "app.yaml"
+    manifest.write_text(yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "team-a"},
+         "data": {"mode": "one"}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": "team-a"},
+         "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1.36",
+                                                            "command": ["sleep", "1"]}]}}]))
+    assert "configmap/settings created" in run(kubeconfig, KUBECTL, "apply", "-f", str(manifest)).stdout
+    manifest.write_text(manifest.read_text().replace("mode: one", "mode: two"))
+    assert "configmap/settings configured" in run(kubeconfig, KUBECTL, "apply", "-f", str(manifest)).stdout
+    assert cluster.core.read_namespaced_config_map("settings", "team-a").data == {"mode": "two"}
+    pods = run(kubeconfig, KUBECTL, "get", "pods", "-A").stdout.splitlines()
+    assert pods[0].split() == ["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert any(line.split()[:2] == ["team-a", "hello"] for line in pods[1:])
+    # a bearer token instead of the client certificate is refused, as k3s refuses it
+    anonymous = yaml.safe_load(kubeconfig.read_text())
+    anonymous["users"][0]["user"] = {"token": "standin-admin.not-a-credential"}
+    (tmp_path / "anon.yaml").write_text(yaml.safe_dump(anonymous))
+    refused = run(tmp_path / "anon.yaml", KUBECTL, "get", "nodes", check=False)
+    assert refused.returncode != 0 and "You must be logged in to the server" in refused.stderr
+
+
+@needs_upstream
+@needs_helm
+def test_helm_installs_upgrades_reports_and_uninstalls(cluster, tmp_path):
+    cluster.server()
+    kubeconfig = cluster.root / "etc/rancher/k3s/k3s.yaml"
+    archive = make_chart(tmp_path, "gpu-operator", "v26.7.0")
+    install = run(kubeconfig, HELM, "upgrade", "--install", "gpu-operator", str(archive), "--namespace",
+                  "gpu-operator", "--create-namespace", "--wait", "--timeout", "60s")
+    assert "STATUS: deployed" in install.stdout
+    status = json.loads(run(kubeconfig, HELM, "status", "gpu-operator", "-n", "gpu-operator", "-o", "json").stdout)
+    assert (status["info"]["status"], status["version"]) == ("deployed", 1)
+    # Helm keeps releases in Secrets it finds by label (owner=helm)
+    (secret,) = cluster.core.list_namespaced_secret("gpu-operator", label_selector="owner=helm,name=gpu-operator").items
+    assert secret.type == "helm.sh/release.v1" and secret.metadata.labels["status"] == "deployed"
+    assert cluster.core.read_namespaced_config_map("gpu-operator-config", "gpu-operator").data == {"replicas": "1"}
+    run(kubeconfig, HELM, "upgrade", "--install", "gpu-operator", str(archive), "--namespace", "gpu-operator",
+        "--set", "replicas=2", "--wait", "--timeout", "60s")
+    status = json.loads(run(kubeconfig, HELM, "status", "gpu-operator", "-n", "gpu-operator", "-o", "json").stdout)
+    assert (status["info"]["status"], status["version"]) == ("deployed", 2)
+    assert cluster.core.read_namespaced_config_map("gpu-operator-config", "gpu-operator").data == {"replicas": "2"}
+    run(kubeconfig, HELM, "uninstall", "gpu-operator", "-n", "gpu-operator", "--wait")
+    assert cluster.core.list_namespaced_secret("gpu-operator", label_selector="owner=helm").items == []
+    assert cluster.core.list_namespaced_config_map("gpu-operator").items == [] or all(
+        c.metadata.name == "kube-root-ca.crt" for c in cluster.core.list_namespaced_config_map("gpu-operator").items)
+    missing = run(kubeconfig, HELM, "status", "gpu-operator", "-n", "gpu-operator", check=False)
+    assert missing.returncode != 0 and "release: not found" in missing.stderr
+
+
+# What kubectl 1.33 sent for `kubectl create namespace foo` (captured from the stand-in).
+KUBECTL_NAMESPACE_BODY = (b'k8s\x00\n\x0f\n\x02v1\x12\tNamespace\x12\x1b\n\x13\n\x03foo\x12\x00\x1a\x00"\x00*\x00'
+                          b'2\x008\x00B\x00\x12\x00\x1a\x02\n\x00\x1a\x00"\x00')
+
+
+def test_protobuf_bodies_decode_and_other_kinds_are_refused():
+    kubeapi = _kubeapi()
+    assert kubeapi.decode_protobuf(KUBECTL_NAMESPACE_BODY) == {"apiVersion": "v1", "kind": "Namespace",
+                                                               "metadata": {"name": "foo"}}
+    pod = KUBECTL_NAMESPACE_BODY.replace(b"\x0f\n\x02v1\x12\tNamespace", b"\t\n\x02v1\x12\x03Pod")
+    with pytest.raises(kubeapi.ApiError) as refused:
+        kubeapi.decode_protobuf(pod)
+    assert refused.value.code == 415
+    with pytest.raises(kubeapi.ApiError) as garbled:
+        kubeapi.decode_protobuf(b"k8s\x00\n\xff")
+    assert garbled.value.code == 400
+
+
+def _kubeapi():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kubeapi_for_test", TESTS / "standins/kubeapi.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
