@@ -109,7 +109,7 @@ class Cluster:
                             "--node-name", name], root, env)
         self.procs.append(p)
         self.root = root
-        kubeconfig = root / "etc/rancher/k3s/k3s.yaml"
+        kubeconfig = self.kubeconfig = root / "etc/rancher/k3s/k3s.yaml"
         wait("the server's API", lambda: kubeconfig.exists() and self._ping(), 20)
         self.connect(kubeconfig)
         return p
@@ -117,7 +117,7 @@ class Cluster:
     def _ping(self):
         try:
             with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/ping", timeout=2,
-                                        context=self.tls(self.root / "etc/rancher/k3s/k3s.yaml", client=False)) as resp:
+                                        context=self.tls(self.kubeconfig, client=False)) as resp:
                 return resp.read() == b"pong"
         except (OSError, ValueError, KeyError):
             return False
@@ -198,7 +198,7 @@ class Cluster:
         headers = {"Content-Type": content_type, "Accept": "application/json", **(headers or {})}
         data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
         req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", data=data, method=method, headers=headers)
-        context = self.tls(self.root / "etc/rancher/k3s/k3s.yaml", client=auth)
+        context = self.tls(self.kubeconfig, client=auth)
         try:
             with urllib.request.urlopen(req, timeout=10, context=context) as resp:
                 return resp.status, resp.read().decode()

@@ -63,10 +63,15 @@ def test_standin_under_systemd_on_two_hosts(lab, tmp_path):
                              user="root").stdout.split()
     assert mode == "600" and K10.match(token) and K10.match(token).group(2) == PASSWORD
     kubeconfig = server.ssh("stat -c %a /etc/rancher/k3s/k3s.yaml && cat /etc/rancher/k3s/k3s.yaml", user="root").stdout
-    assert kubeconfig.startswith("600\n") and "server: http://127.0.0.1:6443" in kubeconfig
+    assert kubeconfig.startswith("600\n") and "server: https://127.0.0.1:6443" in kubeconfig
+    assert "certificate-authority-data:" in kubeconfig and "client-certificate-data:" in kubeconfig
     assert '"k3s-server"' in listeners(server, 6443) and '"k3s-server"' in listeners(server, 10250)
-    # reachable from the other host over the lab network
-    assert agent.ssh(f"curl -sS --max-time 5 http://{server.address}:6443/ping").stdout == "pong"
+    # reachable from the other host over the lab network, over TLS that verifies with the
+    # cluster CA as the server's address (a SAN of its certificate, as in k3s's)
+    ca = server.ssh("cat /var/lib/rancher/k3s/server/tls/server-ca.crt", user="root").stdout
+    agent.ssh("cat > /tmp/server-ca.crt", input=ca)
+    curl = "curl -sS --max-time 5 --cacert /tmp/server-ca.crt"
+    assert agent.ssh(f"{curl} https://{server.address}:6443/ping").stdout == "pong"
 
     # --- agent with the full token
     agent.ssh("mkdir -p /etc/rancher/k3s && cat > /etc/rancher/k3s/config.yaml", user="root", input=yaml.safe_dump(
@@ -74,7 +79,7 @@ def test_standin_under_systemd_on_two_hosts(lab, tmp_path):
         default_flow_style=False))
     agent.ssh("systemctl daemon-reload && systemctl start k3s-agent", user="root", timeout=60)
     assert agent.ssh("systemctl is-active k3s-agent", user="root").stdout.strip() == "active"
-    nodes = json.loads(agent.ssh(f"curl -sS --max-time 5 http://{server.address}:6443/v1-standin/nodes").stdout)
+    nodes = json.loads(agent.ssh(f"{curl} https://{server.address}:6443/v1-standin/nodes").stdout)
     by_name = {n["name"]: n for n in nodes["nodes"]}
     assert by_name["ks-agent"]["role"] == "agent" and by_name["ks-agent"]["address"] == agent.address
     assert by_name["ks-agent"]["labels"] == ["nvidia.com/gpu.present=true"]

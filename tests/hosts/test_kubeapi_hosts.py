@@ -44,7 +44,7 @@ def test_api_through_an_ssh_tunnel_on_two_test_hosts(lab, tmp_path):
         {"server": f"https://{server.address}:6443", "token": TOKEN}))
     gpu.ssh("systemctl daemon-reload && systemctl start k3s-agent", user="root", timeout=60)
     kubeconfig = yaml.safe_load(server.ssh("cat /etc/rancher/k3s/k3s.yaml", user="root").stdout)
-    assert kubeconfig["clusters"][0]["cluster"]["server"] == "http://127.0.0.1:6443"
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
 
     # the tool's path: an SSH local forward to the server's 127.0.0.1:6443, same kubeconfig otherwise
     port = free_port()
@@ -53,12 +53,12 @@ def test_api_through_an_ssh_tunnel_on_two_test_hosts(lab, tmp_path):
                                                                  server.ssh_command("root")[-1]],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+        kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"  # 127.0.0.1 is a SAN
         local = tmp_path / "kubeconfig"
         local.write_text(yaml.safe_dump(kubeconfig))
         local.chmod(0o600)
         c = Cluster(None, tmp_path)
-        c.port = port
+        c.port, c.kubeconfig = port, local
         wait("the tunnel", lambda: c._ping(), 20)
         c.connect(local)
         c.wait_ready("ka-server", "ka-gpu", timeout=30)

@@ -22,7 +22,9 @@ def up(inventory, *extra):
 
 
 def standin_nodes(server):
-    return {n["name"]: n for n in json.loads(server.ssh("curl -s localhost:6443/v1-standin/nodes").stdout)["nodes"]}
+    return {n["name"]: n for n in json.loads(server.ssh(
+        "curl -s --cacert /var/lib/rancher/k3s/server/tls/server-ca.crt https://localhost:6443/v1-standin/nodes",
+        user="root").stdout)["nodes"]}
 
 
 def test_one_server_two_agents_up_is_idempotent_and_keeps_the_token_secret(lab, tmp_path, airgap):
@@ -43,7 +45,7 @@ def test_one_server_two_agents_up_is_idempotent_and_keeps_the_token_secret(lab, 
     token = (state / "token").read_text().strip()
     assert oct((state / "token").stat().st_mode & 0o777) == "0o600"
     assert oct((state / "kubeconfig").stat().st_mode & 0o777) == "0o600"
-    assert f"https://{cp.address}:6443" in (state / "kubeconfig").read_text().replace("http://", "https://")
+    assert f"https://{cp.address}:6443" in (state / "kubeconfig").read_text()
     second = up(inventory)
     assert second.returncode == 0, second.stderr
     assert "hosts: no change, 3 hosts already converged" in second.stdout
@@ -253,5 +255,11 @@ def test_kubeconfig_merge_and_api_tunnel(lab, tmp_path, airgap):
     assert again.returncode == 0 and len(yaml.safe_load(target.read_text())["contexts"]) == 2  # replaced, not added
     # The API port reached through SSH only: the tunnel's local end answers like the server.
     inv = load_inventory(inventory)
+    # TLS through it verifies against the cluster CA as 127.0.0.1 (a SAN of k3s's certificate).
+    import base64
+    import ssl
+
+    ca = base64.b64decode(ours["cluster"]["certificate-authority-data"]).decode()
     with Tunnel(inv, inv.servers[0], StateDir(inv)) as port:
-        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=10).read() == b"pong"
+        assert urllib.request.urlopen(f"https://127.0.0.1:{port}/ping", timeout=10,
+                                      context=ssl.create_default_context(cadata=ca)).read() == b"pong"

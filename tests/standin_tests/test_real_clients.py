@@ -20,6 +20,7 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "standins"))
 import airgap  # noqa: E402
 
+from labcharts import user_manifest  # noqa: E402
 from sandbox import cluster, k3s  # noqa: E402,F401
 
 needs_upstream = pytest.mark.skipif(airgap.upstream_missing() is not None, reason=airgap.upstream_missing() or "")
@@ -72,14 +73,9 @@ def test_kubectl_gets_nodes_and_pods_creates_and_applies(cluster, tmp_path):
     run(kubeconfig, KUBECTL, "create", "namespace", "team-a")
     assert cluster.core.read_namespace("team-a").metadata.name == "team-a"
     manifest = tmp_path / "app.yaml"
-    manifest.write_text(yaml.safe_dump_all([
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "team-a"},
-         "data": {"mode": "one"}},
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": "team-a"},
-         "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1.36",
-                                                            "command": ["sleep", "1"]}]}}]))
+    manifest.write_text(user_manifest("team-a"))
     assert "configmap/settings created" in run(kubeconfig, KUBECTL, "apply", "-f", str(manifest)).stdout
-    manifest.write_text(manifest.read_text().replace("mode: one", "mode: two"))
+    manifest.write_text(user_manifest("team-a", "two"))
     assert "configmap/settings configured" in run(kubeconfig, KUBECTL, "apply", "-f", str(manifest)).stdout
     assert cluster.core.read_namespaced_config_map("settings", "team-a").data == {"mode": "two"}
     pods = run(kubeconfig, KUBECTL, "get", "pods", "-A").stdout.splitlines()
