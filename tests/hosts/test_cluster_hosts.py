@@ -1,10 +1,12 @@
 """`bootstrap up` cluster side and `bootstrap validate`, over real SSH and the API tunnel,
-against the k3s stand-in's Kubernetes API (tests/standins/kubeapi.py) on the test server."""
+against the k3s stand-in's Kubernetes API (tests/standins/kubeapi.py) on the test server,
+with the real Helm installing lab chart archives (tests/labcharts.py)."""
 
 import json
 
 import pytest
 from clirun import run_bootstrap
+from labcharts import helm, helm_json, lab_charts
 from labinv import write_inventory
 
 pytestmark = pytest.mark.hosts
@@ -18,47 +20,44 @@ def cluster(lab, tmp_path, airgap):
 
     hosts = lab.start(["cl-cp", "cl-g1", "cl-g2"], gpu=["cl-g1", "cl-g2"])
     repo = AptRepo([build_toolkit_deb(tmp_path / "debs")])
-    record = tmp_path / "helm.jsonl"
     inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={
         "k3s": {"airgap": str(airgap)},
         "gpu": {"cuda": "12.4", "sharing": {"time_slicing": {"replicas": 4}},
                 "container_toolkit": {"apt_source": repo.source_line}},
         "volcano": {"queues": [{"name": "research", "weight": 2}]},
+        "charts": lab_charts(tmp_path / "charts"),
         "validate": {"timeout_s": 60}})
-    env = {"HELM_RECORD": str(record)}
+    env = {"BOOTSTRAP_HELM": helm()}  # the real Helm, as a user runs it
     first = run_bootstrap("up", inventory, env=env, timeout=900)
     try:
-        yield {"hosts": hosts, "inventory": inventory, "env": env, "record": record, "first": first,
-               "tmp": tmp_path}
+        yield {"hosts": hosts, "inventory": inventory, "env": env, "first": first, "tmp": tmp_path,
+               "kubeconfig": tmp_path / "state" / "kubeconfig"}
     finally:
         repo.close()
 
 
-def helm_calls(record):
-    if not record.exists():
-        return []
-    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+def releases(kubeconfig):
+    """{release: (chart, revision, status)} as the real Helm lists them."""
+    return {r["name"]: (r["chart"], r["revision"], r["status"]) for r in helm_json(kubeconfig, "list", "-A")}
 
 
 def test_up_applies_components_validates_and_a_second_up_makes_no_helm_call(cluster):
     first = cluster["first"]
     assert first.returncode == 0, first.stdout + first.stderr
-    installs = [c["argv"] for c in helm_calls(cluster["record"]) if c["argv"][:2] == ["upgrade", "--install"]]
-    names = [argv[2] for argv in installs]
-    assert "gpu-operator" in names and "volcano" in names and "multus" not in names
-    gpu_operator = next(c for c in helm_calls(cluster["record"]) if c["argv"][2:3] == ["gpu-operator"])
-    assert gpu_operator["values_mode"] == "0o600"
-    assert "CONTAINERD_SOCKET" not in gpu_operator["values_text"]  # the host toolkit is used
+    installed = releases(cluster["kubeconfig"])
+    assert installed["gpu-operator"] == ("gpu-operator-v26.7.0", "1", "deployed")
+    assert installed["volcano"] == ("volcano-1.15.1", "1", "deployed") and "multus" not in installed
+    values = helm_json(cluster["kubeconfig"], "get", "values", "gpu-operator", "-n", "gpu-operator")
+    assert values and "CONTAINERD_SOCKET" not in json.dumps(values)  # the host toolkit is used
     for line in ("PASS  gpu-pod:cl-g1", "PASS  gpu-pod:cl-g2", "PASS  gpu-capacity:cl-g1", "PASS  pvc",
                  "PASS  volcano-gang"):
         assert line in first.stdout, first.stdout
     assert "nvidia.com/gpu=4" in first.stdout
-    calls_before = len(helm_calls(cluster["record"]))
     second = run_bootstrap("up", cluster["inventory"], env=cluster["env"])
     assert second.returncode == 0, second.stderr
     assert "cluster: no change" in second.stdout and "hosts: no change" in second.stdout
     assert "checks not re-run" in second.stdout and "snapshot:" not in second.stdout
-    assert len(helm_calls(cluster["record"])) == calls_before  # not even `helm version`
+    assert releases(cluster["kubeconfig"]) == installed  # no release was upgraded again
     plan = run_bootstrap("plan", cluster["inventory"])
     assert "component gpu-operator: no change" in plan.stdout and "cl-g1: no change" in plan.stdout
     import yaml
@@ -139,8 +138,9 @@ def test_mig_layout_is_applied_and_advertised(lab, tmp_path, airgap):
             "k3s": {"airgap": str(airgap)},
             "gpu": {"sharing": {"mig": {"layout": "all-1g.18gb"}},
                     "container_toolkit": {"apt_source": repo.source_line}},
+            "charts": lab_charts(tmp_path / "charts"),
             "validate": {"timeout_s": 60}})
-        result = run_bootstrap("up", inventory, timeout=900)
+        result = run_bootstrap("up", inventory, env={"BOOTSTRAP_HELM": helm()}, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS  gpu-capacity:mg-g1  nvidia.com/gpu=7" in result.stdout
     assert "PASS  gpu-pod:mg-g1" in result.stdout
