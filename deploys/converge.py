@@ -116,22 +116,31 @@ def refuse(message: str) -> StringCommand:
     return StringCommand(f"echo {shlex.quote(message)} >&2; exit 1", _sudo=False)
 
 
-def restore_commands(snapshot) -> list:
+def restore_commands(snapshot, s3_configured: bool = False) -> list:
     """Put a local snapshot on the new server and reset the datastore from it. The token in
     config.yaml (the old cluster's) decrypts it; k3s refuses a wrong one."""
+    from bootstrap.hostplan import restore
+
     stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
     # The name is one of the state folder's own (bootstrap.snapshots pattern); quoted anyway.
-    remote = shlex.quote(f"{SNAPSHOT_DIR}/{snapshot.name}")
+    remote = restore.remote_snapshot_path(snapshot.name)
     return [
         StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False),
         FileUploadCommand(str(snapshot), f"{stage}/snapshot", _sudo=False),
         StringCommand("\n".join([
             "set -e",
-            f"install -D -m 0600 -o root -g root {stage}/snapshot {remote}",
+            f"install -D -m 0600 -o root -g root {stage}/snapshot {shlex.quote(remote)}",
             f"rm -rf {stage}",
-            f"systemctl stop {unit_name(Role.SERVER)} 2>/dev/null || true",
-            f"out=$(k3s server --cluster-reset --cluster-reset-restore-path={remote} 2>&1) || "
+            restore.stop_server_line(),
+            f"out=$({restore.reset_command(remote, s3_configured)} 2>&1) || "
             "{ echo \"$out\" | grep -iv token | tail -n 5 >&2; exit 1; }",
             "echo \"$out\" | grep -iv token | tail -n 2",
         ])),
     ]
+
+
+def clear_peer_commands() -> list:
+    """Another server of a restored cluster: stopped, its old etcd data removed."""
+    from bootstrap.hostplan import restore
+
+    return [StringCommand("\n".join(restore.clear_peer_lines()))]

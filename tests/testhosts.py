@@ -590,11 +590,13 @@ class TestHost:
 
     def recreate(self, files: Mapping[str, FileContent] | None = None, timeout: float = 60) -> None:
         """A new machine under the same name and address (a spot VM re-created): a fresh
-        overlay, so a new machine-id, new SSH host keys and nothing of the old one."""
+        overlay, so a new machine-id, new SSH host keys and nothing of the old one, and a
+        fresh network namespace (the old one's links, a VXLAN socket among them, stay with it)."""
         self.kill()
         shutil.rmtree(self.upper)
         rootfs = ensure_rootfs()
         self._prepare(rootfs, files or {})
+        self._setup_network()
         self._boot(rootfs)
         _wait_ready([self], timeout)
         self.baseline = self.upper_files()

@@ -161,6 +161,7 @@ class Route(_ToDict):
 @dataclass(frozen=True)
 class HostFacts(_ToDict):
     hostname: str | None = None
+    machine_id: str | None = None  # /etc/machine-id, as kubelet reports it in its Node's nodeInfo
     os_id: str | None = None  # "ubuntu", "debian"
     os_version_id: str | None = None  # "24.04", "12"
     os_pretty: str | None = None

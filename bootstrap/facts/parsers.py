@@ -111,6 +111,13 @@ def parse_first_word(lines: Iterable[str] | None) -> str | None:
     return None
 
 
+def parse_machine_id(lines: Iterable[str] | None) -> str | None:
+    """`cat /etc/machine-id`: 32 lowercase hex digits; "uninitialized" (a first boot) or
+    anything else is unknown."""
+    word = parse_first_word(lines)
+    return word if word and re.fullmatch(r"[0-9a-f]{32}", word) else None
+
+
 def parse_meminfo(lines: Iterable[str] | None) -> dict[str, int]:
     """/proc/meminfo: {"MemTotal": kB, "SwapTotal": kB, ...}."""
     result: dict[str, int] = {}

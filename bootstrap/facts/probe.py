@@ -42,7 +42,7 @@ COMMANDS = (
 )  # fmt: skip
 
 SECTIONS = (
-    "commands", "id", "sudo", "os-release", "uname", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
+    "commands", "id", "sudo", "os-release", "uname", "machine-id", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
     "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
@@ -65,6 +65,9 @@ sec() {
 nvsmi() { if has timeout; then timeout 60 nvidia-smi "$@"; else nvidia-smi "$@"; fi; }
 p_commands() { for c in @@COMMANDS@@; do printf '%s: ' "$c"; command -v "$c" || echo missing; done; }
 p_os() { cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release; }
+# What kubelet reports as its Node's machineID (cAdvisor reads these two, in this order):
+# a Node whose machineID differs from its host's is another machine under the same name.
+p_machine_id() { cat /etc/machine-id 2>/dev/null || cat /var/lib/dbus/machine-id; }
 # nproc obeys OMP_NUM_THREADS, which GPU images often set system-wide; getconf does not.
 p_nproc() { getconf _NPROCESSORS_ONLN 2>/dev/null || nproc; }
 p_meminfo() { grep -E '^(MemTotal|MemAvailable|SwapTotal|SwapFree):' /proc/meminfo; }
@@ -153,6 +156,7 @@ probe() {
   sec sudo p_sudo
   sec os-release p_os
   sec uname uname -n -r -m
+  sec machine-id p_machine_id
   sec pid1 cat /proc/1/comm
   sec nproc p_nproc
   sec meminfo p_meminfo
@@ -334,6 +338,7 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         listening = p.parse_proc_net(_lines(sections, "proc-net"))
     return HostFacts(
         hostname=uname.hostname if uname else None,
+        machine_id=p.parse_machine_id(_ok(sections, "machine-id")),
         os_id=os_release.get("ID"),
         os_version_id=os_release.get("VERSION_ID"),
         os_pretty=os_release.get("PRETTY_NAME"),

@@ -135,7 +135,14 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
     check_archives(inventory)  # a wrong chart archive stops `up` before any host changes
     with cluster_lock(state, "up"):
         with open_session(inventory, list(inventory.nodes), "up", console) as session:
-            facts, plans = gather_and_plan(session, inventory, state, console, create_token=True)
+            from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
+
+            facts = gather_facts(session, inventory)
+            # A machine re-created under a node's name: k3s refuses it until its old Node goes.
+            replaced = find_replaced(inventory, state, facts, console, connect)
+            facts, plans = gather_and_plan(session, inventory, state, console, create_token=True, facts=facts,
+                                           join_via=replaced.join_via)
+            clear_replaced(inventory, state, replaced, console, connect)
             if not any(p.changed for p in plans.plans.values()):
                 if not (state.path / "kubeconfig").exists():
                     fetch_kubeconfig(session, inventory, state)
@@ -157,7 +164,8 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
                     from bootstrap.hosts.executor import StepResult
 
                     run_rollout(session, inventory, state, plans, rollout, converge_rest, console,
-                                drain_timeout=options.drain_timeout, force=options.force)
+                                drain_timeout=options.drain_timeout, force=options.force,
+                                take_snapshot=take_snapshot)
                     for name in rollout.nodes:
                         results.setdefault(name, {})["upgrade k3s"] = StepResult("changed")
                 else:

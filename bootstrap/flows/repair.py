@@ -4,9 +4,11 @@
 2. the API does not answer: only when no server's k3s answers at the connection level
    (SSH, service, API port; never judged from an HTTP status) and `--restore` says so
    (after saying what is lost, and asking): restore the first inventory server from the
-   newest (or the named) snapshot, with the old token, and point everything at it;
-3. lost nodes (NotReady, machine gone): etcd member removal for servers (the annotation,
-   never a force-delete), delete the Node, clear its node-password secret;
+   newest (or the named) snapshot, with the old token (the other servers lose their old
+   etcd data and join it, as k3s's restore procedure says), and point everything at it;
+3. lost nodes (NotReady, machine gone) and replaced machines (a new machine under an old
+   name, even while its old Node still says Ready): etcd member removal for servers (the
+   annotation, never a force-delete), delete the Node, clear its node-password secret;
 4. replacements and repairs joined as `up` would (healthy hosts plan no change);
 5. the cluster side and `validate`; a summary of what was lost, replaced and restored.
 """
@@ -25,8 +27,9 @@ from bootstrap.hosts.connections import open_hosts
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.host_phase import fetch_kubeconfig, gather_and_plan, gather_facts
 from bootstrap.errors import BootstrapError, HostsFailed, UsageError
+from bootstrap.flows.replaced_machines import cluster_nodes, remove_nodes
 from bootstrap.lock import cluster_lock
-from bootstrap.rules.lost_nodes import classify, quorum_after, stale_after_restore
+from bootstrap.rules.lost_nodes import classify, quorum_after, replaced_machines, stale_after_restore
 
 
 
@@ -40,20 +43,6 @@ class Edges:
 
 
 REAL = Edges()
-
-
-def cluster_nodes(inventory, state, connect=connect_to_cluster):
-    """({name: Node}, None) through any server that answers, or (None, why not)."""
-    from bootstrap.cluster.client import ClusterError, get
-
-    try:
-        with connect(inventory, state) as cluster:
-            nodes = get(cluster, "/api/v1/nodes") or {}
-            return {n["metadata"]["name"]: n for n in nodes.get("items", [])}, None
-    except (ClusterError, BootstrapError) as exc:
-        return None, exc.message
-    except Exception as exc:  # the client's own errors (ApiException, urllib3): the cause, not a verdict
-        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
 def control_plane_lost(inventory, state, facts, api_error: str, console, port_check=None) -> list:
@@ -89,7 +78,8 @@ def confirm_restore(inventory, target: str, snapshot, assume_yes: bool) -> None:
     taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.taken))
     print(f"restore: the control plane of {inventory.cluster} is restored onto {target} from {snapshot.name}, "
           f"taken {taken} ({snapshot.age()} ago). Lost: everything the cluster recorded after it (objects "
-          f"created or changed, Helm releases upgraded, nodes joined since); {target}'s own datastore is reset.",
+          f"created or changed, Helm releases upgraded, nodes joined since); {target}'s own datastore is reset "
+          "and the other servers' etcd data is deleted (they join the restored one).",
           file=sys.stderr)
     if assume_yes:
         return
@@ -100,12 +90,25 @@ def confirm_restore(inventory, target: str, snapshot, assume_yes: bool) -> None:
         raise UsageError("not confirmed; nothing was changed")
 
 
-def remove_lost(inventory, state, lost: list[str], lost_servers: list[str], connect=connect_to_cluster) -> None:
-    from bootstrap.cluster.node_removal import remove_node
+def split_before_agents(steps):
+    """(the restore and the servers, the agents and what follows): the restored cluster's
+    Nodes are put right between the two."""
+    at = next(i for i, step in enumerate(steps) if step.name == "join agents")
+    return steps[:at], steps[at:]
 
-    with connect(inventory, state) as cluster:
-        for name in lost:
-            remove_node(cluster, name, etcd_member=name in lost_servers)
+
+def clear_after_restore(inventory, state, facts, connect) -> list[str]:
+    """The snapshot brought back Node objects of machines that are gone (still Ready until
+    the node controller's grace period runs out), and of agents whose machine was replaced
+    since: their node-password secrets would refuse the new machines. Servers have just
+    started on what they are now and stay. The old servers' etcd members went with the
+    reset: plain Node deletes."""
+    nodes = cluster_nodes(inventory, state, connect)[0] or {}
+    agents = {n.name for n in inventory.agents}
+    replaced = [n for n in replaced_machines(inventory, nodes, facts) if n in agents]
+    gone = sorted(set(stale_after_restore(inventory, nodes, facts)) | set(replaced))
+    remove_nodes(inventory, state, gone, [], connect)
+    return gone
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                 if plan.lost_servers and not quorum_after(inventory, plan.lost_servers):
                     raise HostsFailed(f"servers {', '.join(plan.lost_servers)} are lost and etcd has no quorum",
                                       "restore from a snapshot onto a new first server")
-                remove_lost(inventory, state, plan.lost, plan.lost_servers, edges.connect)
+                remove_nodes(inventory, state, plan.lost, plan.lost_servers, edges.connect)
                 report["lost"] = plan.lost
             for name in plan.unreachable:
                 session.failures.pop(name, None)  # expected: a lost machine, reported below
@@ -175,22 +178,22 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
             if changed:
                 for name in plan.unreachable:
                     session.fail(name, "does not answer over SSH")
-                session.execute(converge_steps(inventory, plans.plans, set(session.failures), restore=restore))
-                fetch_kubeconfig(session, inventory, state)
+                steps = converge_steps(inventory, plans.plans, set(session.failures), restore=restore)
+                if restore:
+                    servers_part, agents_part = split_before_agents(steps)
+                    session.execute(servers_part)
+                    fetch_kubeconfig(session, inventory, state)
+                    report["lost"] = clear_after_restore(inventory, state, facts, edges.connect)
+                    session.execute(agents_part)
+                else:
+                    session.execute(steps)
+                    fetch_kubeconfig(session, inventory, state)
             report["replaced"] = sorted(changed & set(plan.join))
             failed = {n: f for n, f in session.failures.items() if n not in plan.unreachable}
         if failed:
             for failure in failed.values():
                 console.say(f"FAILED {failure.render()}")
             raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
-        if restore:
-            # The snapshot brought back Node objects of machines that are gone: a second pass.
-            nodes = cluster_nodes(inventory, state, edges.connect)[0] or {}
-            stale = stale_after_restore(inventory, nodes, facts)
-            if stale:
-                # The old servers' etcd members went with the reset: plain Node deletes.
-                remove_lost(inventory, state, stale, [], edges.connect)
-                report["lost"] = stale
         cluster_phase(inventory, state, facts, console, validate=options.validate, connect=edges.connect)
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
     console.say(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "

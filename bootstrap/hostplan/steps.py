@@ -22,16 +22,26 @@ class Step:
 def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set[str],
                    restore: tuple[str, Path] | None = None):
     """`restore`: (server name, local snapshot) to restore the control plane from before
-    that server first starts (`rebuild` after the only server was lost)."""
+    that server first starts (`rebuild` after the control plane was lost). Then, as k3s's
+    restore procedure says (bootstrap.hostplan.restore), every other server is stopped and
+    loses its old etcd data before the restore, and starts again after the restored one."""
     prepare = Step("prepare host", {n: converge.placement_commands(p) for n, p in plans.items()})
     steps = [prepare]
+    peers: set[str] = set()
     if restore:
-        steps.append(Step(f"restore etcd snapshot on {restore[0]}", {restore[0]: converge.restore_commands(restore[1])}))
+        peers = {s.name for s in inventory.servers if s.name != restore[0] and s.name in plans and s.name not in failed}
+        steps.append(Step("clear etcd data on the other servers", {n: converge.clear_peer_commands() for n in peers}))
+        s3 = inventory.k3s.snapshots.s3 is not None
+        steps.append(Step(f"restore etcd snapshot on {restore[0]}",
+                          {restore[0]: converge.restore_commands(restore[1], s3_configured=s3)}))
     first = inventory.servers[0].name
     for server in inventory.servers:
         plan = plans.get(server.name)
         step = Step(f"{'start' if server.name == first else 'join'} server {server.name}")
-        if plan and plan.service:
+        if plan and server.name in peers:
+            # Stopped for the restore: it starts whatever its plan said.
+            step.commands[server.name] = [converge.wait_for_service(plan.unit, "start", plan.start_timeout)]
+        elif plan and plan.service:
             if server.name != first and first in failed:
                 step.commands[server.name] = [converge.refuse(f"not joining: the first server {first} failed")]
             else:

@@ -1,8 +1,16 @@
 """What `rebuild` must do, from the inventory, the cluster's Node objects and which hosts
 answer over SSH. Pure; the command carries it out.
 
-- lost: a Node that is not Ready and whose machine is gone (no answer over SSH, or the
-  inventory's host under that name is a fresh machine without k3s, i.e. a replacement);
+- lost: a Node that is not Ready and whose machine is gone (no answer over SSH), and any
+  Node whose name now belongs to another machine (a replacement), Ready or not;
+- replaced: the inventory's host under a Node's name is another machine than the one that
+  registered it: it has no k3s at all, or its /etc/machine-id is not the Node's machineID.
+  k3s refuses the newcomer while the old Node is there: an agent's new node password does
+  not match the <name>.node-password.k3s secret (k3s-io/k3s pkg/nodepassword/
+  nodepassword.go, verifyHash; pkg/nodepassword/validate.go answers 403), a server's etcd
+  member name is taken ("duplicate node name found", pkg/etcd/etcd.go, join). Deleting the
+  Node removes both (the secret is owned by its Node, pkg/nodepassword/controller.go; the
+  member goes with it, pkg/etcd/member_controller.go onRemove);
 - replacements: inventory nodes that answer but are not (healthy) cluster members;
 - a lost control plane: no server answers; the first server in the inventory is restored
   from the newest snapshot, with the old token.
@@ -28,7 +36,27 @@ class RebuildPlan:
 
 
 def fresh(facts: HostFacts | None) -> bool:
-    return facts is not None and facts.k3s is None
+    """No k3s on the host: no binary, config or unit (and its probe did not find one on
+    PATH either, so a probe cut short before its k3s section is not read as a new machine)."""
+    return facts is not None and facts.k3s is None and "k3s" not in facts.commands
+
+
+def machine_changed(node: dict, facts: HostFacts | None) -> bool:
+    """The host answering under this Node's name is not the machine that registered it."""
+    if facts is None:
+        return False
+    if fresh(facts):
+        return True
+    registered = node.get("status", {}).get("nodeInfo", {}).get("machineID")
+    return bool(registered and facts.machine_id and registered != facts.machine_id)
+
+
+def replaced_machines(inventory: Inventory, cluster_nodes: dict[str, dict],
+                      facts: dict[str, HostFacts]) -> list[str]:
+    """Inventory hosts that answer and are another machine than their name's Node: that
+    Node (and its node-password secret) must go before the new machine can join."""
+    return sorted(n.name for n in inventory.nodes
+                  if n.name in cluster_nodes and machine_changed(cluster_nodes[n.name], facts.get(n.name)))
 
 
 def classify(inventory: Inventory, cluster_nodes: dict[str, dict] | None,
@@ -40,10 +68,13 @@ def classify(inventory: Inventory, cluster_nodes: dict[str, dict] | None,
         plan.restore_on = first.name if first.name in facts else None
         plan.join = [n.name for n in inventory.nodes if n.name in facts]
         return plan
+    replaced = set(replaced_machines(inventory, cluster_nodes, facts))
     for name, node in sorted(cluster_nodes.items()):
         in_inventory = any(n.name == name for n in inventory.nodes)
-        gone = name not in facts or fresh(facts.get(name))
-        if not node_ready(node) and (gone or not in_inventory):
+        gone = name not in facts
+        # A replaced machine's old Node may still say Ready (its grace period has not run
+        # out): it goes all the same, or the new machine cannot join.
+        if name in replaced or (not node_ready(node) and (gone or not in_inventory)):
             plan.lost.append(name)
             if is_server(node):
                 plan.lost_servers.append(name)

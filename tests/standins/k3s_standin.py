@@ -1747,10 +1747,6 @@ class Cluster:
             state = self.load()
             nodes = state.setdefault("nodes", {})
             old = nodes.get(node["name"])
-            if old and old.get("password_sha256") and node.get("password_sha256") \
-                    and old["password_sha256"] != node["password_sha256"]:
-                warn("Node password for %s differs from the recorded one; real k3s rejects this join until the "
-                     "node object is deleted (stand-in accepts it)" % node["name"])
             if old and old.get("pod_cidr"):
                 node["pod_cidr"] = old["pod_cidr"]
             else:
@@ -1767,6 +1763,34 @@ class Cluster:
     def public(self):
         nodes = self.load().get("nodes", {})
         return [{k: v for k, v in n.items() if k != "password_sha256"} for _, n in sorted(nodes.items())]
+
+
+def duplicate_member(cluster, body):
+    """A joining server that is another etcd member than the one its node name has now (a
+    new machine, or the same one with its etcd data gone): refused until that member is
+    removed (the removal annotation, or deleting the Node: see kubeapi.py)."""
+    old = cluster.load().get("nodes", {}).get(body.get("name"))
+    return bool(old and old.get("etcd") and old.get("member") and body.get("member")
+                and old["member"] != body["member"])
+
+
+def removed_member(cluster, body):
+    """A server starting on its old etcd data whose member the cluster removed since."""
+    old = cluster.load().get("nodes", {}).get(body.get("name"))
+    return bool(body.get("existing_etcd") and old and old.get("removed_from_etcd")
+                and old.get("member") and old["member"] == body.get("member"))
+
+
+def etcd_member_name(db, name):
+    """k3s names its etcd member <node name>-<8 random hex> once per data dir and keeps it
+    in db/etcd/name (k3s-io/k3s pkg/etcd/etcd.go, setName / nameFile)."""
+    path = os.path.join(db, "etcd", "name")
+    member = (read_text(path) or "").strip()
+    if not member.startswith(name + "-"):
+        member = "%s-%s" % (name, secrets.token_hex(4))
+        mkdirs(os.path.dirname(path), 0o700)
+        write_file(path, member + "\n", 0o600)
+    return member
 
 
 def ensure_node_password():
@@ -1885,9 +1909,27 @@ def make_supervisor_handler(state):
                     error("Critical configuration mismatched for joining server %s: %s" % (body["name"], ", ".join(diff)))
                     self.reply(400, {"error": "critical configuration value mismatch between servers: %s" % ", ".join(diff)})
                     return
+            if role == "server" and removed_member(state["cluster"], body):
+                self.reply(409, {"error": "the member has been permanently removed from the cluster"})
+                return
+            if role == "server" and duplicate_member(state["cluster"], body):
+                # k3s-io/k3s pkg/etcd/etcd.go, join: a member whose name (node name plus a
+                # random suffix, kept in db/etcd/name) is not ours but carries our node name.
+                error("etcd cluster join failed for %s: duplicate node name found" % body["name"])
+                self.reply(409, {"error": "etcd cluster join failed: duplicate node name found, please use a unique "
+                                          "name for this node"})
+                return
+            if role == "agent" and state.get("api") is not None and \
+                    not state["api"].sim.node_password(body["name"].lower(), body.get("password_sha256")):
+                # k3s-io/k3s pkg/nodepassword/validate.go: ErrVerifyFailed -> 403, while the
+                # <node>.node-password.k3s secret of another machine's password exists.
+                error("Failed to validate node password for %s: unable to verify password for node %s: hash does not "
+                      "match" % (body["name"], body["name"]))
+                self.reply(403, {"error": "unable to verify password for node %s" % body["name"]})
+                return
             node = {k: body.get(k) for k in ("name", "role", "address", "labels", "taints", "etcd", "roles",
                                               "external_ip", "version", "password_sha256", "hardware",
-                                              "registered_at")}
+                                              "registered_at", "member")}
             node = state["cluster"].record(node)
             if state.get("api") is not None:
                 state["api"].sim.joined(node)
@@ -1988,6 +2030,12 @@ def join_cluster(server_url, token, body):
             if status == 401:
                 fatal("Failed to validate connection to cluster at %s: %s/v1-standin/join: 401 Unauthorized (%s)"
                       % (shown, shown, message))
+            if status == 403:
+                # k3s-io/k3s pkg/agent/config/config.go, getNodeNamedCrt: a 403 on the kubelet
+                # certificate is this error, and config.Get retries it every 5 s, for ever.
+                raise NotReady("Node password rejected, duplicate hostname or contents of '/etc/rancher/node/password' "
+                               "may not match server node-passwd entry, try enabling a unique node name with the "
+                               "--with-node-id flag")
             if 400 <= status < 500:
                 fatal("Failed to join the cluster at %s: %s" % (shown, message))
             raise NotReady("%s/v1-standin/join: %d %s" % (shown, status, message))
@@ -1999,18 +2047,26 @@ def join_cluster(server_url, token, body):
             time.sleep(1)
 
 
-def rejoin_quietly(server_url, token, body):
-    for _ in range(30):
-        try:
-            parsed = urllib.parse.urlparse(server_url)
-            hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
-            status, _ = http_call("https://%s:%d" % (hostpart, parsed.port or 443), "/v1-standin/join",
+def rejoin_once(server_url, token, body):
+    """One try at telling the server this member runs again: "ok", "removed", or None
+    (no answer: the background retries go on)."""
+    parsed = urllib.parse.urlparse(server_url)
+    hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
+    try:
+        status, reply = http_call("https://%s:%d" % (hostpart, parsed.port or 443), "/v1-standin/join",
                                   server_url.rstrip("/"), json.dumps(body).encode(),
                                   {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
-            if status == 200:
-                return
-        except NotReady:
-            pass
+    except NotReady:
+        return None
+    if status == 200:
+        return "ok"
+    return "removed" if status == 409 and b"permanently removed" in reply else None
+
+
+def rejoin_quietly(server_url, token, body):
+    for _ in range(30):
+        if rejoin_once(server_url, token, body) is not None:
+            return
         time.sleep(1)
 
 
@@ -2190,13 +2246,18 @@ def cmd_server(argv):
     if not opts.get("disable-agent"):
         ensure_node_password()
     joined = None
-    if opts.get("server") and not initialized:
+    member = etcd_member_name(db, name) if (opts.get("server") or opts.get("cluster-init") or etcd) else None
+    # A server with `server:` and no etcd data joins (again, after its db was deleted, as
+    # k3s's restore procedure asks of the other servers): k3s decides by its etcd data dir
+    # (k3s-io/k3s pkg/etcd/etcd.go, IsInitialized).
+    if opts.get("server") and not existing_etcd:
         # A server joining a cluster: validate and join like an agent, take the CA.
         if not password:
             fatal("starting kubernetes: preparing server: token is required to join a cluster")
         address = node_address(opts, urllib.parse.urlparse(opts["server"]).hostname)
         body = node_record(opts, "server", name, address, True)
         body["critical"] = critical_config(opts)
+        body["member"] = member
         joined = join_cluster(opts["server"], token, body)
         ca = ensure_ca(server_dir, joined.get("bootstrap"))
         etcd = True
@@ -2207,7 +2268,16 @@ def cmd_server(argv):
         address = node_address(opts, urllib.parse.urlparse(opts["server"]).hostname)
         body = node_record(opts, "server", name, address, True)
         body["critical"] = critical_config(opts)
-        threading.Thread(target=rejoin_quietly, args=(opts["server"], token, body), daemon=True).start()
+        body["member"], body["existing_etcd"] = member, True
+        told = rejoin_once(opts["server"], token, body)
+        if told == "removed":
+            # etcd's ErrMemberRemoved: the cluster removed this member (a cluster reset or
+            # restore elsewhere, or the removal annotation); with its old data it never
+            # rejoins (k3s-io/docs docs/cli/etcd-snapshot.md: delete server/db first).
+            fatal("starting kubernetes: preparing server: start managed database: the member has been permanently "
+                  "removed from the cluster (delete %s and start again to rejoin)" % db)
+        if told is None:
+            threading.Thread(target=rejoin_quietly, args=(opts["server"], token, body), daemon=True).start()
         ca = ensure_ca(server_dir)
     else:
         address = node_address(opts)
@@ -2253,11 +2323,17 @@ def cmd_server(argv):
     run_agent_part = not opts.get("disable-agent")
     pod_cidr = "10.42.0.0/24"
     if run_agent_part:
-        mine = cluster.record(node_record(opts, "server", name, address, etcd))
+        record = node_record(opts, "server", name, address, etcd)
+        if etcd and member:
+            record["member"] = member
+        mine = cluster.record(record)
         pod_cidr = mine["pod_cidr"]
     api = kubeapi().KubeAPI(server_dir, EMBEDDED["version"], name if run_agent_part else None,
                             cluster=ClusterView(cluster),
                             options={"disable": sorted(disabled), "ca": ca.decode(), "ca_hash": digest}).start()
+    if run_agent_part:
+        # The server's own node: its password is verified locally, the secret only later.
+        api.sim.deferred_node_password(name, mine.get("password_sha256"))
     state = {"ca": ca, "ca_hash": digest, "password": password, "agent_password": agent_password,
              "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name, "api": api,
              "tls": tls_dir}
@@ -2444,6 +2520,16 @@ def cluster_reset(opts, data_dir):
     token = token_from(opts, "token")
     token_hash, password = parse_token(token) if token else (None, "")
     restore = opts.get("cluster-reset-restore-path")
+    if restore and opts.get("etcd-s3"):
+        # k3s-io/k3s pkg/etcd/etcd.go, Reset: with etcd-s3 set the restore path is an object
+        # in the bucket, downloaded first ("Retrieving etcd snapshot %s from S3"); a local
+        # path is not found there. k3s-io/docs docs/cli/etcd-snapshot.md: "To restore from a
+        # local snapshot file, where an etcd-s3 backup configuration is present, add the
+        # argument --etcd-s3=false". The stand-in has no S3 at all: it always refuses.
+        info("Retrieving etcd snapshot %s from S3" % restore)
+        fatal("starting kubernetes: preparing server: failed to download snapshot from S3: %s is not an object in "
+              "the bucket (the k3s stand-in has no S3; with etcd-s3 set the restore path names an S3 object, "
+              "--etcd-s3=false restores a local file)" % restore)
     if restore:
         text = read_text(restore)
         if text is None:
@@ -2462,7 +2548,14 @@ def cluster_reset(opts, data_dir):
             os.rename(os.path.join(db, "etcd"), os.path.join(db, "etcd-old-%d" % int(time.time())))
         ca = ensure_ca(server_dir, snapshot.get("tls"))
         write_tokens(server_dir, ca_hash(ca), password, parse_token(token_from(opts, "agent-token"))[1])
-        cluster.save({"nodes": snapshot.get("nodes", {})})
+        # "Etcd is started, and all etcd cluster members except the current node are removed
+        # from the cluster" (k3s-io/docs docs/cli/etcd-snapshot.md, Restoring Snapshots).
+        nodes = snapshot.get("nodes", {})
+        for other, node in nodes.items():
+            if node.get("etcd") and other != node_name(opts):
+                node["etcd"] = False
+                node["removed_from_etcd"] = True
+        cluster.save({"nodes": nodes})
         if snapshot.get("api"):  # the Kubernetes objects, as etcd holds them
             kubeapi().write_state(server_dir, snapshot["api"])
         elif os.path.exists(os.path.join(server_dir, kubeapi().STATE_FILE)):

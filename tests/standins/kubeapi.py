@@ -2209,6 +2209,16 @@ GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)")
 
 def probe_hardware(host=lambda path: path):
     hw = {"cpu": os.cpu_count() or 1, "kernel": os.uname().release, "os_image": "Debian GNU/Linux"}
+    # kubelet's nodeInfo.machineID: cAdvisor reads /etc/machine-id, then /var/lib/dbus/machine-id.
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(host(path)) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if re.fullmatch(r"[0-9a-f]{32}", text):
+            hw["machine_id"] = text
+            break
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -2896,6 +2906,44 @@ class Simulator:
     def heartbeat(self, name):
         self.last_seen[name] = time.monotonic()
 
+    # k3s's node password check (k3s-io/k3s pkg/nodepassword/nodepassword.go, ensure and
+    # verifyHash, v1.33 line): a <node>.node-password.k3s secret in kube-system holds a hash of
+    # the node's /etc/rancher/node/password; a node whose password does not match it is
+    # refused (pkg/nodepassword/validate.go answers 403) until the secret goes, which it does
+    # with the Node (the secret is owned by it, pkg/nodepassword/controller.go; see
+    # `deleted`). The stand-in keeps the password's sha256 where k3s keeps an scrypt hash.
+    def node_password(self, name, password_sha256):
+        """True when `name` may use this password: it matches the secret, or there was no
+        secret and one is made (as k3s's ensure does)."""
+        secrets = self.R("secrets")
+        wanted = base64.b64encode((password_sha256 or "").encode()).decode()
+        with self.store.lock:
+            secret = self.store.get(secrets, "kube-system", name + ".node-password.k3s")
+            if secret is not None:
+                return (secret.get("data") or {}).get("hash") == wanted
+            self.new(secrets, self.node_password_secret(name, password_sha256))
+            return True
+
+    def node_password_secret(self, name, password_sha256):
+        return {"metadata": {"name": name + ".node-password.k3s", "namespace": "kube-system",
+                             "labels": {"node.k3s.cattle.io/name": name}},
+                "type": "k3s.cattle.io/node-password", "immutable": True,
+                "data": {"hash": base64.b64encode((password_sha256 or "").encode()).decode()}}
+
+    def deferred_node_password(self, name, password_sha256):
+        """A server's own node: k3s verifies it against the local password file while its
+        apiserver is not up yet, and checks the secret later, only recording the outcome on
+        the Node (pkg/nodepassword/validate.go, verifyLocalPassword and ensureSecret:
+        "As the node has already joined the cluster at this point, this is purely
+        informational")."""
+        with self.store.lock:
+            if self.node_password(name, password_sha256):
+                return
+            ref = {"metadata": {"name": name, "uid": name, "namespace": ""}}
+            self.event(ref, "Node", "Warning", "NodePasswordValidationFailed",
+                       "Deferred node password secret validation failed: unable to verify password for node %s: "
+                       "hash does not match" % name, "k3s-supervisor")
+
     def joined(self, record):
         self.last_seen[record["name"]] = time.monotonic()
         self.sync_now = True
@@ -3012,6 +3060,14 @@ class Simulator:
         if res.kind == "Node" and not res.crd:
             name = gone["metadata"]["name"]
             self.store.remove(self.R("secrets"), "kube-system", name + ".node-password.k3s")
+            # k3s-io/k3s pkg/etcd/member_controller.go, onRemove: a deleted etcd node's member
+            # is removed from the cluster (unless the removal annotation already did it).
+            if deep(gone, "metadata", "labels", "node-role.kubernetes.io/etcd") == "true" and \
+                    self.api.cluster is not None and hasattr(self.api.cluster, "etcd_removed"):
+                try:
+                    self.api.cluster.etcd_removed(name)
+                except Exception:
+                    pass
             for pod in self.store.items(self.R("pods")):
                 if deep(pod, "spec", "nodeName") == name:
                     self.remove_pod(pod)
@@ -3111,11 +3167,7 @@ class Simulator:
                            "Controller" % (name, name), "node-controller")
                 secrets = self.R("secrets")
                 if self.store.get(secrets, "kube-system", name + ".node-password.k3s") is None:
-                    self.new(secrets, {"metadata": {"name": name + ".node-password.k3s", "namespace": "kube-system",
-                                                    "labels": {"node.k3s.cattle.io/name": name}},
-                                       "type": "k3s.cattle.io/node-password", "immutable": True,
-                                       "data": {"hash": base64.b64encode((rec.get("password_sha256") or "").encode())
-                                                .decode()}})
+                    self.new(secrets, self.node_password_secret(name, rec.get("password_sha256")))
             else:
                 node = copy.deepcopy(node)
                 fresh = self.node_object(rec)
@@ -3185,7 +3237,8 @@ class Simulator:
                 "nodeInfo": {"architecture": "amd64", "bootID": str(uuid.UUID(seed[:32])),
                              "containerRuntimeVersion": "containerd://2.0.5-k3s1",
                              "kernelVersion": hw.get("kernel") or "6.1.0", "kubeProxyVersion": rec.get("version") or "",
-                             "kubeletVersion": rec.get("version") or "", "machineID": seed[:32],
+                             "kubeletVersion": rec.get("version") or "",
+                             "machineID": hw.get("machine_id") or seed[:32],
                              "operatingSystem": "linux", "osImage": hw.get("os_image") or "Debian GNU/Linux 12 (bookworm)",
                              "systemUUID": str(uuid.UUID(seed[32:64]))},
                 "images": []},
@@ -3275,7 +3328,8 @@ class Simulator:
                     continue
                 name = node["metadata"]["name"]
                 new = copy.deepcopy(node)
-                member = "%s-%s" % (name, (self.api.options.get("ca_hash") or "")[:8])
+                member = (self.records.get(name) or {}).get("member") or \
+                    "%s-%s" % (name, (self.api.options.get("ca_hash") or "")[:8])
                 new["metadata"]["annotations"]["etcd.k3s.cattle.io/removed-node-name"] = member
                 self.put(nodes, new)
                 self.event(node, "Node", "Normal", "MemberRemoved", "Removed member %s from etcd cluster" % member,

@@ -61,3 +61,49 @@ def test_after_a_restore_nodes_that_are_gone_are_stale_even_if_they_still_say_re
 
     cluster = {"old-cp": node(True, True), "a1": node(True), "a2": node(True)}
     assert stale_after_restore(INV, cluster, {"cp-1": K3S, "a1": K3S}) == ["a2", "old-cp"]
+
+
+def with_machine(node_obj: dict, machine_id: str) -> dict:
+    node_obj["status"]["nodeInfo"] = {"machineID": machine_id}
+    return node_obj
+
+
+def test_a_machine_replaced_under_its_name_is_lost_while_its_old_node_still_says_ready():
+    """k3s refuses the new machine's node password while the old Node (and its
+    node-password secret) exist: the Node goes even though it still says Ready."""
+    cluster = {"cp-1": node(True, True), "a1": node(True), "a2": node(True), "a4": node(True)}
+    facts = {"cp-1": K3S, "a1": K3S, "a2": FRESH, "a4": K3S}
+    plan = classify(INV, cluster, facts)
+    assert plan.lost == ["a2"] and plan.join == ["a2"] and "a2" not in plan.healthy
+
+
+def test_a_new_machine_id_under_a_nodes_name_is_another_machine():
+    from dataclasses import replace
+
+    from bootstrap.rules.lost_nodes import replaced_machines
+
+    old = "0" * 31 + "1"
+    cluster = {"cp-1": with_machine(node(True, True), "c" * 32), "a1": with_machine(node(True), old),
+               "a2": with_machine(node(True), old), "a4": node(True)}
+    facts = {"cp-1": replace(K3S, machine_id="c" * 32), "a1": replace(K3S, machine_id="f" * 32),
+             "a2": replace(K3S, machine_id=old), "a4": replace(K3S, machine_id="e" * 32)}
+    # a1: k3s is installed (an image with k3s baked in) but the machine is another one;
+    # a4: its Node reports no machine id, so nothing says it changed.
+    assert replaced_machines(INV, cluster, facts) == ["a1"]
+    plan = classify(INV, cluster, facts)
+    assert plan.lost == ["a1"] and plan.healthy == ["cp-1", "a2", "a4"]
+
+
+def test_a_replaced_server_leaves_etcd_first():
+    cluster = {"cp-1": node(True, True), "a1": node(True), "a2": node(True), "a4": node(True)}
+    plan = classify(INV, cluster, {"cp-1": FRESH, "a1": K3S, "a2": K3S, "a4": K3S})
+    assert plan.lost == ["cp-1"] and plan.lost_servers == ["cp-1"] and plan.join == ["cp-1"]
+
+
+def test_a_probe_cut_short_before_its_k3s_section_is_not_a_new_machine():
+    from bootstrap.rules.lost_nodes import fresh
+
+    cut_short = HostFacts(commands={"k3s": "/usr/local/bin/k3s"})  # k3s on PATH, its section missing
+    assert not fresh(cut_short) and fresh(FRESH)
+    cluster = {"cp-1": node(True, True), "a1": node(True), "a2": node(True), "a4": node(True)}
+    assert classify(INV, cluster, {"cp-1": K3S, "a1": cut_short, "a2": K3S, "a4": K3S}).lost == []
