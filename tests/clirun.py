@@ -7,13 +7,14 @@ import tempfile
 from pathlib import Path
 
 BOOTSTRAP = Path(sys.executable).parent / "bootstrap"
-# No chart can be downloaded here: tests use the recording Helm stand-in unless told otherwise.
+# The real Helm on PATH, as a user runs it (inventories from labinv name lab chart archives);
+# the recording Helm only where a test asks for it (BOOTSTRAP_HELM in `env`).
 HELM_RECORDER = Path(__file__).resolve().parent / "standins" / "helm_recorder.py"
 
 
 def run_bootstrap(*args, env=None, timeout=300, cwd=None) -> subprocess.CompletedProcess:
     command = [str(BOOTSTRAP)] if BOOTSTRAP.exists() else [sys.executable, "-m", "bootstrap"]
-    merged = {"BOOTSTRAP_HELM": str(HELM_RECORDER), **os.environ, **(env or {})}
+    merged = {**os.environ, **(env or {})}
     return subprocess.run(command + [str(a) for a in args], capture_output=True, text=True,
                           timeout=timeout, env=merged, cwd=cwd or tempfile.gettempdir())
 
@@ -23,7 +24,7 @@ def run_bootstrap_on_terminal(*args, env=None, timeout=300) -> subprocess.Comple
     import pty
 
     command = [str(BOOTSTRAP)] if BOOTSTRAP.exists() else [sys.executable, "-m", "bootstrap"]
-    merged = {"BOOTSTRAP_HELM": str(HELM_RECORDER), **os.environ, "TERM": "xterm", "COLUMNS": "160",
+    merged = {**os.environ, "TERM": "xterm", "COLUMNS": "160",
               **(env or {})}
     master, slave = pty.openpty()
     proc = subprocess.Popen(command + [str(a) for a in args], stdin=subprocess.DEVNULL, stdout=slave,

@@ -52,7 +52,11 @@ def helm() -> str:
 
 
 def package(folder: Path, chart: str, version: str) -> Path:
-    """`helm package` of a lab chart NAME at VERSION into `folder`; the .tgz path."""
+    """`helm package` of a lab chart NAME at VERSION into `folder`; the .tgz path (kept when
+    it is there: the lab's chart folder is shared by every test and `testhosts.py up`)."""
+    target = folder / f"{chart}-{version}.tgz"
+    if target.exists():
+        return target
     source = folder / "src" / f"{chart}-{version}" / chart
     (source / "templates").mkdir(parents=True, exist_ok=True)
     (source / "Chart.yaml").write_text(yaml.safe_dump({"apiVersion": "v2", "name": chart, "version": version}))

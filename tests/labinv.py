@@ -21,6 +21,12 @@ def write_inventory(path: Path, hosts, *, servers=1, extra: dict | None = None, 
         "ssh": {"user": testhosts.SSH_USER, "key": str(testhosts.key_path()), "sudo": True, "connect_timeout": 5},
         "nodes": nodes,
     }
+    if "charts" not in (extra or {}):
+        # Charts as an air-gapped user supplies them: the real Helm installs the lab's chart
+        # archives (nothing can be downloaded here).
+        from labcharts import lab_charts
+
+        data["charts"] = lab_charts(testhosts.LAB_DIR / "charts")
     data.update(extra or {})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
