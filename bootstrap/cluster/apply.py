@@ -102,10 +102,12 @@ def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TI
     wait_for(f"MIG layouts to apply ({', '.join(f'{n}: {l}' for n, l in wanted.items())})", check, timeout_s)
 
 
-def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say=print) -> dict:
-    """Converge the cluster side to `plan`; returns what changed (for the summary)."""
+def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say=print,
+                  wait_for: list[str] | None = None) -> dict:
+    """Converge the cluster side to `plan`; returns what changed (for the summary).
+    `wait_for`: the nodes that must be Ready first (default: every node of the inventory)."""
     summary = {"labelled": [], "objects": [], "releases": []}
-    nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes])
+    nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for)
     labels = plan.labels
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
     # A rolling upgrade that stopped and was fixed by hand: its cordons, now the node is back.

@@ -14,17 +14,18 @@ from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 
 
 def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_changed: bool = True,
-                  connect=connect_to_cluster) -> bool:
+                  connect=connect_to_cluster, wait_for: list[str] | None = None) -> bool:
     """Components through the API tunnel, then the checks (raises when one fails) when
     anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
-    `connect(inventory, state)` yields the cluster (the tunnel; a sandboxed API in tests).
+    `connect(inventory, state)` yields the cluster (the tunnel; a sandboxed API in tests);
+    `wait_for`: the nodes to wait for Ready (default every node of the inventory).
     Returns whether anything in the cluster changed."""
     from bootstrap.cluster.apply import apply_cluster
     from bootstrap.components.cluster_plan import plan_cluster
 
     started = time.monotonic()
     with connect(inventory, state) as cluster:
-        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts), console.say)
+        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts), console.say, wait_for=wait_for)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))

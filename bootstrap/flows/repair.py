@@ -155,7 +155,13 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                 remove_nodes(inventory, state, plan.lost, plan.lost_servers, edges.connect)
                 report["lost"] = plan.lost
             for name in plan.unreachable:
-                session.failures.pop(name, None)  # expected: a lost machine, reported below
+                # Expected (a lost spot machine) but said now, with its cause: a replacement
+                # whose host key changed is refused, and the fix is forget-host.
+                why = session.failures.pop(name, None)
+                console.say(f"{name}: left out of this rebuild: "
+                            + (why.render().split(": ", 1)[1] if why else "it does not answer over SSH")
+                            + "; once a machine answers at its address, run rebuild again"
+                            + ("" if why and why.hint else f" (or remove {name} from the inventory)"))
             reachable = [n for n in inventory.nodes if n.name in facts]
             session.nodes = reachable
             # Replacing the first server of an HA cluster: it must join a healthy server, not
@@ -194,7 +200,9 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
             for failure in failed.values():
                 console.say(f"FAILED {failure.render()}")
             raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
-        cluster_phase(inventory, state, facts, console, validate=options.validate, connect=edges.connect)
+        # Only the nodes that answered are waited for: a lost machine cannot become Ready.
+        cluster_phase(inventory, state, facts, console, validate=options.validate, connect=edges.connect,
+                      wait_for=[n.name for n in inventory.nodes if n.name not in plan.unreachable])
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
     console.say(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "

@@ -125,3 +125,50 @@ def test_rebuild_removes_a_replaced_machines_node_that_still_says_ready(cluster,
     assert "a1" not in nodes and "a1.node-password.k3s" not in secrets
     assert "lost a1; joined a1" in out.getvalue() and "unchanged cp" in out.getvalue()
     assert "Node password rejected" not in session.new_agent.log()
+
+
+def test_rebuild_names_a_machine_that_does_not_answer_and_does_not_wait_for_it(lab, k3s, tmp_path,  # noqa: F811
+                                                                               helm_calls):  # noqa: F811
+    """A spot machine gone and not replaced yet (or replaced, with a new host key the tool
+    refuses): rebuild says so with the cause and the fix, and finishes with the nodes that
+    answer instead of waiting out the Ready time-out for one that cannot join."""
+    import time
+
+    from bootstrap.hosts.session import HostFailure
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "t", "state_dir": "state",
+                                    "k3s": {"airgap": str(k3s.parent), "version": VERSION}, "nodes": [
+        {"name": "cp", "address": "10.0.0.1", "role": "server", "gpu": {"enabled": False}},
+        {"name": "a1", "address": "10.0.0.2", "gpu": {"enabled": False}},
+        {"name": "a2", "address": "10.0.0.3", "gpu": {"enabled": False}}]}))
+    inventory = load_inventory(path)
+    state = StateDir(inventory)
+    state.write_secret("token", "secret\n")
+    kubeconfig = lab.root / "etc/rancher/k3s/k3s.yaml"
+    state.write_secret("kubeconfig", kubeconfig.read_text())
+    sha = hashlib.sha256(k3s.read_bytes()).hexdigest()
+
+    def running(name, unit):
+        return replace(healthy_host(name), gpus=[], manifest={"cluster_id": state.cluster_id, "cluster": "t"},
+                       files={K3S_BINARY: FileState(0o755, sha)},
+                       k3s=K3sInstall(K3S_BINARY, VERSION, True, [SystemdUnit(unit, "loaded", "active", "enabled")]))
+
+    session = RecordingSession(inventory, {"cp": running("cp", "k3s.service"), "a1": running("a1", "k3s-agent.service")},
+                               lab, kubeconfig.read_text())
+    session.failures["a2"] = HostFailure("a2", "the host key of 10.0.0.3:22 changed",
+                                         f"if a2 was replaced by a new machine, run: bootstrap forget-host {path} a2")
+
+    @contextlib.contextmanager
+    def connect(inv, st):
+        yield ApiCluster(lab.api, tmp_path / "helm-kubeconfig")
+
+    out = io.StringIO()
+    started = time.monotonic()
+    repair(inventory, state, RepairOptions(validate=False), progress.Console(progress.Reporter(out)),
+           Edges(open_session=lambda *a: contextlib.nullcontext(session), connect=connect))
+    assert time.monotonic() - started < 60, "rebuild waited for a node that cannot join"
+    said = out.getvalue()
+    assert (f"a2: left out of this rebuild: the host key of 10.0.0.3:22 changed (if a2 was replaced by a new "
+            f"machine, run: bootstrap forget-host {path} a2)") in said, said
+    assert "not answering a2" in said and "unchanged cp, a1" in said
