@@ -67,6 +67,12 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--purge-drivers", action="store_true", help="also remove drivers the tool installed")
         cmd.add_argument("--yes", "-y", action="store_true",
                          help="with --idle: do not ask before removing the idle GPU nodes it found")
+        cmd.add_argument("--keep", type=int, default=0, metavar="N",
+                         help="with --idle: leave N idle GPU nodes (the first in the inventory) in the cluster")
+    if name in ("up", "rebuild"):
+        cmd.add_argument("--replace", action="append", metavar="NODE", default=[],
+                         help="NODE's machine was replaced (NotReady or gone in the cluster): forget its pinned "
+                              "host key and pin the new machine's (repeatable)")
     if name == "rebuild":
         cmd.add_argument("--no-validate", action="store_true", help="skip the checks at the end")
         cmd.add_argument("--restore", action="store_true",

@@ -11,6 +11,6 @@ from bootstrap.statedir import StateDir
 def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     options = ScaleDownOptions(nodes=args.node or [], idle=args.idle, drain_timeout=args.timeout,
-                               force=args.force, purge_drivers=args.purge_drivers, assume_yes=args.yes)
+                               force=args.force, purge_drivers=args.purge_drivers, assume_yes=args.yes, keep=args.keep)
     scale_down(inventory, StateDir(inventory), options, console)
     return 0

@@ -81,3 +81,40 @@ def clear_replaced(inventory, state, replaced: Replaced, console, connect=connec
     for name in replaced.names:
         console.say(f"{name}: a new machine under this name: its old Node and node-password secret were "
                     "removed so it can join")
+
+
+def forget_replaced_keys(inventory, state, names: list[str], console, connect=connect_to_cluster) -> None:
+    """`--replace NODE...`: the machines behind these nodes were replaced, so their pinned
+    host keys go (the new keys are pinned at first contact), but only for a node the cluster
+    says is NotReady or gone: a Ready node's machine is still there, and a changed key then
+    means something else answers at its address."""
+    from bootstrap.errors import UsageError
+    from bootstrap.hosts import hostkeys
+    from bootstrap.lock import cluster_lock
+
+    unknown = [n for n in names if n not in {x.name for x in inventory.nodes}]
+    if unknown:
+        raise UsageError(f"--replace: no node named {', '.join(unknown)} in {inventory.source}")
+    with cluster_lock(state, "replace"):
+        others = [n for n in inventory.nodes if n.name not in names]
+        from dataclasses import replace as with_nodes
+
+        nodes, why = cluster_nodes(with_nodes(inventory, nodes=tuple(others)) if others else inventory, state,
+                                   connect)
+        if nodes is None:
+            raise UsageError(f"--replace: the cluster did not answer ({why}), so whether "
+                             f"{', '.join(names)} is gone cannot be told",
+                             f"if the machine was replaced, run: bootstrap forget-host {inventory.source} "
+                             + " ".join(names))
+        ready = [n for n in names if n in nodes and node_ready(nodes[n])]
+        if ready:
+            raise UsageError(f"--replace: {', '.join(ready)} is Ready in the cluster, so its machine was not replaced; "
+                             "nothing was changed",
+                             "a changed host key on a node that runs means something else answers at its address: "
+                             "check it before you trust it")
+        for name in names:
+            node = inventory.node(name)
+            port = inventory.ssh_for(node).port
+            forgot = hostkeys.forget(state.known_hosts, node.address, port)
+            console.say(f"{name}: " + ("forgot the pinned host key of the replaced machine; the new one is pinned "
+                                       "at first contact" if forgot else "no pinned host key to forget"))

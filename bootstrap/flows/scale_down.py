@@ -37,6 +37,7 @@ class ScaleDownOptions:
     force: bool = False                              # delete pods a disruption budget protects
     purge_drivers: bool = False
     assume_yes: bool = False                         # --yes: do not ask before removing idle nodes
+    keep: int = 0                                    # --keep N: idle GPU nodes that stay
 
 
 def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=connect_to_cluster,
@@ -54,7 +55,16 @@ def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=
         through = replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name not in leaving))
         with connect(through, state) as cluster:
             nodes = named if named is not None else idle_gpu_agents(inventory, cluster)
+            kept = []
+            if named is None and options.keep:
+                kept, nodes = nodes[:options.keep], nodes[options.keep:]  # the last ones go
+                if kept:
+                    console.say(f"keeping {len(kept)} idle GPU node(s) (--keep {options.keep}): "
+                                + ", ".join(n.name for n in kept))
             if not nodes:
+                if kept:
+                    console.say("nothing to remove: every idle GPU node is kept")
+                    return
                 console.say("nothing to remove: no idle GPU node" if options.idle else "nothing to remove")
                 return
             if named is None:

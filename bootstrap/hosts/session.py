@@ -36,7 +36,8 @@ def explain_connect_error(node: Node, address: str, port: int, error: str, inven
         return HostFailure(
             node.name,
             f"SSH host key of {hostkeys.known_hosts_entry(address, port)} changed since it was pinned; refusing to connect",
-            f"if {node.name} was replaced by a new machine, run: bootstrap forget-host {inventory.source} {node.name}",
+            f"if {node.name} was replaced by a new machine, run: bootstrap rebuild {inventory.source} --replace "
+            f"{node.name} (or first: bootstrap forget-host {inventory.source} {node.name})",
         )
     if "Authentication" in text:
         return HostFailure(node.name, f"SSH authentication failed ({text.split('(', 1)[-1].rstrip(')')})",

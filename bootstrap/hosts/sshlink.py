@@ -188,7 +188,8 @@ def connect(inventory: Inventory, node: Node, known_hosts: Path) -> NodeClient:
         if ssh.jump:
             kwargs["sock"] = client.jumps.channel(inventory, node)
         _connect(client, node.address, ssh.port, kwargs, node.name, ssh.connect_timeout,
-                 f"if {node.name} was replaced, run: bootstrap forget-host {inventory.source} {node.name}")
+                 f"if {node.name} was replaced, run: bootstrap rebuild {inventory.source} --replace {node.name} "
+                 f"(or first: bootstrap forget-host {inventory.source} {node.name})")
     except BaseException:
         client.close()
         raise

@@ -5,6 +5,7 @@ host, removed from the cluster (etcd member, Node), uninstalled; a host whose k3
 stop keeps its node."""
 
 import contextlib
+import io
 
 import pytest
 import yaml
@@ -180,3 +181,18 @@ def test_idle_removal_asks_first(gpu_lab, monkeypatch):
     with pytest.raises(Stop):  # confirmed: drained, then on to the hosts
         idle(lab, inventory, state, assume_yes=True)
     assert lab.node("g1").spec.unschedulable
+
+
+def test_idle_keep_leaves_that_many_idle_gpu_nodes(gpu_lab):
+    lab, inventory, state = gpu_lab
+    out = io.StringIO()
+
+    @contextlib.contextmanager
+    def connect(*_):
+        yield ApiCluster(lab.api, lab.base / "kubeconfig")
+
+    scale_down(inventory, state, ScaleDownOptions(idle=True, keep=1, assume_yes=True),
+               progress.Console(progress.Reporter(out)), connect=connect, open_session=lambda *a: pytest.fail("opened"))
+    assert "keeping 1 idle GPU node(s) (--keep 1): g1" in out.getvalue()
+    assert "nothing to remove: every idle GPU node is kept" in out.getvalue()
+    assert not lab.node("g1").spec.unschedulable
