@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 OFFLINE = {"check", "forget-host"}  # never touch a host: keep them fast
+# Paramiko only, no pyinfra: real threads, so `kubeconfig --tunnel` ends on Ctrl-C.
+NO_GEVENT = OFFLINE | {"kubeconfig"}
 EVENT_STREAMS = {"up", "rebuild", "scale-down", "down"}  # --json: one event per line while they run
 
 
@@ -85,6 +87,11 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
     if name in EVENT_STREAMS:
         cmd.add_argument("--json", action="store_true",
                          help="one JSON event per line on stdout (steps, messages, the exit code) for scripts and CI")
+    if name == "kubeconfig":
+        cmd.add_argument("--tunnel", action="store_true",
+                         help="hold an SSH tunnel to the API open for kubectl until Ctrl-C (when only SSH is open)")
+        cmd.add_argument("--port", type=int, default=6443, metavar="N",
+                         help="with --tunnel: the local port (default 6443)")
     if name == "facts":
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
         cmd.add_argument("--node", action="append", metavar="NAME", help="only these nodes (repeatable)")
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if args.command not in OFFLINE or getattr(args, "hosts", False):
+    if args.command not in NO_GEVENT or getattr(args, "hosts", False):
         # pyinfra runs on gevent: patch before paramiko, sockets or threads are first used.
         from gevent import monkey
 

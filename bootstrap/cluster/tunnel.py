@@ -36,9 +36,10 @@ def connect_ssh(inventory: Inventory, node: Node, state: StateDir) -> paramiko.S
 class Tunnel:
     """`with Tunnel(...) as port:` forwards 127.0.0.1:port to the server's 127.0.0.1:6443."""
 
-    def __init__(self, inventory: Inventory, node: Node, state: StateDir, remote_port: int = API_PORT):
+    def __init__(self, inventory: Inventory, node: Node, state: StateDir, remote_port: int = API_PORT,
+                 local_port: int = 0):
         self.inventory, self.node, self.state = inventory, node, state
-        self.remote_port = remote_port
+        self.remote_port, self.local_port = remote_port, local_port
         self._client: paramiko.SSHClient | None = None
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
@@ -52,7 +53,13 @@ class Tunnel:
         for transport in self._client.jumps.transports() if self._client.jumps else ():
             detect_dead_peer(transport.sock)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
+        try:
+            self._listener.bind(("127.0.0.1", self.local_port))
+        except OSError as exc:
+            self._listener.close()
+            self._client.close()
+            raise TunnelError(f"cannot listen on 127.0.0.1:{self.local_port}: {exc.strerror}",
+                              "choose another --port") from None
         self._listener.listen(32)
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, name="tunnel-accept", daemon=True).start()

@@ -1,4 +1,6 @@
-"""`bootstrap kubeconfig INVENTORY [--merge]`: fetch the kubeconfig; optionally merge it."""
+"""`bootstrap kubeconfig INVENTORY [--merge] [--tunnel [--port N]]`: fetch the kubeconfig;
+optionally merge it; optionally hold an SSH tunnel to the API open for kubectl, for VMs
+whose provider opens only SSH."""
 
 from __future__ import annotations
 
@@ -16,8 +18,55 @@ def run(args, console) -> int:
     with cluster_lock(state, "kubeconfig"):  # it may pin the server's host key
         path = kubeconfig_file.fetch_over_ssh(inventory, state)
     print(f"kubeconfig for cluster {inventory.cluster}: {path} (context {kubeconfig_file.context_name(inventory)})")
-    if args.merge:
+    if args.merge and not args.tunnel:
         target = kubeconfig_file.default_target()
         kubeconfig_file.merge_into(target, yaml.safe_load(path.read_text()))
         print(f"merged into {target} as context {kubeconfig_file.context_name(inventory)}")
+    if args.tunnel:
+        hold_tunnel(inventory, state, path, args.port, args.merge)
     return 0
+
+
+def hold_tunnel(inventory, state, path, port: int, merge: bool) -> None:
+    """127.0.0.1:port -> the first server that answers, until Ctrl-C. k3s's serving
+    certificate carries 127.0.0.1, so kubectl verifies TLS through it as it does direct."""
+    import signal
+    import threading
+
+    from bootstrap.cluster.tunnel import Tunnel
+    from bootstrap.errors import BootstrapError
+
+    errors = []
+    for server in inventory.servers:
+        try:
+            tunnel = Tunnel(inventory, server, state, local_port=port)
+            local = tunnel.__enter__()
+        except BootstrapError as exc:
+            errors.append(exc.message)
+            continue
+        try:
+            tunneled = state.path / "kubeconfig-tunnel"
+            state.write_secret("kubeconfig-tunnel", kubeconfig_file.with_server(path, f"127.0.0.1:{local}"))
+            context = kubeconfig_file.context_name(inventory)
+            if merge:
+                target = kubeconfig_file.default_target()
+                kubeconfig_file.merge_into(target, yaml.safe_load(tunneled.read_text()))
+                print(f"merged into {target} as context {context}, through the tunnel")
+                use = f"kubectl --context {context} get nodes"
+            else:
+                use = f"KUBECONFIG={tunneled} kubectl get nodes"
+            print(f"tunnel open: 127.0.0.1:{local} -> {server.name}:6443 over SSH; try: {use}", flush=True)
+            print("Ctrl-C closes it", flush=True)
+            done = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: done.set())
+            try:
+                done.wait()
+            except KeyboardInterrupt:
+                pass
+            print("tunnel closed")
+            return
+        finally:
+            tunnel.__exit__(None, None, None)
+    from bootstrap.errors import HostsFailed
+
+    raise HostsFailed("no server could be reached for the tunnel: " + "; ".join(errors))

@@ -8,17 +8,25 @@ import base64
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 
 import pytest
 import yaml
-from clirun import run_bootstrap
+from clirun import BOOTSTRAP, run_bootstrap
 from labcharts import helm, lab_charts, user_manifest
 from labinv import write_inventory
 
 pytestmark = [pytest.mark.hosts,
               pytest.mark.skipif(shutil.which("kubectl") is None or shutil.which("helm") is None,
                                  reason="the real kubectl and helm must be on PATH (.ci/run installs them)")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def client(argv, kubeconfig, home):
@@ -92,6 +100,21 @@ def test_up_with_real_helm_then_kubeconfig_merge_kubectl_and_helm(lab, tmp_path,
         tunneled = client(["kubectl", "--context", "bootstrap-kx", "--server", f"https://127.0.0.1:{port}",
                            "get", "nodes", "-o", "name"], kube, home)
         assert sorted(tunneled.split()) == ["node/kx-cp", "node/kx-g1"]
+    # `bootstrap kubeconfig --tunnel`: the tunnel held open for kubectl until the user ends it
+    tunnel_port = free_port()
+    holder = subprocess.Popen([str(BOOTSTRAP), "kubeconfig", str(inventory), "--tunnel", "--port", str(tunnel_port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        said = [holder.stdout.readline() for _ in range(2)]  # the kubeconfig line, then the tunnel's
+        assert said[1].startswith(f"tunnel open: 127.0.0.1:{tunnel_port} -> kx-cp:6443"), said
+        tunneled_config = StateDir(inv).path / "kubeconfig-tunnel"
+        assert oct(tunneled_config.stat().st_mode & 0o777) == "0o600"
+        listed = client(["kubectl", "get", "nodes", "-o", "name"], tunneled_config, home)
+        assert sorted(listed.split()) == ["node/kx-cp", "node/kx-g1"]
+    finally:
+        holder.send_signal(signal.SIGINT)
+        out, err = holder.communicate(timeout=30)
+    assert holder.returncode == 0 and "tunnel closed" in out, out + err
     # and a CA that is not the cluster's is refused: verification is on
     ca = base64.b64decode(ours["certificate-authority-data"])
     assert b"BEGIN CERTIFICATE" in ca

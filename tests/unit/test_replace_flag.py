@@ -20,6 +20,13 @@ from bootstrap.statedir import StateDir
 @pytest.fixture
 def lab(k3s, tmp_path):  # noqa: F811
     sandbox = Cluster(k3s, tmp_path / "hosts")
+    try:
+        yield from _lab(sandbox, tmp_path)
+    finally:
+        sandbox.stop()
+
+
+def _lab(sandbox, tmp_path):
     sandbox.server(name="cp")
     gone = sandbox.agent("a1")
     sandbox.agent("a2")
@@ -42,7 +49,6 @@ def lab(k3s, tmp_path):  # noqa: F811
         yield ApiCluster(sandbox.api, tmp_path / "kubeconfig")
 
     yield inventory, state, connect
-    sandbox.stop()
 
 
 def test_replace_forgets_the_key_of_a_node_that_is_gone_and_only_that(lab):
