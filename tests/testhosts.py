@@ -21,6 +21,7 @@ As a command::
 
     python tests/testhosts.py up [--count N | NAME...] [--gpu NAME...]
     python tests/testhosts.py status
+    python tests/testhosts.py kill NAME...     # a spot loss: the machine stops answering
     python tests/testhosts.py down
 
 The SSH access here (lab key, no host key checking) is the tests' back door into a
@@ -850,7 +851,31 @@ def known_hosts() -> list[TestHost]:
 #
 # What inventories/lab.yaml names besides the hosts, started by `up` and stopped by `down`:
 # the NVIDIA container toolkit's apt repository (the hosts cannot reach NVIDIA's), served on
-# the lab bridge by a detached process whose pid is kept here, so `down` ends only it.
+# the lab bridge by a detached process whose pid is kept here, so `down` ends only it; and
+# (built by `up`, kept by `down`) the k3s air-gap folder and the chart archives.
+
+LAB_AIRGAP = LAB_DIR / "airgap"  # inventories/lab.yaml's k3s.airgap
+LAB_CHARTS = LAB_DIR / "charts"  # inventories/lab.yaml's charts.<component>.archive
+
+
+def build_lab_files() -> None:
+    """The k3s stand-in's air-gap folder and the lab charts (tests/labcharts.py, `helm
+    package`), where inventories/lab.yaml points; each one missing is said and skipped, so
+    the hosts stay usable for what does not need it."""
+    sys.path.insert(0, str(TESTS_DIR))
+    try:
+        from standins.airgap import build_airgap
+
+        print(f"k3s stand-in air-gap folder (k3s.airgap): {build_airgap(LAB_AIRGAP)}")
+    except Exception as exc:  # upstream data missing: hosts are still usable for facts
+        print(f"no k3s air-gap folder built ({exc})", file=sys.stderr)
+    try:
+        from labcharts import lab_charts
+
+        lab_charts(LAB_CHARTS)
+        print(f"lab charts (charts: in inventories/lab.yaml): {LAB_CHARTS}")
+    except Exception as exc:  # no helm: the cluster side cannot run anyway
+        print(f"no lab charts built ({exc}); `bootstrap up inventories/lab.yaml` needs them", file=sys.stderr)
 
 LAB_APT_PORT = 8089
 LAB_APT_SOURCE = f"deb [trusted=yes] http://10.200.0.1:{LAB_APT_PORT}/ ./"  # inventories/lab.yaml's
@@ -936,6 +961,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--gpu", nargs="*", metavar="NAME", help="hosts that get the nvidia-smi stand-in "
                     "(default: the hosts named gpu-*; --gpu alone: none)")
     sub.add_parser("status", help="list test hosts")
+    kill = sub.add_parser("kill", help="stop test hosts as a spot loss does: no answer at all, the overlay "
+                          "kept (`up NAME` boots a new machine in its place)")
+    kill.add_argument("names", nargs="+", metavar="NAME")
     sub.add_parser("down", help="remove all test hosts (keeps the key and the rootfs cache)")
     args = parser.parse_args(argv)
 
@@ -955,13 +983,7 @@ def main(argv: list[str] | None = None) -> int:
             host.owner = None
             host._save()
         print(f"{len(hosts)} host(s) up in {time.monotonic() - t0:.1f}s; ssh user {SSH_USER}, key {key_path()}")
-        try:  # the k3s stand-in where inventories/lab.yaml's k3s.airgap points
-            sys.path.insert(0, str(TESTS_DIR))
-            from standins.airgap import build_airgap
-
-            print(f"k3s stand-in air-gap folder: {build_airgap(LAB_DIR / 'airgap')}")
-        except Exception as exc:  # upstream data missing: hosts are still usable for facts
-            print(f"no k3s air-gap folder built ({exc})", file=sys.stderr)
+        build_lab_files()
         print(f"NVIDIA container toolkit apt repository (gpu.container_toolkit.apt_source): {start_lab_services()}")
         for h in hosts:
             print(f"  {h.name:10} {h.address:12} {'gpu' if h.name in gpu else '   '}  ssh -i {key_path()} {SSH_USER}@{h.address}")
@@ -972,6 +994,16 @@ def main(argv: list[str] | None = None) -> int:
         for h in hosts:
             state = "running" if h.is_running() else "stopped"
             print(f"{h.name:10} {h.address:12} {state:8} pid={h.pid} upper={h.upper}")
+    elif args.command == "kill":
+        known = {h.name: h for h in known_hosts()}
+        missing = [n for n in args.names if n not in known]
+        if missing:
+            print(f"testhosts: no test host {', '.join(missing)} (`status` lists them)", file=sys.stderr)
+            return 2
+        with _locked(LAB_DIR / ".hosts.lock"):
+            for name in args.names:
+                known[name].kill()
+                print(f"{name} killed: it no longer answers ({known[name].address})")
     elif args.command == "down":
         down()
         print("test hosts removed")

@@ -108,7 +108,8 @@ def test_the_shipped_inventories_are_found():
     assert {p.stem for p in SHIPPED} >= {"lab", "minimal", "mig-h200", "ib-2x8gpu", "spot-timeslicing"}
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+# lab.yaml's chart archives exist once `testhosts.py up` built them: tests/unit/test_lab_inventory.py
+@pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem != "lab"], ids=lambda p: p.stem)
 def test_shipped_inventories_are_valid(path):
     result = run_bootstrap("check", str(path))
     assert result.returncode == 0, result.stderr
