@@ -991,6 +991,7 @@ def node_address(opts, toward=None):
     except OSError:
         fatal('unable to select an IP from default routes: no default routes found in "/proc/net/route" or "/proc/net/ipv6_route"')
 
+
 def link_addresses():
     """Every address on the host's links, both families, from a netlink RTM_GETADDR dump:
     what kube-router's GetNodeSubnet walks (netlink LinkList + AddrList). IFA_LOCAL is the
