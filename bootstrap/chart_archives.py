@@ -37,16 +37,15 @@ def archives_wanted(inventory) -> list[tuple[str, str, str, str]]:
     from bootstrap.inventory.model import Component
 
     wanted = []
-    for component, pin in sorted(inventory.charts.items()):
+    for component in sorted(inventory.charts):
         src = versions.source(inventory, component)
         if not src.archive:
             continue
         wanted.append((f"charts.{component}.archive", src.archive, src.chart, src.version))
-        if component == Component.MULTUS and versions.version_tuple(src.version) >= versions.MULTUS_CRD_SPLIT:
-            crd_version = src.version.lstrip("v")
-            wanted.append((f"charts.{component}.archive (its CRD chart beside it)",
-                           versions.sibling_archive(src.archive, versions.MULTUS_CRD_CHART, crd_version),
-                           versions.MULTUS_CRD_CHART, crd_version))
+        crd = versions.multus_crd_source(src) if component == Component.MULTUS else None
+        if crd is not None:
+            wanted.append((f"charts.{component}.archive (its CRD chart beside it)", crd.archive, crd.chart,
+                           crd.version))
     return wanted
 
 

@@ -79,8 +79,9 @@ def lab_charts(folder: Path) -> dict:
             continue
         archive = package(folder, source.chart, source.version)
         charts[str(component)] = {"version": source.version, "archive": str(archive)}
-        if source.chart == "rke2-multus":
-            package(folder, versions.MULTUS_CRD_CHART, source.version.lstrip("v"))
+        crd = versions.multus_crd_source(source) if source.chart == "rke2-multus" else None
+        if crd is not None:
+            package(folder, crd.chart, crd.version)
     return charts
 
 

@@ -78,14 +78,13 @@ def multus_values(dirs: CniDirs) -> dict:
 def multus_releases(inventory: Inventory, dirs: CniDirs) -> list[Release]:
     src = versions.source(inventory, Component.MULTUS)
     main = Release("multus", NAMESPACE, src.chart, src.repo, src.version, multus_values(dirs), src.archive)
-    if versions.version_tuple(src.version) < versions.MULTUS_CRD_SPLIT:
+    crd = versions.multus_crd_source(src)
+    if crd is None:
         return [main]
     # The CRD chart renders the whereabouts CRDs only when told whereabouts is on (its
     # templates test `rke2-whereabouts.enabled`, e.g. rke2-multus-crd 4.3.016).
-    crd_version = src.version.lstrip("v")
-    crds = Release("multus-crd", NAMESPACE, versions.MULTUS_CRD_CHART, src.repo, crd_version,
-                   {"rke2-whereabouts": {"enabled": True}},
-                   versions.sibling_archive(src.archive, versions.MULTUS_CRD_CHART, crd_version))
+    crds = Release("multus-crd", NAMESPACE, crd.chart, crd.repo, crd.version, {"rke2-whereabouts": {"enabled": True}},
+                   crd.archive)
     return [crds, main]
 
 

@@ -59,10 +59,14 @@ def source(inventory: Inventory, component: str) -> Source:
     return Source(default.chart, pin.repo or default.repo, pin.version, default.image, archive)
 
 
-def sibling_archive(archive: str | None, chart: str, version: str) -> str | None:
-    """A chart that ships with another (rke2-multus-crd with rke2-multus): `helm package`'s
-    NAME-VERSION.tgz in the same folder."""
-    return None if archive is None else str(Path(archive).parent / f"{chart}-{version}.tgz")
+def multus_crd_source(multus: Source) -> Source | None:
+    """rke2-multus-crd for this rke2-multus (None before the split): the same number without
+    the `v`, from the same repository, or `helm package`'s NAME-VERSION.tgz beside an archive."""
+    if version_tuple(multus.version) < MULTUS_CRD_SPLIT:
+        return None
+    version = multus.version.lstrip("v")
+    archive = None if multus.archive is None else str(Path(multus.archive).parent / f"{MULTUS_CRD_CHART}-{version}.tgz")
+    return Source(MULTUS_CRD_CHART, multus.repo, version, archive=archive)
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:

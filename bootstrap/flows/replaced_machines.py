@@ -13,7 +13,7 @@ and a server's member is removed first through k3s's removal annotation
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.node_status import is_server, node_ready
@@ -96,11 +96,9 @@ def forget_replaced_keys(inventory, state, names: list[str], console, connect=co
     if unknown:
         raise UsageError(f"--replace: no node named {', '.join(unknown)} in {inventory.source}")
     with cluster_lock(state, "replace"):
-        others = [n for n in inventory.nodes if n.name not in names]
-        from dataclasses import replace as with_nodes
-
-        nodes, why = cluster_nodes(with_nodes(inventory, nodes=tuple(others)) if others else inventory, state,
-                                   connect)
+        # The API through nodes that stay: the replaced machine's key is the one refused.
+        others = tuple(n for n in inventory.nodes if n.name not in names)
+        nodes, why = cluster_nodes(replace(inventory, nodes=others) if others else inventory, state, connect)
         if nodes is None:
             raise UsageError(f"--replace: the cluster did not answer ({why}), so whether "
                              f"{', '.join(names)} is gone cannot be told",

@@ -97,7 +97,7 @@ def plan_import(draft: Draft, running_version: str | None, archives: list[FileSp
     names = ", ".join(a.path.rsplit("/", 1)[-1] for a in new)
     if imports_while_running(running_version):
         draft.add(Action.AWAIT_IMAGE_IMPORT,
-                  [await_import_line(plan.unit, [a.path for a in new], start_timeout(new) - SERVICE_START_S + 60)],
+                  [await_import_line(plan.unit, [a.path for a in new], import_seconds(sum(a.size for a in new)) + 60)],
                   f"k3s imports images from {names}")
     else:
         plan.service = "restart"
