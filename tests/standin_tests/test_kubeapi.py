@@ -355,6 +355,10 @@ def test_gpus_reach_a_pod_only_through_an_nvidia_runtime(cluster):
     for name in ("classed-on-runc", "plain-on-nvidia"):
         assert cluster.pod_done(name).status.phase == "Succeeded", cluster.log(name)
         assert cluster.log(name).startswith("GPU 0: NVIDIA H200")
+    with pytest.raises(ApiException) as refused:  # the RuntimeClass admission plugin
+        cluster.core.create_namespaced_pod("default", pod("no-such-class", runtimeClassName="nope", **smi))
+    assert refused.value.status == 403
+    assert 'pod rejected: RuntimeClass "nope" not found' in json.loads(refused.value.body)["message"]
 
 
 @needs_upstream

@@ -79,6 +79,7 @@ import base64
 import ctypes
 import datetime
 import errno
+import functools
 import hashlib
 import hmac
 import http.server
@@ -1089,7 +1090,10 @@ def data_hash():
     return hashlib.sha256(("k3s-standin " + EMBEDDED["version"]).encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
 def find_runtimes():
+    """Looked up once, when k3s renders containerd's config at start, as k3s does: a runtime
+    installed later is found only at the next start."""
     dirs = [host(d) for d in RUNTIME_DIRS] + os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":")
     found = {}
     for name, exe in NVIDIA_RUNTIMES:
@@ -1536,7 +1540,9 @@ def node_footprint(opts, data_dir, address, pod_cidr):
         # k3s renders default_runtime_name whether or not it found that runtime
         # (k3s-io/k3s pkg/agent/templates/templates_linux.go); containerd's CRI plugin then
         # refuses to load (containerd internal/cri/config/config.go, ValidateRuntimeConfig)
-        # and kubelet never gets a runtime: the node does not come up.
+        # and kubelet never gets a runtime: the node does not come up. Real k3s keeps
+        # logging "Waiting for containerd startup" (pkg/agent/containerd/containerd.go, Run);
+        # the stand-in exits with containerd's error instead, so the failure is seen at once.
         fatal("containerd: failed to load plugin io.containerd.grpc.v1.cri: no corresponding runtime configured "
               "in `containerd.runtimes` for `containerd` `default_runtime_name = \"%s\"`" % default_runtime)
     if opts.get("flannel-backend", "vxlan") != "none":

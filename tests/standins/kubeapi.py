@@ -1268,6 +1268,12 @@ class KubeAPI:
             if sa != "default" and self.store.get(self.R("serviceaccounts"), ns, sa) is None:
                 raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: error looking up service account %s/%s: '
                                'serviceaccount "%s" not found' % (meta.get("name"), ns, sa, sa))
+            # kubernetes plugin/pkg/admission/runtimeclass/admission.go (Admit): a pod naming
+            # a RuntimeClass that does not exist is refused at creation.
+            rc_name = obj["spec"].get("runtimeClassName")
+            if rc_name and self.store.get(self.R("runtimeclasses", "node.k8s.io"), "", rc_name) is None:
+                raise ApiError(403, "Forbidden", 'pods "%s" is forbidden: pod rejected: RuntimeClass "%s" not found'
+                               % (meta.get("name"), rc_name))
             claims = [v["persistentVolumeClaim"]["claimName"] for v in obj["spec"].get("volumes") or []
                       if v.get("persistentVolumeClaim")]
             for claim in claims:
@@ -4292,7 +4298,7 @@ class Simulator:
         name = deep(pod, "spec", "runtimeClassName")
         if name:
             rc = self.store.get(self.R("runtimeclasses", "node.k8s.io"), "", name)
-            if rc is None:
+            if rc is None:  # deleted since admission let the pod in
                 return None, 'RuntimeClass "%s" not found' % name
             handler = rc.get("handler") or name
         else:
@@ -4305,8 +4311,9 @@ class Simulator:
         """Whether the GPUs the device plugin allocated get into the container: through an
         NVIDIA runtime (nvidia-container-runtime reads NVIDIA_VISIBLE_DEVICES), or through
         CDI when the operator's ClusterPolicy has CDI on and the host holds a CDI spec
-        (containerd 2 injects CDI devices for any runtime). With runc and no CDI spec the
-        container starts without them: `nvidia-smi` is not found."""
+        (containerd 2 injects CDI devices for any runtime: `enable_cdi` is on by default,
+        containerd docs/cri/config.md, v2.0). With runc and no CDI spec the container starts
+        without them: `nvidia-smi` is not found."""
         handler, _ = self.runtime_handler(pod, node)
         if handler and handler.startswith("nvidia"):
             return True
