@@ -7,9 +7,7 @@ import tempfile
 from pathlib import Path
 
 BOOTSTRAP = Path(sys.executable).parent / "bootstrap"
-# The real Helm on PATH, as a user runs it (inventories from labinv name lab chart archives);
-# the recording Helm only where a test asks for it (BOOTSTRAP_HELM in `env`).
-HELM_RECORDER = Path(__file__).resolve().parent / "standins" / "helm_recorder.py"
+# The real Helm on PATH, as a user runs it (inventories from labinv name lab chart archives).
 
 
 def run_bootstrap(*args, env=None, timeout=300, cwd=None) -> subprocess.CompletedProcess:

@@ -154,14 +154,14 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                                       "restore from a snapshot onto a new first server")
                 remove_nodes(inventory, state, plan.lost, plan.lost_servers, edges.connect)
                 report["lost"] = plan.lost
+            to_do = []  # what the operator does next, said again as the last lines
             for name in plan.unreachable:
                 # Expected (a lost spot machine) but said now, with its cause: a replacement
-                # whose host key changed is refused, and the fix is forget-host.
+                # whose host key changed is refused, and the fix is --replace.
                 why = session.failures.pop(name, None)
                 console.say(f"{name}: left out of this rebuild: "
-                            + (why.render().split(": ", 1)[1] if why else "it does not answer over SSH")
-                            + "; once a machine answers at its address, run rebuild again"
-                            + ("" if why and why.hint else f" (or remove {name} from the inventory)"))
+                            + (why.render().split(": ", 1)[1] if why else "it does not answer over SSH"))
+                to_do.append(next_step_for_unreachable(inventory, name, why))
             reachable = [n for n in inventory.nodes if n.name in facts]
             session.nodes = reachable
             # Replacing the first server of an HA cluster: it must join a healthy server, not
@@ -208,3 +208,14 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "
           f"unchanged {', '.join(healthy) or 'none'}"
           + (f"; not answering {', '.join(plan.unreachable)}" if plan.unreachable else ""))
+    for line in to_do:
+        console.say(line)
+
+
+def next_step_for_unreachable(inventory, name: str, why) -> str:
+    """The last word on a node that did not answer: a machine that is gone needs a
+    replacement; one that answers with a new host key was replaced (or is not ours)."""
+    if why is not None and why.machine_answers and why.hint:
+        return f"{name}: {why.hint}"
+    return (f"{name} is gone: rent a replacement, put its address in the inventory, run rebuild again "
+            f"(or remove {name} from the inventory)")

@@ -13,6 +13,7 @@ and a server's member is removed first through k3s's removal annotation
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster
@@ -83,11 +84,18 @@ def clear_replaced(inventory, state, replaced: Replaced, console, connect=connec
                     "removed so it can join")
 
 
-def forget_replaced_keys(inventory, state, names: list[str], console, connect=connect_to_cluster) -> None:
+# How long a lost machine's Node may still say Ready: kube-controller-manager's
+# --node-monitor-grace-period (40 s, 50 s from Kubernetes 1.32) plus its 5 s monitor period.
+NODE_GRACE_S = 60.0
+
+
+def forget_replaced_keys(inventory, state, names: list[str], console, connect=connect_to_cluster,
+                         wait_s: float = NODE_GRACE_S) -> None:
     """`--replace NODE...`: the machines behind these nodes were replaced, so their pinned
     host keys go (the new keys are pinned at first contact), but only for a node the cluster
     says is NotReady or gone: a Ready node's machine is still there, and a changed key then
-    means something else answers at its address."""
+    means something else answers at its address. A machine lost moments ago still says Ready
+    until the node controller's grace period is over: that long is waited for."""
     from bootstrap.errors import UsageError
     from bootstrap.hosts import hostkeys
     from bootstrap.lock import cluster_lock
@@ -98,13 +106,23 @@ def forget_replaced_keys(inventory, state, names: list[str], console, connect=co
     with cluster_lock(state, "replace"):
         # The API through nodes that stay: the replaced machine's key is the one refused.
         others = tuple(n for n in inventory.nodes if n.name not in names)
-        nodes, why = cluster_nodes(replace(inventory, nodes=others) if others else inventory, state, connect)
-        if nodes is None:
-            raise UsageError(f"--replace: the cluster did not answer ({why}), so whether "
-                             f"{', '.join(names)} is gone cannot be told",
-                             f"if the machine was replaced, run: bootstrap forget-host {inventory.source} "
-                             + " ".join(names))
-        ready = [n for n in names if n in nodes and node_ready(nodes[n])]
+        through = replace(inventory, nodes=others) if others else inventory
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            nodes, why = cluster_nodes(through, state, connect)
+            if nodes is None:
+                raise UsageError(f"--replace: the cluster did not answer ({why}), so whether "
+                                 f"{', '.join(names)} is gone cannot be told",
+                                 f"if the machine was replaced, run: bootstrap forget-host {inventory.source} "
+                                 + " ".join(names))
+            ready = [n for n in names if n in nodes and node_ready(nodes[n])]
+            if not ready or time.monotonic() >= deadline:
+                break
+            if not said:
+                said = True
+                console.say(f"{', '.join(ready)}: still Ready in the cluster; waiting up to {wait_s:.0f}s for the "
+                            "node controller to mark a lost machine NotReady")
+            time.sleep(min(3.0, max(0.1, deadline - time.monotonic())))
         if ready:
             raise UsageError(f"--replace: {', '.join(ready)} is Ready in the cluster, so its machine was not replaced; "
                              "nothing was changed",

@@ -21,6 +21,7 @@ class HostFailure:
     node: str
     message: str
     hint: str | None = None
+    machine_answers: bool = False  # something answered at the address (a new host key, a refused login)
 
     def render(self) -> str:
         from bootstrap.errors import escape_lines
@@ -38,10 +39,11 @@ def explain_connect_error(node: Node, address: str, port: int, error: str, inven
             f"SSH host key of {hostkeys.known_hosts_entry(address, port)} changed since it was pinned; refusing to connect",
             f"if {node.name} was replaced by a new machine, run: bootstrap rebuild {inventory.source} --replace "
             f"{node.name} (or first: bootstrap forget-host {inventory.source} {node.name})",
+            machine_answers=True,
         )
     if "Authentication" in text:
         return HostFailure(node.name, f"SSH authentication failed ({text.split('(', 1)[-1].rstrip(')')})",
-                           "check ssh.user and ssh.key in the inventory")
+                           "check ssh.user and ssh.key in the inventory", machine_answers=True)
     if "resolve" in text:
         return HostFailure(node.name, f"cannot resolve host name {address}")
     if sshlink.is_silent(text):

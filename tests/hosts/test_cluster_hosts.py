@@ -172,3 +172,47 @@ def test_a_failed_mig_layout_is_reported_with_mig_managers_reason(cluster):
             wait_mig(api, {"cl-g1": "all-9g.999gb"}, timeout_s=60)
     assert "MIG layout all-9g.999gb failed on cl-g1" in caught.value.message
     assert "see the nvidia-mig-manager" not in caught.value.message  # MIG Manager's own reason is shown
+
+
+def test_scale_down_idle_keeps_capacity_pending_gpu_pods_wait_for_asks_and_keeps_n(cluster):
+    """`scale-down --idle` on real GPU agents through the real kubectl's view: it refuses
+    while a GPU pod waits for capacity, asks before it removes anything (no terminal, no
+    --yes: refused), and --keep 1 leaves the first idle GPU node in place."""
+    import shutil
+    import subprocess
+
+    assert cluster["first"].returncode == 0, cluster["first"].stdout + cluster["first"].stderr
+    if shutil.which("kubectl") is None:
+        pytest.skip("the real kubectl must be on PATH (.ci/run installs it)")
+    inventory, kubeconfig = cluster["inventory"], cluster["kubeconfig"]
+
+    def kubectl(*argv, stdin=None):
+        done = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *argv], input=stdin,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kubectl {' '.join(argv)}: {done.stderr}"
+        return done.stdout
+
+    waiting = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wants-99-gpus", "namespace": "default"},
+               "spec": {"containers": [{"name": "main", "image": "registry.lab.invalid/cuda:12",
+                                        "resources": {"limits": {"nvidia.com/gpu": 99}}}]}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(waiting))
+    assert kubectl("get", "pod", "wants-99-gpus", "-o", "jsonpath={.status.phase}") == "Pending"
+    refused = run_bootstrap("scale-down", inventory, "--idle", "--yes")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "1 GPU pod(s) wait for a GPU (default/wants-99-gpus); nothing was changed" in refused.stderr
+    kubectl("delete", "pod", "wants-99-gpus", "--wait=true")
+
+    unasked = run_bootstrap("scale-down", inventory, "--idle")
+    assert unasked.returncode == 2 and "--yes" in unasked.stderr, unasked.stdout + unasked.stderr
+    assert "cl-g1, cl-g2" in unasked.stderr  # it says which nodes it would remove
+    nodes = kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").split()
+    assert sorted(nodes) == ["cl-cp", "cl-g1", "cl-g2"]
+
+    removed = run_bootstrap("scale-down", inventory, "--idle", "--keep", "1", "--yes", timeout=600)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert "keeping 1 idle GPU node(s) (--keep 1): cl-g1" in removed.stdout
+    assert "cl-g2: k3s stopped; removed from the cluster" in removed.stdout
+    nodes = kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").split()
+    assert sorted(nodes) == ["cl-cp", "cl-g1"]
+    g2 = next(h for h in cluster["hosts"] if h.name == "cl-g2")
+    assert "k3s" not in g2.ssh("ls /usr/local/bin /etc/rancher 2>/dev/null; true").stdout

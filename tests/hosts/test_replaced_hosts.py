@@ -53,3 +53,31 @@ def test_a_machine_recreated_under_its_name_joins_with_up_and_with_rebuild(lab, 
     assert "unchanged rp-cp, rp-a1" in rebuild.stdout
     nodes = api_nodes(inventory)
     assert ready(nodes["rp-a2"]) and nodes["rp-a2"]["status"]["nodeInfo"]["machineID"] == machine_id(a2)
+
+
+def test_up_replace_waits_out_the_old_nodes_grace_then_lets_the_new_machine_in(lab, tmp_path, airgap):
+    """The spot VM was re-created moments ago: its old Node still says Ready (the stand-in's
+    node controller grace, 20 s). `up --replace NODE` waits until it does not, forgets that
+    node's pinned key only, pins the new one and joins the new machine."""
+    import time
+
+    cp, a1, a2 = lab.start(["rq-cp", "rq-a1", "rq-a2"])
+    inventory = write_inventory(tmp_path / "inv.yaml", [cp, a1, a2], extra={"k3s": {"airgap": str(airgap)}})
+    first = run_bootstrap("up", inventory, "--no-validate", timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    pinned = (tmp_path / "state" / "known_hosts").read_text()
+    a1.recreate()
+    started = time.monotonic()
+    up = run_bootstrap("up", inventory, "--no-validate", "--replace", "rq-a1", timeout=900)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "rq-a1: forgot the pinned host key of the replaced machine" in up.stdout, up.stdout
+    assert "rq-a1: a new machine under this name" in up.stdout
+    assert time.monotonic() - started < 180
+    nodes = api_nodes(inventory)
+    assert ready(nodes["rq-a1"]) and nodes["rq-a1"]["status"]["nodeInfo"]["machineID"] == machine_id(a1)
+    now = (tmp_path / "state" / "known_hosts").read_text()
+    for host in (cp, a2):  # the other nodes' keys are the ones pinned before
+        assert [l for l in pinned.splitlines() if l.startswith(f"{host.address} ")] == \
+               [l for l in now.splitlines() if l.startswith(f"{host.address} ")]
+    old_a1 = [l for l in pinned.splitlines() if l.startswith(f"{a1.address} ")]
+    assert old_a1 and not set(old_a1) & set(now.splitlines())  # a1's new key replaced the old one

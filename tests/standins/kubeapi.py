@@ -1732,6 +1732,12 @@ class KubeAPI:
             status, result = self.dispatch(handler, method, path, query, body)
             if result is STREAMED:
                 return None
+            if method != "GET" and self.store.dirty:
+                # etcd acknowledges a write only once raft has committed it to the WAL, and the
+                # API server answers only after etcd did (etcd-io/etcd v3.5
+                # server/etcdserver/v3_server.go, processInternalRaftRequestOnce waits for the
+                # apply): a snapshot taken after the answer holds the object.
+                self.save()
             if isinstance(result, str):
                 return self.send(handler, status, result, "text/plain")
             return self.send(handler, status, result)

@@ -29,7 +29,7 @@ def lab(k3s, tmp_path):  # noqa: F811
 def _lab(sandbox, tmp_path):
     sandbox.server(name="cp")
     gone = sandbox.agent("a1")
-    sandbox.agent("a2")
+    later = sandbox.agent("a2")  # lost during a test, within the grace period
     sandbox.wait_ready("cp", "a1", "a2")
     gone.stop()  # a1's machine is lost: NotReady once the grace period (3 s here) is over
     wait("a1 NotReady", lambda: sandbox.ready("a1") != "True", 30)
@@ -48,11 +48,11 @@ def _lab(sandbox, tmp_path):
         connect.through = {n.name for n in inv.nodes}
         yield ApiCluster(sandbox.api, tmp_path / "kubeconfig")
 
-    yield inventory, state, connect
+    yield inventory, state, connect, later
 
 
 def test_replace_forgets_the_key_of_a_node_that_is_gone_and_only_that(lab):
-    inventory, state, connect = lab
+    inventory, state, connect, _ = lab
     out = io.StringIO()
     forget_replaced_keys(inventory, state, ["a1"], progress.Console(progress.Reporter(out)), connect)
     pinned = state.known_hosts.read_text()
@@ -61,12 +61,30 @@ def test_replace_forgets_the_key_of_a_node_that_is_gone_and_only_that(lab):
     assert "a1" not in connect.through  # the API is not asked through the machine being replaced
 
 
-def test_replace_refuses_a_node_that_is_ready_and_an_unknown_name(lab):
-    inventory, state, connect = lab
+def test_replace_refuses_a_node_that_stays_ready_and_an_unknown_name(lab):
+    inventory, state, connect, _ = lab
     before = state.known_hosts.read_text()
+    out = io.StringIO()
     with pytest.raises(UsageError, match="a2 is Ready in the cluster, so its machine was not replaced"):
-        forget_replaced_keys(inventory, state, ["a2"], progress.Console(progress.Reporter(io.StringIO())), connect)
+        forget_replaced_keys(inventory, state, ["a2"], progress.Console(progress.Reporter(out)), connect, wait_s=2)
+    assert "a2: still Ready in the cluster; waiting up to 2s" in out.getvalue()
     with pytest.raises(UsageError, match="no node named zz"):
         forget_replaced_keys(inventory, state, ["zz"], progress.Console(progress.Reporter(io.StringIO())), connect)
     assert state.known_hosts.read_text() == before
     assert hostkeys.known_hosts_entry("10.0.0.3", 22) in before
+
+
+def test_replace_waits_for_a_machine_lost_moments_ago_to_go_not_ready(lab):
+    """Killed and replaced within the node controller's grace period: the old Node still
+    says Ready, so --replace waits until it does not, then forgets the key."""
+    import time
+
+    inventory, state, connect, a2 = lab
+    a2.stop()
+    out = io.StringIO()
+    started = time.monotonic()
+    forget_replaced_keys(inventory, state, ["a2"], progress.Console(progress.Reporter(out)), connect, wait_s=30)
+    assert time.monotonic() - started < 30
+    assert "a2: still Ready in the cluster; waiting" in out.getvalue()
+    assert "a2: forgot the pinned host key of the replaced machine" in out.getvalue()
+    assert "10.0.0.3 " not in state.known_hosts.read_text()

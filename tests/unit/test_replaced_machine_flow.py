@@ -127,8 +127,9 @@ def test_rebuild_removes_a_replaced_machines_node_that_still_says_ready(cluster,
     assert "Node password rejected" not in session.new_agent.log()
 
 
+@pytest.mark.parametrize("answer", ["new host key", "silent"])
 def test_rebuild_names_a_machine_that_does_not_answer_and_does_not_wait_for_it(lab, k3s, tmp_path,  # noqa: F811
-                                                                               helm_calls):  # noqa: F811
+                                                                               helm_calls, answer):  # noqa: F811
     """A spot machine gone and not replaced yet (or replaced, with a new host key the tool
     refuses): rebuild says so with the cause and the fix, and finishes with the nodes that
     answer instead of waiting out the Ready time-out for one that cannot join."""
@@ -156,8 +157,13 @@ def test_rebuild_names_a_machine_that_does_not_answer_and_does_not_wait_for_it(l
 
     session = RecordingSession(inventory, {"cp": running("cp", "k3s.service"), "a1": running("a1", "k3s-agent.service")},
                                lab, kubeconfig.read_text())
-    session.failures["a2"] = HostFailure("a2", "the host key of 10.0.0.3:22 changed",
-                                         f"if a2 was replaced by a new machine, run: bootstrap forget-host {path} a2")
+    if answer == "new host key":
+        session.failures["a2"] = HostFailure("a2", "the host key of 10.0.0.3:22 changed",
+                                             f"if a2 was replaced by a new machine, run: bootstrap rebuild {path} "
+                                             "--replace a2", machine_answers=True)
+    else:
+        session.failures["a2"] = HostFailure("a2", "no answer from 10.0.0.3:22 within 5 s",
+                                             "is the machine up, and does a firewall drop the SSH port?")
 
     @contextlib.contextmanager
     def connect(inv, st):
@@ -169,6 +175,13 @@ def test_rebuild_names_a_machine_that_does_not_answer_and_does_not_wait_for_it(l
            Edges(open_session=lambda *a: contextlib.nullcontext(session), connect=connect))
     assert time.monotonic() - started < 60, "rebuild waited for a node that cannot join"
     said = out.getvalue()
-    assert (f"a2: left out of this rebuild: the host key of 10.0.0.3:22 changed (if a2 was replaced by a new "
-            f"machine, run: bootstrap forget-host {path} a2)") in said, said
     assert "not answering a2" in said and "unchanged cp, a1" in said
+    last = said.strip().splitlines()[-1]
+    if answer == "new host key":
+        assert (f"a2: left out of this rebuild: the host key of 10.0.0.3:22 changed (if a2 was replaced by a new "
+                f"machine, run: bootstrap rebuild {path} --replace a2)") in said, said
+        assert last == f"a2: if a2 was replaced by a new machine, run: bootstrap rebuild {path} --replace a2", said
+    else:
+        assert "a2: left out of this rebuild: no answer from 10.0.0.3:22 within 5 s" in said, said
+        assert last == ("a2 is gone: rent a replacement, put its address in the inventory, run rebuild again "
+                        "(or remove a2 from the inventory)"), said
