@@ -6,6 +6,7 @@ nothing on any host while one remains.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ SUPPORTED_ARCH = ("amd64", "arm64")
 MIN_FREE_GIB = {"cpu": 10.0, "gpu": 30.0}  # CUDA images are several GB each
 # port -> (proto, who needs it free)
 PORTS = {6443: ("tcp", Role.SERVER), 10250: ("tcp", "all"), 8472: ("udp", "all")}
+WIREGUARD_PORT = 51820  # flannel wireguard-native (IPv4)
 EMBEDDED_MIRROR_PORT = 5001  # the embedded registry mirror's peer-to-peer port (Spegel)
 OUR_PROCESSES = (*K3S_PROCESSES, "containerd")
 
@@ -72,6 +74,9 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding
     findings: list[Finding] = []
     gpu_cluster = bool(gpu_nodes(inventory, facts))
     ports = dict(PORTS)
+    if inventory.k3s.flannel_backend == "wireguard-native":
+        del ports[8472]
+        ports[WIREGUARD_PORT] = ("udp", "all")  # flannel's WireGuard listens there instead of VXLAN
     if embedded_mirror_on(inventory, gpu_cluster):
         ports[EMBEDDED_MIRROR_PORT] = ("tcp", "all")
     for node in inventory.nodes:
@@ -81,6 +86,81 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding
         findings += check_host(inventory, node, host, ports)
     findings += check_unique_hostnames(inventory, facts)
     findings += check_node_addresses(inventory, facts)
+    findings += check_clock_skew(inventory, facts)
+    findings += check_providers(inventory, facts)
+    return findings
+
+
+# etcd warns from 1 s of drift between members ("prober found high clock drift":
+# etcd-io/etcd server/etcdserver/api/rafthttp/probing_status.go, v3.5); a certificate a
+# server issued is "not yet valid" on a node whose clock is behind.
+CLOCK_WARN_S = 1.0
+CLOCK_FAIL_S = 30.0
+CLOCK_FIX = ("turn on time synchronisation on the host (sudo timedatectl set-ntp true, or install chrony) "
+             "and check it with timedatectl")
+
+
+def check_clock_skew(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+    """Each host's clock against the others' (their median), as read at the end of the
+    probe; a few hundred milliseconds are the network's, not the clock's."""
+    offsets = {n.name: facts[n.name].clock_offset_s for n in inventory.nodes
+               if n.name in facts and facts[n.name].clock_offset_s is not None}
+    if len(offsets) < 2:
+        return []
+    median = statistics.median(offsets.values())
+    findings = []
+    for name, offset in offsets.items():
+        skew = offset - median
+        if abs(skew) < CLOCK_WARN_S:
+            continue
+        severity = "error" if abs(skew) >= CLOCK_FAIL_S else "warning"
+        findings.append(Finding(name, "clock", f"its clock is {abs(skew):.1f} s {'ahead of' if skew > 0 else 'behind'} "
+                                "the other nodes' (etcd and TLS certificates need clocks within a second or so)",
+                                CLOCK_FIX, severity))
+    return findings
+
+
+def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+    """Across providers: WireGuard on every node, servers that can form etcd, RDMA within
+    one provider, and a warning when one provider holds the control plane's majority."""
+    from bootstrap.rules.node_addresses import choose
+    from bootstrap.rules.providers import group_of, provider_groups, quorum_loss_by_provider
+
+    findings = []
+    if inventory.k3s.flannel_backend == "wireguard-native":
+        for node in inventory.nodes:
+            host = facts.get(node.name)
+            if host is not None and host.has_wireguard is False:
+                findings.append(Finding(
+                    node.name, "wireguard", "the WireGuard kernel module is missing; flannel's wireguard-native "
+                    "backend (network.mode public) cannot create its interface and k3s stops",
+                    "install WireGuard for this OS (Ubuntu, Debian: sudo apt install wireguard) so the kernel has "
+                    "the wireguard module, or use a kernel with it (Linux 5.6 or newer builds it)"))
+    layout = quorum_loss_by_provider(inventory)
+    if layout:
+        findings.append(Finding(inventory.servers[0].name, "quorum", layout,
+                                "spread the servers so that no provider holds a majority (one per provider, "
+                                "three providers)", severity="warning"))
+    if not inventory.network.public:
+        return findings
+    servers = [s for s in inventory.servers if s.name in facts]
+    if len({group_of(s) for s in servers}) > 1 and len(servers) > 1:
+        private = [(s.name, choose(inventory, s, facts).internal) for s in servers
+                   if choose(inventory, s, facts).nat]
+        if private:
+            findings.append(Finding(
+                servers[0].name, "etcd", "servers at different providers must reach each other on their node-ip "
+                "(k3s's embedded etcd peers on it: k3s-io/k3s pkg/cli/server/server.go), and "
+                + ", ".join(f"{name}'s node-ip {ip}" for name, ip in private) + " is private (behind a NAT)",
+                "keep every server at one provider (they share its private network) and spread the agents, or "
+                "use servers whose public address is on their own interface"))
+    if inventory.network.rdma:
+        groups = provider_groups(n for n in gpu_nodes(inventory, facts))
+        if len(groups) > 1:
+            findings.append(Finding(
+                inventory.nodes[0].name, "rdma", "RDMA does not cross providers: the GPU nodes are at "
+                + ", ".join(f"{p} ({', '.join(n.name for n in ns)})" for p, ns in groups.items()),
+                "remove network.rdma, or keep the RDMA nodes at one provider in a cluster of their own"))
     return findings
 
 

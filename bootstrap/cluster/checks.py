@@ -234,9 +234,25 @@ def parse_busbw(log: str) -> float | None:
 
 
 
+def nccl_group(gpu_nodes) -> tuple[list, str]:
+    """The GPU nodes NCCL measures, and how they were chosen. A bandwidth floor means the
+    fabric inside one provider (RDMA and NVLink do not cross the internet): with GPU nodes
+    at several providers, the largest provider's."""
+    from bootstrap.rules.providers import provider_groups
+
+    groups = provider_groups(gpu_nodes)
+    if len(groups) < 2:
+        return list(gpu_nodes), ""
+    provider, nodes = max(groups.items(), key=lambda item: len(item[1]))
+    return nodes, (f" within provider {provider} ({', '.join(n.name for n in nodes)}); NCCL across providers is "
+                   "not measured (RDMA does not cross the internet)")
+
+
 def nccl_job(inventory: Inventory, gpu_nodes, facts) -> dict:
     """all_reduce_perf across the GPU nodes with Volcano's MPI plugin: one launcher, one
     worker per node (the svc/ssh plugins give the hostfile and keys)."""
+    from bootstrap.rules.providers import PROVIDER_LABEL
+
     nccl = inventory.validate.nccl
     per_node = nccl.gpus_per_node or min(len(facts[n.name].gpus) or 1 for n in gpu_nodes)
     workers, ranks = len(gpu_nodes), len(gpu_nodes) * per_node
@@ -248,6 +264,9 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts) -> dict:
                       command=["/bin/sh", "-c", "mkdir -p /var/run/sshd && /usr/sbin/sshd -D"])["spec"]
     worker_pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"volcano.sh/task-spec": "worker"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    providers = {n.provider for n in gpu_nodes}
+    if len(providers) == 1 and None not in providers:  # the chosen provider's nodes, not another's
+        worker_pod["nodeSelector"] = {PROVIDER_LABEL: next(iter(providers))}
     launcher_pod = _pod("l", None, image, command=["/bin/sh", "-c", launcher])["spec"]
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "nccl", "namespace": NAMESPACE},
@@ -264,6 +283,10 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
         return CheckResult("nccl", "SKIP", "validate.nccl is not set")
     if len(gpu_nodes) < 2:
         return CheckResult("nccl", "SKIP", "needs two or more GPU nodes")
+    gpu_nodes, within = nccl_group(gpu_nodes)
+    if len(gpu_nodes) < 2:
+        return CheckResult("nccl", "SKIP", "no provider has two or more GPU nodes; NCCL across providers is not "
+                           "measured (RDMA does not cross the internet)")
     _create(cluster, nccl_job(inventory, gpu_nodes, facts))
     launcher = "nccl-launcher-0"
     phase, log, why = _pod_outcome(cluster, launcher, timeout_s)
@@ -272,9 +295,10 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
         return CheckResult("nccl", "FAIL", f"all_reduce_perf {phase.lower()}: {_last(log) or why}")
     floor = nccl.min_busbw_gbps
     if floor is not None and busbw < floor:
-        return CheckResult("nccl", "FAIL", f"bus bandwidth {busbw:.1f} GB/s is below the floor of {floor:g} GB/s")
+        return CheckResult("nccl", "FAIL", f"bus bandwidth {busbw:.1f} GB/s is below the floor of {floor:g} GB/s"
+                           + within)
     return CheckResult("nccl", "PASS", f"bus bandwidth {busbw:.1f} GB/s across {len(gpu_nodes)} nodes"
-                       + (f" (floor {floor:g})" if floor is not None else ""))
+                       + (f" (floor {floor:g})" if floor is not None else "") + within)
 
 
 def cleanup(cluster: Cluster, timeout_s: float = 120) -> None:

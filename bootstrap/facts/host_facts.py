@@ -200,6 +200,17 @@ class HostFacts(_ToDict):
     # Every address on the host's interfaces (None: `ip` could not tell) and its routes.
     addresses: list[InterfaceAddress] | None = None
     routes: list[Route] = field(default_factory=list)
+    # The WireGuard kernel module: "loaded", "builtin", "module" (on disk, loaded on first
+    # use), "missing"; None: not probed.
+    wireguard: str | None = None
+    # The host's clock (seconds since the epoch) at the end of the probe, and its offset
+    # from the tool's clock when the output arrived (host minus tool; None: unknown).
+    clock: float | None = None
+    clock_offset_s: float | None = None
+
+    @property
+    def has_wireguard(self) -> bool | None:
+        return None if self.wireguard is None else self.wireguard != "missing"
 
     @property
     def has_gpu(self) -> bool:

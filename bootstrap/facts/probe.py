@@ -43,7 +43,7 @@ COMMANDS = (
 
 SECTIONS = (
     "commands", "id", "sudo", "os-release", "uname", "machine-id", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
-    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route",
+    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route", "wireguard", "clock",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
 )  # fmt: skip
 
@@ -115,6 +115,17 @@ p_routes() {
   echo "# inet"; ip -4 route show table main
   echo "# inet6"; ip -6 route show table main 2>/dev/null; return 0
 }
+# flannel's wireguard-native backend creates a link of type wireguard, which the kernel
+# loads its module for: loaded, built in, or on disk for this kernel (any compression).
+p_wireguard() {
+  r=$(uname -r)
+  if [ -d /sys/module/wireguard ]; then echo loaded
+  elif grep -qs '/wireguard\.ko$' "/lib/modules/$r/modules.builtin"; then echo builtin
+  elif [ -n "$(find "/lib/modules/$r" -name 'wireguard.ko*' 2>/dev/null | head -n 1)" ]; then echo module
+  else echo missing; fi
+}
+# Last, so it is read as close to the output's arrival as the script allows.
+p_clock() { date +%s.%N 2>/dev/null | grep -E '^[0-9]+\.[0-9]+$' || date +%s; }
 p_procnet() {
   for t in tcp tcp6 udp udp6; do
     [ -r "/proc/net/$t" ] || continue
@@ -178,6 +189,7 @@ probe() {
   [ "$rc" = 0 ] || sec proc-net p_procnet
   sec ip-addr p_addr
   sec ip-route p_routes
+  sec wireguard p_wireguard
   if has nvidia-smi; then
     sec nvidia-smi nvsmi
     if [ "$rc" = 0 ]; then
@@ -187,8 +199,9 @@ probe() {
     fi
   fi
 }
+probe_clock() { sec clock p_clock; }
 # pyinfra decodes output as strict UTF-8: make every byte printable ASCII first.
-if has tr; then probe 2>&1 | tr -c '\11\12\40-\176' '?'; else probe 2>&1; fi
+if has tr; then { probe; probe_clock; } 2>&1 | tr -c '\11\12\40-\176' '?'; else { probe; probe_clock; } 2>&1; fi
 exit 0
 """
 # The host parts' own sections and what they name (their kernel settings, packages, unit
@@ -324,9 +337,21 @@ def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
     return K3sInstall(files.binary, files.version, files.config_present, units)
 
 
-def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
-    """Probe output -> HostFacts. Missing or garbled sections leave their fields unknown."""
+def _clock(sections: dict[str, Section]) -> float | None:
+    for line in _ok(sections, "clock"):
+        try:
+            return float(line.strip())
+        except ValueError:
+            continue
+    return None
+
+
+def parse_host_facts(lines: Iterable[str] | str, received_at: float | None = None) -> HostFacts:
+    """Probe output -> HostFacts. Missing or garbled sections leave their fields unknown.
+    `received_at`: the tool's clock when the output arrived (for the host's clock offset)."""
     sections = split_sections(lines)
+    clock = _clock(sections)
+    wireguard = p.parse_first_word(_ok(sections, "wireguard"))
     os_release = p.parse_os_release(_lines(sections, "os-release"))
     uname = p.parse_uname(_ok(sections, "uname"))
     meminfo = p.parse_meminfo(_lines(sections, "meminfo"))
@@ -370,5 +395,8 @@ def parse_host_facts(lines: Iterable[str] | str) -> HostFacts:
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         addresses=p.parse_ip_addr(_ok(sections, "ip-addr")) or None,  # no `ip`: unknown, not "none"
         routes=p.parse_ip_route(_ok(sections, "ip-route")),
+        wireguard=wireguard if wireguard in ("loaded", "builtin", "module", "missing") else None,
+        clock=clock,
+        clock_offset_s=round(clock - received_at, 3) if clock is not None and received_at is not None else None,
         **_gpu_facts(sections),
     )

@@ -24,4 +24,6 @@ class HostFactsFact(FactBase[HostFacts | None]):
         return probe_script(paths)
 
     def process(self, output: list[str]) -> HostFacts:
-        return parse_host_facts(output)
+        import time
+
+        return parse_host_facts(output, received_at=time.time())

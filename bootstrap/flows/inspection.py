@@ -41,7 +41,8 @@ def node_row(node, host, api: dict) -> dict:
     allocatable = {k: v for k, v in api.get("status", {}).get("allocatable", {}).items()
                    if k.startswith(RESOURCE_PREFIXES)}
     return {
-        "node": node.name, "role": node.role, "answers_ssh": host is not None,
+        "node": node.name, "role": node.role, "provider": node.provider, "region": node.region,
+        "answers_ssh": host is not None,
         "ready": ready_word(api),
         "gpus": f"{len(host.gpus)} x {host.gpus[0].name}" if host and host.gpus else "-",
         "driver": host.driver_version if host and host.driver_version else "-",
@@ -66,11 +67,18 @@ def render_status(report: dict) -> list[str]:
     lines = [f"cluster {report['cluster']} (state: {report['state_dir']})" + ("" if report["api"]
                                                                             else "; API unreachable"),
              f"{'NODE':<14} {'ROLE':<7} {'STATE':<18} {'K3S':<14} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} ALLOCATABLE"]
-    for r in report["nodes"]:
-        state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
-        alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
-        lines.append(f"{r['node']:<14} {r['role']:<7} {state_word:<18} {r['k3s']:<14} {r['gpus']:<22} "
-                     f"{r['driver']:<12} {r['cuda']:<5} {alloc}")
+    by_provider: dict = {}
+    for r in report["nodes"]:  # grouped by provider, when the inventory names them
+        by_provider.setdefault(r.get("provider"), []).append(r)
+    for provider, rows in by_provider.items():
+        if len(by_provider) > 1 or provider:
+            regions = sorted({r["region"] for r in rows if r.get("region")})
+            lines.append(f"provider {provider or '(none)'}" + (f" ({', '.join(regions)})" if regions else "") + ":")
+        for r in rows:
+            state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
+            alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
+            lines.append(f"{r['node']:<14} {r['role']:<7} {state_word:<18} {r['k3s']:<14} {r['gpus']:<22} "
+                         f"{r['driver']:<12} {r['cuda']:<5} {alloc}")
     lines += [f"component {name}: {info['version']} ({info['state']})" for name, info in report["components"].items()]
     if report["inventory_as_applied"] is not None:
         lines.append("inventory: " + ("as last applied by `up`" if report["inventory_as_applied"]
@@ -119,7 +127,21 @@ def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open
         rollout = plans.rollout(inventory, facts, max_unavailable)
         if rollout:
             lines += rollout.describe()
-        return lines + component_changes(inventory, state, facts, connect)
+        return lines + network_plan(inventory, facts) + component_changes(inventory, state, facts, connect)
+
+
+def network_plan(inventory, facts) -> list[str]:
+    """The network mode and the reachability probes `up` makes before any change."""
+    from bootstrap.hostparts.registries import embedded_mirror_on
+    from bootstrap.preflight import gpu_nodes
+    from bootstrap.rules.reachability import describe_probes, plan_probes
+
+    backend = inventory.k3s.flannel_backend
+    mode = ("public: nodes talk over their public addresses; pod traffic in WireGuard (flannel "
+            f"{backend}, flannel-external-ip)" if inventory.network.public
+            else f"private: nodes talk over their node-ip; pod traffic in flannel {backend}")
+    probes = plan_probes(inventory, facts, embedded_mirror_on(inventory, bool(gpu_nodes(inventory, facts))))
+    return [f"network: {mode}"] + describe_probes(probes)
 
 
 def component_changes(inventory, state, facts, connect=connect_to_cluster) -> list[str]:

@@ -10,6 +10,7 @@ import ipaddress
 import yaml
 
 from bootstrap.inventory.model import Inventory, Node, Role
+from bootstrap.rules.providers import topology_labels
 
 # Spot machines get a shutdown notice: let kubelet end pods cleanly before the VM goes.
 GRACEFUL_SHUTDOWN = ("shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s")
@@ -24,16 +25,19 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-def cluster_address(node: Node) -> str:
+def cluster_address(node: Node, inventory: Inventory | None = None) -> str:
     """The address other nodes use for this one: its node_ip (from the inventory, or chosen
-    among the host's own addresses by rules.node_addresses when planning), else its address."""
+    among the host's own addresses by rules.node_addresses when planning), else its address;
+    in network.mode public its inventory address (the public one: node_ip is private)."""
+    if inventory is not None and inventory.network.public:
+        return node.address
     return node.node_ip or node.address
 
 
 def server_url(inventory: Inventory, via: Node | None = None) -> str:
     """Every joining node registers with the first server (or `via`, a healthy server when
     the first one is being replaced)."""
-    address = cluster_address(via or inventory.servers[0])
+    address = cluster_address(via or inventory.servers[0], inventory)
     host = f"[{address}]" if ":" in address else address
     return f"https://{host}:{SUPERVISOR_PORT}"
 
@@ -59,8 +63,14 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
             config["node-external-ip"] = node.address  # the node's ExternalIP: what the world sees
     elif _is_ip(node.address):
         config["node-ip"] = node.address
-    if node.labels:
-        config["node-label"] = [f"{k}={v}" for k, v in sorted(node.labels.items())]
+    if inventory.network.public:
+        # Even where the host holds its public address: flannel-external-ip takes the
+        # tunnel endpoint from node-external-ip and warns, falling back to the internal
+        # address, on a node without one (k3s-io/k3s pkg/agent/run.go, commit 0097157).
+        config["node-external-ip"] = node.address
+    labels = {**topology_labels(node), **node.labels}
+    if labels:
+        config["node-label"] = [f"{k}={v}" for k, v in sorted(labels.items())]
     if node.taints:
         config["node-taint"] = list(node.taints)
     if inventory.k3s.flannel_iface:
@@ -103,6 +113,10 @@ def server_settings(inventory: Inventory, embedded_mirror: bool = False) -> dict
         settings["disable"] = list(k3s.disable)
     if k3s.flannel_backend != "vxlan":
         settings["flannel-backend"] = k3s.flannel_backend
+    if inventory.network.public:
+        # WireGuard peers at each node's public address (k3s-io/docs
+        # docs/networking/distributed-multicloud.md: servers take --flannel-external-ip).
+        settings["flannel-external-ip"] = True
     if k3s.cluster_cidr:
         settings["cluster-cidr"] = k3s.cluster_cidr
     if k3s.service_cidr:

@@ -236,10 +236,11 @@ def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_m
     bad = [r for r in results if r.ok is not True]
     counts = [(sum(r.ok is True for r in results), "got through"), (sum(r.ok is False for r in results), "failed"),
               (sum(r.ok is None for r in results), "not tested")]
-    lines = [f"reachability: {len(results)} probes between {len(names)} nodes on the cluster's addresses: "
+    where = "their public addresses (network.mode public)" if plan.public else "the cluster's addresses"
+    lines = [f"reachability: {len(results)} probes between {len(names)} nodes on {where}: "
              + ", ".join(f"{n} {words}" for n, words in counts if n)]
     if any(r.ok is False for r in results):
         involved = [n for n in names if any(n in (r.probe.sender, r.probe.receiver) for r in bad)]
         lines += ["  what did not get through (from the row's node to the column's):",
-                  *rr.render_matrix(involved, results)]
+                  *rr.render_matrix(involved, results, plan.label)]
     return Report(findings, lines, trips)

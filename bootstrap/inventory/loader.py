@@ -10,7 +10,7 @@ import re
 from dataclasses import replace
 
 from bootstrap.errors import InvalidInput, Problem, UsageError
-from bootstrap.inventory.addresses import DNS_LABEL, normal_endpoint, normal_host
+from bootstrap.inventory.addresses import DNS_LABEL, host_error, ip_error, normal_endpoint, normal_host
 from bootstrap.inventory.kube import derived_name, nad_name, parse_taint
 from bootstrap.inventory.model import Inventory, Role
 from bootstrap.inventory.schema import INVENTORY
@@ -56,7 +56,15 @@ def parse_inventory(text: str, file: str = "<inventory>") -> Inventory:
         pass  # the problems so far are reported
     if checker.problems:
         raise InvalidInput(problems=sorted(checker.problems, key=lambda p: (p.line, p.column)))
-    return replace(inventory, source=file)
+    return with_mode_defaults(replace(inventory, source=file), located.data)
+
+
+def with_mode_defaults(inventory: Inventory, data: dict) -> Inventory:
+    """network.mode public encrypts pod traffic between nodes: WireGuard unless the
+    inventory names a backend (check_public_network refuses any other)."""
+    if inventory.network.public and "flannel_backend" not in _as_dict(data.get("k3s")):
+        return replace(inventory, k3s=replace(inventory.k3s, flannel_backend="wireguard-native"))
+    return inventory
 
 
 def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
@@ -83,6 +91,7 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
             ck.problem(("nodes", index, "rdma_interfaces"), "rdma_interfaces without network.rdma",
                        "add network: {rdma: {mode: shared, interfaces: [...]}} to enable RDMA", key=True)
     check_one_mig_strategy(data, raw_nodes, ck)
+    check_public_network(data, raw_nodes, ck)
     check_derived_names(data, raw_nodes, located, ck)
     for index, node in enumerate(raw_nodes):
         if isinstance(node, dict):
@@ -91,6 +100,27 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
     if gpu.get("driver_branch") and gpu.get("driver", "preinstalled") != "host":
         ck.problem(("gpu", "driver_branch"), "driver_branch only applies to driver: host",
                    "remove driver_branch, or set driver: host", key=True)
+
+
+def check_public_network(data: dict, nodes: list, ck: Checker) -> None:
+    """network.mode public: nodes talk over their inventory addresses, which become k3s's
+    node-external-ip (IP addresses only: k3s-io/k3s pkg/util/net.go ParseStringSliceToIPs),
+    and pod traffic between them crosses the internet, so it is encrypted: flannel's
+    wireguard-native backend, with flannel-external-ip (k3s-io/docs
+    docs/networking/distributed-multicloud.md)."""
+    if _as_dict(data.get("network")).get("mode") != "public":
+        return
+    backend = _as_dict(data.get("k3s")).get("flannel_backend")
+    if backend is not None and backend != "wireguard-native":
+        ck.problem(("k3s", "flannel_backend"), f"network.mode public carries pod traffic over the internet; "
+                   f"flannel backend {backend} would send it unencrypted",
+                   "remove k3s.flannel_backend (public mode uses wireguard-native)")
+    for index, node in enumerate(nodes):
+        address = node.get("address") if isinstance(node, dict) else None
+        if isinstance(address, str) and ip_error(address) is not None and host_error(address) is None:
+            ck.problem(("nodes", index, "address"), f"{address} is a host name; in network.mode public the "
+                       "address is the node's public IP (k3s's node-external-ip takes IP addresses only)",
+                       "write the machine's public IP address")
 
 
 def check_one_mig_strategy(data: dict, nodes: list, ck: Checker) -> None:

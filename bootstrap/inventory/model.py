@@ -162,6 +162,8 @@ class Node:
     ssh: dict = field(default_factory=dict)  # per-node overrides of SshSettings fields
     gpu: NodeGpu = field(default_factory=NodeGpu)
     rdma_interfaces: tuple[str, ...] | None = None
+    provider: str | None = None  # where the machine is rented (free text: lambda, hetzner, ...)
+    region: str | None = None  # the provider's region: the topology.kubernetes.io/region label
 
 
 @dataclass(frozen=True)
@@ -172,9 +174,22 @@ class Rdma:
     resource_name: str = "rdma/rdma_shared_device_a"
 
 
+class NetworkMode(StrEnum):
+    """How nodes reach each other: over a private network they share (a provider's VPC), or
+    over their public addresses, encrypted (machines rented at several providers)."""
+
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
 @dataclass(frozen=True)
 class NetworkSettings:
     rdma: Rdma | None = None
+    mode: str = NetworkMode.PRIVATE
+
+    @property
+    def public(self) -> bool:
+        return self.mode == NetworkMode.PUBLIC
 
 
 @dataclass(frozen=True)

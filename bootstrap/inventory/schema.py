@@ -31,6 +31,7 @@ from bootstrap.rules.k3s_versions import VERSION_PATTERN
 DRIVER_MODES = ("preinstalled", "host", "operator")
 ROLES = tuple(role.value for role in m.Role)
 STORAGE_CLASSES = ("local-path", "nfs", "longhorn")
+NETWORK_MODES = tuple(mode.value for mode in m.NetworkMode)
 K3S_DISABLE = ("coredns", "servicelb", "traefik", "local-storage", "metrics-server", "runtimes")
 # Whereabouts ships inside the multus chart: pin charts.multus to move it.
 CHART_COMPONENTS = tuple(component.value for component in m.Component)
@@ -322,6 +323,11 @@ NODE = Record(
         "gpu": Field(NODE_GPU),
         "rdma_interfaces": Field(ListOf(Str(pattern=INTERFACE, expected="an interface name",
                                             example="ibp26s0"), scalar_ok=True)),
+        # Both become label values on the Node (bootstrap.rules.providers).
+        "provider": Field(Str(validator=label_value_error, expected="a provider name (a Kubernetes label value)",
+                              example="lambda")),
+        "region": Field(Str(validator=label_value_error, expected="a region name (a Kubernetes label value)",
+                            example="us-east-1")),
     },
     build=m.Node,
 )
@@ -413,7 +419,9 @@ INVENTORY = Record(
         "k3s": Field(K3S),
         "nodes": Field(ListOf(NODE, min_items=1), required=True),
         "gpu": Field(GPU),
-        "network": Field(Record(fields={"rdma": Field(RDMA)}, build=m.NetworkSettings)),
+        "network": Field(Record(fields={"rdma": Field(RDMA),
+                                        "mode": Field(Enum(NETWORK_MODES, what="network mode"))},
+                                build=m.NetworkSettings)),
         "storage": Field(STORAGE),
         "volcano": Field(Record(fields={"enabled": Field(Bool()), "queues": Field(ListOf(QUEUE))},
                                 build=m.VolcanoSettings)),

@@ -41,6 +41,7 @@ OWNED = {
     "tls-san": "set k3s.tls_san",
     "flannel-backend": "set k3s.flannel_backend",
     "flannel-iface": "set k3s.flannel_iface",
+    "flannel-external-ip": "set network.mode: public (nodes talk over their public addresses, WireGuard)",
     "cluster-cidr": "set k3s.cluster_cidr",
     "service-cidr": "set k3s.service_cidr",
     "disable": "set k3s.disable",

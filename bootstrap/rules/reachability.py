@@ -18,7 +18,7 @@ evidence, so a converged cluster is not probed at all (a no-op `up` costs no rou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node, Role
@@ -82,6 +82,12 @@ class ProbePlan:
     untested: list[Untested]
     addresses: dict[str, str]  # node -> the address the cluster uses for it
     family: int = 4
+    public: bool = False  # network.mode public: the addresses are the inventory's (public) ones
+    providers: dict[str, str] = field(default_factory=dict)  # node -> its provider, where the inventory says
+
+    def label(self, node: str) -> str:
+        """A node as the matrix and the findings name it: with its provider, when known."""
+        return f"{node} ({self.providers[node]})" if node in self.providers else node
 
     def listeners(self) -> dict[str, list[tuple[str, int]]]:
         """receiver -> the (proto, port)s its listener binds."""
@@ -101,7 +107,11 @@ class ProbePlan:
 def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> ProbePlan:
     from bootstrap.rules.node_addresses import choose
 
-    addresses = {n.name: choose(inventory, n, facts).internal or n.address for n in inventory.nodes}
+    internal = {n.name: choose(inventory, n, facts).internal or n.address for n in inventory.nodes}
+    # network.mode public: nodes reach each other at their inventory (public) addresses,
+    # except etcd, which k3s runs on node-ip (k3s-io/k3s pkg/cli/server/server.go: etcd's
+    # PrivateIP is the first node-ip).
+    addresses = {n.name: n.address for n in inventory.nodes} if inventory.network.public else internal
     family = 6 if any(":" in a for a in addresses.values()) else 4
     probes, untested = [], []
     nodes = [n for n in inventory.nodes if n.name in facts]
@@ -118,9 +128,11 @@ def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirr
                 if why:
                     untested.append(Untested(sender.name, receiver.name, rule.label, why))
                     continue
-                probes.append(Probe(sender.name, receiver.name, addresses[receiver.name], rule.proto, rule.port,
+                address = (internal if rule.between_servers else addresses)[receiver.name]
+                probes.append(Probe(sender.name, receiver.name, address, rule.proto, rule.port,
                                     listen=not runs_k3s(there)))
-    return ProbePlan(probes, untested, addresses, family)
+    return ProbePlan(probes, untested, addresses, family, public=inventory.network.public,
+                     providers={n.name: n.provider for n in inventory.nodes if n.provider})
 
 
 def _applies(rule: Rule, sender: Node, receiver: Node) -> bool:
@@ -142,6 +154,23 @@ def _cannot_probe(rule: Rule, sender: HostFacts, receiver: HostFacts) -> str | N
     if receiver.listener(rule.port, rule.proto):
         return "the port is taken (see the ports check)"
     return None
+
+
+def describe_probes(plan: ProbePlan, most: int = 8) -> list[str]:
+    """For `plan`: each port's probes as sender -> receiver (address), most pairs a line."""
+    if not plan.probes and not plan.untested:
+        return ["reachability: nothing to probe (the nodes run k3s together already)"]
+    by_port: dict[tuple, list[Probe]] = {}
+    for probe in plan.probes:
+        by_port.setdefault((probe.proto, probe.port), []).append(probe)
+    lines = [f"reachability: {len(plan.probes)} probes before any change:"]
+    for (proto, port), probes in sorted(by_port.items()):
+        pairs = [f"{p.sender} -> {p.receiver} ({p.address})" for p in probes]
+        shown = ", ".join(pairs[:most]) + (f" and {len(pairs) - most} more" if len(pairs) > most else "")
+        lines.append(f"  {proto.upper()} {port}: {shown}")
+    for u in plan.untested:
+        lines.append(f"  {u.label} {u.sender} -> {u.receiver}: not tested ({u.why})")
+    return lines
 
 
 # --- what the probes found ----------------------------------------------------------------------
@@ -182,8 +211,9 @@ def _words(said: str | None) -> str:
     return {"ok": "", "timeout": "timed out", "refused": "refused", None: "no answer"}.get(said, said or "")
 
 
-def render_matrix(names: list[str], results: list[Outcome]) -> list[str]:
-    """Rows send, columns receive; a cell lists what did not get through."""
+def render_matrix(names: list[str], results: list[Outcome], label=str) -> list[str]:
+    """Rows send, columns receive; a cell lists what did not get through. `label(node)`:
+    how a node is named (with its provider)."""
     cells: dict[tuple[str, str], list[str]] = {}
     for r in results:
         cell = cells.setdefault((r.probe.sender, r.probe.receiver), [])
@@ -200,10 +230,11 @@ def render_matrix(names: list[str], results: list[Outcome]) -> list[str]:
         return ",".join(cells[(sender, receiver)]) or "ok"
 
     corner = "from \\ to"
-    width = max([len(n) for n in names] + [len(cell(s, r)) for s in names for r in names] + [len(corner)])
-    lines = ["  " + corner.ljust(width) + "  " + "  ".join(n.ljust(width) for n in names)]
+    width = max([len(label(n)) for n in names] + [len(cell(s, r)) for s in names for r in names] + [len(corner)])
+    lines = ["  " + corner.ljust(width) + "  " + "  ".join(label(n).ljust(width) for n in names)]
     for sender in names:
-        lines.append("  " + sender.ljust(width) + "  " + "  ".join(cell(sender, r).ljust(width) for r in names))
+        lines.append("  " + label(sender).ljust(width) + "  "
+                     + "  ".join(cell(sender, r).ljust(width) for r in names))
     return [line.rstrip() for line in lines]
 
 
@@ -224,12 +255,19 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
         senders = [r.probe.sender for r in rs]
         sources = ", ".join(f"{s} ({plan.addresses[s]})" for s in senders)
         details = sorted({r.detail for r in rs if r.detail})
+        provider = plan.providers.get(receiver)
+        firewall = f"{provider}'s firewall (security group)" if provider else "the provider's firewall (security group)"
+        fix = (f"open {proto.upper()} {port} inbound on {receiver} from {sources} in {firewall} "
+               "and in the host's own firewall")
+        elsewhere = sorted({plan.providers[s] for s in senders if plan.providers.get(s, provider) != provider})
+        if elsewhere and not plan.public:
+            fix += (f"; {receiver} and the nodes at {', '.join(elsewhere)} share no private network: set "
+                    "network.mode: public (nodes talk over their public addresses, encrypted)")
         out.append(Finding(
             receiver, "reachability",
             f"{proto.upper()} {port} ({what.get((proto, port), 'k3s')}) on {address} is not reachable from "
-            f"{', '.join(senders)}" + (f" ({'; '.join(details)})" if details else ""),
-            f"open {proto.upper()} {port} inbound on {receiver} from {sources} in the provider's firewall "
-            "(security group) and in the host's own firewall"))
+            f"{', '.join(plan.label(s) for s in senders)}" + (f" ({'; '.join(details)})" if details else ""),
+            fix))
     for (receiver, proto, port, _), rs in sorted(unknown.items()):
         out.append(Finding(receiver, "reachability", f"{proto.upper()} {port} from {', '.join(r.probe.sender for r in rs)} "
                            f"not tested: {rs[0].detail}", None, severity="warning"))
