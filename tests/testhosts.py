@@ -17,6 +17,16 @@ As a module (tests put ``tests/`` on ``sys.path``)::
 ``HostSpec("nat-1", nat=True)`` is a host behind 1:1 NAT: eth0 holds its private address
 (``host.address``), the tool reaches it at ``host.public_address``, which no interface holds.
 
+``HostSpec("a-1", provider="alpha")`` is a host rented at a GPU cloud: each provider (made on
+first use, removed with its last host) is a router namespace ``bslabp-<provider>`` with the
+provider's private bridge (provider number k: 10.201.k.0/24, router 10.201.k.1) and an uplink
+to the "internet" bridge ``bslab-inet`` on this machine (10.202.0.0/24: this machine 10.202.0.1,
+router k 10.202.0.(10+k)). A host has its private address 10.201.k.x on eth0 (``host.address``)
+and the public 10.202.k.x (``host.public_address``, 1:1 NAT in the router, hairpin included).
+Providers share no private network: host to host across providers, and from this machine,
+only public addresses work. ``Lab.block(provider, proto, port)`` is a provider firewall rule.
+The back door (``ssh()``) goes to the public address from 10.202.0.2, which blocks let through.
+
 As a command::
 
     python tests/testhosts.py up [--count N | NAME...] [--gpu NAME...]
@@ -37,12 +47,14 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +87,30 @@ FIRST_FREE = 14
 # address that exists only as a DNAT rule in this machine's namespace: 10.200.100.<same last
 # octet>. Host to host it has only its private address, as in a provider's VPC.
 PUBLIC_NETWORK = ipaddress.ip_network("10.200.100.0/24")
+# Providers (HostSpec(provider=...)), as on GPU clouds where machines rented at different
+# providers share no private network and each has only a 1:1-NAT'd public address. Provider
+# number k (1..MAX_PROVIDERS, kept in LAB_DIR/providers/<name>.json while the provider has hosts):
+#   router namespace bslabp-<name>: bridge "lan" PROVIDER_PRIVATE (router .1, the hosts' gateway)
+#     and veth "uplink" at 10.202.0.(10+k) on the internet bridge (root side bslu-<name>);
+#   public range PROVIDER_PUBLIC: host 10.201.k.x is 10.202.k.x outside, by DNAT/SNAT in the router.
+# This machine sits on the internet bridge (INET_GATEWAY) with a route per public range via its
+# router, and forwards nothing; every router has routes to the other public ranges and to
+# 10.200.0.1 (the lab services), none to another provider's private subnet, and no default.
+PROVIDER_NAME = re.compile(r"[a-z][a-z0-9]{0,9}")  # bslu-<name> fits a link name (15)
+MAX_PROVIDERS = 200
+PROVIDER_PRIVATE = "10.201.{k}.0/24"
+PROVIDER_PUBLIC = "10.202.{k}.0/24"
+PROVIDER_FIRST_HOST = 11  # hosts get 10.201.k.11, .12, ... (HostSpec.address may name another)
+INET_BRIDGE = "bslab-inet"
+INET_NETWORK = ipaddress.ip_network("10.202.0.0/24")
+PUBLIC_SPACE = ipaddress.ip_network("10.202.0.0/16")  # the internet: INET_NETWORK and the public ranges
+INET_GATEWAY = "10.202.0.1"  # this machine as the providers' hosts see it (the operator's laptop)
+# The tests' back door into provider hosts connects from this second address on the internet
+# bridge, which Lab.block lets through, so a blocked tcp/22 still leaves the tests a way in.
+BACKDOOR_SOURCE = "10.202.0.2"
+ROUTER_NETNS_PREFIX = "bslabp-"
+UPLINK_PREFIX = "bslu-"
+BLOCK_COMMENT = "bslab-block:"  # + owner pid:start time
 # Beyond nspawn's default set: CAP_NET_ADMIN, scoped to the host's own network
 # namespace (iptables, ip link, net.* sysctls). Machine-wide sysctls stay read-only.
 CAPABILITIES = ("CAP_NET_ADMIN",)
@@ -396,6 +432,280 @@ def _remove_bridge_if_unused() -> None:
         _run("ip", "link", "del", BRIDGE, check=False)
 
 
+# --------------------------------------------------------------------------- providers
+
+
+_IPTABLES_LOCK = threading.Lock()  # one iptables change at a time from this process's threads
+
+
+def _ns_iptables(netns: str, *args: str, check: bool = True):
+    """iptables inside a network namespace (this machine's binary, or the lab rootfs's through
+    chroot: the namespace belongs to the process, so chroot keeps it)."""
+    binary = shutil.which("iptables")
+    cmd = [binary] if binary else ["chroot", str(ensure_rootfs()), "iptables"]
+    with _IPTABLES_LOCK:
+        return _run("ip", "netns", "exec", netns, *cmd, *args, check=check)
+
+
+def _ns_delete_rule(netns: str, table: str, rule: tuple[str, ...]) -> None:
+    while _ns_iptables(netns, "-t", table, "-C", *rule, check=False).returncode == 0:
+        _ns_iptables(netns, "-t", table, "-D", *rule)
+
+
+def _ns_sysctl(netns: str, key: str, value: int, required: bool = True) -> None:
+    path = "/proc/sys/" + key
+    script = f"echo {value} > {path}" if required else f"if [ -e {path} ]; then echo {value} > {path}; fi"
+    _run("ip", "netns", "exec", netns, "sh", "-c", script)
+
+
+def _netns_exists(netns: str) -> bool:
+    return Path("/run/netns", netns).exists()
+
+
+def _ns_link_exists(netns: str | None, name: str) -> bool:
+    if netns is None:
+        return _link_exists(name)
+    return _netns_exists(netns) and _run("ip", "-n", netns, "link", "show", "dev", name, check=False).returncode == 0
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One provider's router: see PROVIDER_PRIVATE and the lines above it."""
+
+    name: str
+    number: int
+
+    @property
+    def netns(self) -> str:
+        return ROUTER_NETNS_PREFIX + self.name
+
+    @property
+    def uplink_veth(self) -> str:  # the root side; the router side is "uplink"
+        return UPLINK_PREFIX + self.name
+
+    @property
+    def private_network(self) -> ipaddress.IPv4Network:
+        return ipaddress.ip_network(PROVIDER_PRIVATE.format(k=self.number))
+
+    @property
+    def public_network(self) -> ipaddress.IPv4Network:
+        return ipaddress.ip_network(PROVIDER_PUBLIC.format(k=self.number))
+
+    @property
+    def gateway(self) -> str:  # the router on the private bridge
+        return str(self.private_network.network_address + 1)
+
+    @property
+    def uplink_address(self) -> str:  # the router on the internet bridge
+        return str(INET_NETWORK.network_address + 10 + self.number)
+
+    def public_address_for(self, address: str) -> str:
+        return str(self.public_network.network_address + ipaddress.ip_address(address).packed[-1])
+
+
+def _providers_dir() -> Path:
+    return LAB_DIR / "providers"
+
+
+def _saved_providers() -> dict[str, Provider]:
+    providers = {}
+    for path in sorted(_providers_dir().glob("*.json")):
+        with contextlib.suppress(Exception):
+            state = json.loads(path.read_text())
+            providers[state["name"]] = Provider(state["name"], int(state["number"]))
+    return providers
+
+
+def provider(name: str) -> Provider:
+    """A provider that has hosts now (its number, ranges and router)."""
+    try:
+        return _saved_providers()[name]
+    except KeyError:
+        raise LabError(f"no provider {name!r} in the lab (it has no hosts)") from None
+
+
+def _check_provider_name(name: str) -> None:
+    if not PROVIDER_NAME.fullmatch(name):
+        raise LabError(f"bad provider name {name!r} (a lowercase letter, then up to 9 lowercase letters or digits)")
+
+
+def _ensure_provider(name: str) -> Provider:
+    """The provider's router, made if missing (called with the hosts lock held)."""
+    _check_provider_name(name)
+    saved = _saved_providers()
+    prov = saved.get(name)
+    if prov is None:
+        used = {p.number for p in saved.values()}
+        free = [k for k in range(1, MAX_PROVIDERS + 1) if k not in used]
+        if not free:
+            raise LabError(f"no free provider number (at most {MAX_PROVIDERS} providers)")
+        prov = Provider(name, free[0])
+        _providers_dir().mkdir(parents=True, exist_ok=True)
+        (_providers_dir() / f"{name}.json").write_text(json.dumps({"name": name, "number": prov.number}))
+    if not (_ns_link_exists(prov.netns, "lan") and _ns_link_exists(prov.netns, "uplink")
+            and _link_exists(prov.uplink_veth)):
+        _setup_router(prov)
+    _sync_provider_routes()
+    return prov
+
+
+def _ensure_inet_bridge() -> None:
+    if not _link_exists(INET_BRIDGE):
+        clash = _run("ip", "-4", "route", "show", "to", "match", INET_GATEWAY).stdout.decode()
+        if any(line and not line.startswith("default") for line in clash.splitlines()):
+            raise LabError(f"{INET_NETWORK} is already routed on this machine ({clash.strip()}); "
+                           "not adding the lab's internet bridge")
+        _run("ip", "link", "add", INET_BRIDGE, "address", _mac(INET_GATEWAY), "type", "bridge")
+    have = _run("ip", "-o", "-4", "addr", "show", "dev", INET_BRIDGE).stdout.decode()
+    for address in (INET_GATEWAY, BACKDOOR_SOURCE):  # the first one added is the primary
+        if f"inet {address}/{INET_NETWORK.prefixlen}" not in have:
+            _run("ip", "addr", "add", f"{address}/{INET_NETWORK.prefixlen}", "dev", INET_BRIDGE)
+    _run("ip", "link", "set", INET_BRIDGE, "up")
+
+
+def _setup_router(prov: Provider) -> None:
+    _remove_router(prov)
+    _ensure_inet_bridge()
+    ns = prov.netns
+    _run("ip", "netns", "add", ns)
+    # The router's own forwarding (this machine's stays as it is); no ICMP redirects, which
+    # would send a host's hairpin traffic straight to the other host's private address; and
+    # traffic between hosts on the private bridge stays out of the router's iptables.
+    _ns_sysctl(ns, "net/ipv4/ip_forward", 1)
+    for conf in ("all", "default"):
+        _ns_sysctl(ns, f"net/ipv4/conf/{conf}/send_redirects", 0)
+    _ns_sysctl(ns, "net/bridge/bridge-nf-call-iptables", 0, required=False)
+    ip = ("ip", "-n", ns)
+    _run(*ip, "link", "set", "lo", "up")
+    _run(*ip, "link", "add", "lan", "address", _mac(prov.gateway), "type", "bridge")
+    _run(*ip, "addr", "add", f"{prov.gateway}/{prov.private_network.prefixlen}", "dev", "lan")
+    _run(*ip, "link", "set", "lan", "up")
+    _run("ip", "link", "add", prov.uplink_veth, "type", "veth",
+         "peer", "name", "uplink", "address", _mac(prov.uplink_address), "netns", ns)
+    _run("ip", "link", "set", prov.uplink_veth, "master", INET_BRIDGE, "up")
+    _run(*ip, "addr", "add", f"{prov.uplink_address}/{INET_NETWORK.prefixlen}", "dev", "uplink")
+    _run(*ip, "link", "set", "uplink", "up")
+    # The lab services (the apt repository) listen on 10.200.0.1: reachable as an internet address.
+    _run(*ip, "route", "add", f"{GATEWAY}/32", "via", INET_GATEWAY, "dev", "uplink")
+
+
+def _remove_router(prov: Provider) -> None:
+    """The router namespace (with it its bridge, the hosts' router sides and its rules), the
+    uplink and this machine's route to the provider's public range."""
+    _kill_netns_pids(prov.netns)
+    if _netns_exists(prov.netns):
+        _run("ip", "netns", "del", prov.netns, check=False)
+    if _link_exists(prov.uplink_veth):
+        _run("ip", "link", "del", prov.uplink_veth, check=False)
+    if prov.number and _link_exists(INET_BRIDGE):
+        _run("ip", "route", "del", str(prov.public_network), "dev", INET_BRIDGE, check=False)
+
+
+def _route_targets(*ip: str) -> dict[str, str]:
+    """Routes to public ranges (not the internet bridge's own subnet): network -> full line."""
+    out = {}
+    for line in _run(*ip, "-4", "route", "show", check=False).stdout.decode().splitlines():
+        with contextlib.suppress(ValueError, IndexError):
+            net = ipaddress.ip_network(line.split()[0], strict=False)
+            if net.subnet_of(PUBLIC_SPACE) and net != INET_NETWORK and net.prefixlen < 32:
+                out[str(net)] = line
+    return out
+
+
+def _sync_provider_routes() -> None:
+    """This machine and every router: a route to each (other) live provider's public range via
+    its router; routes to ranges of providers that are gone are removed."""
+    live = [p for p in _saved_providers().values() if _ns_link_exists(p.netns, "uplink")]
+    if _link_exists(INET_BRIDGE):
+        wanted = {str(p.public_network): p for p in live}
+        for net, line in _route_targets("ip").items():
+            if net not in wanted and f"dev {INET_BRIDGE}" in line:
+                _run("ip", "route", "del", net, "dev", INET_BRIDGE, check=False)
+        for net, p in wanted.items():
+            _run("ip", "route", "replace", net, "via", p.uplink_address, "dev", INET_BRIDGE, "src", INET_GATEWAY)
+    for router in live:
+        ip = ("ip", "-n", router.netns)
+        wanted = {str(p.public_network): p for p in live if p is not router}
+        for net in _route_targets(*ip):
+            if net not in wanted:
+                _run(*ip, "route", "del", net, check=False)
+        for net, p in wanted.items():
+            _run(*ip, "route", "replace", net, "via", p.uplink_address, "dev", "uplink")
+
+
+def _host_states() -> tuple[dict[str, dict], bool]:
+    """Saved host states by name, and whether every host directory had a readable one (a state
+    being rewritten by another process can read as half a file: read again, then give up)."""
+    states, complete = {}, True
+    hosts_dir = LAB_DIR / "hosts"
+    for d in sorted(hosts_dir.iterdir()) if hosts_dir.is_dir() else []:
+        for _ in range(5):
+            try:
+                states[d.name] = json.loads((d / "state.json").read_text())
+                break
+            except (OSError, ValueError):
+                if not d.exists():
+                    break
+                time.sleep(0.05)
+        else:
+            complete = False
+    return states, complete
+
+
+def _prune_providers() -> None:
+    """Remove what no host needs (called with the hosts lock held): providers without hosts
+    (their state, router namespace, uplink and routes), in routers that stay the NAT rules of
+    hosts that are gone and the blocks of processes that ended, routes to gone providers, and
+    the internet bridge once no provider is left. Leftovers of a crash are found by name
+    (bslabp-*, bslu-*) and by rule comment (bslab-<host>, bslab-block:<pid>:<start>)."""
+    states, complete = _host_states()
+    if not complete:
+        return  # not sure which hosts exist: remove nothing this time
+    needed = {s.get("provider") for s in states.values()} - {None}
+    saved = _saved_providers()
+    names = set(saved)
+    names |= {p.name[len(ROUTER_NETNS_PREFIX):] for p in Path("/run/netns").glob(ROUTER_NETNS_PREFIX + "*")}
+    names |= {p.name[len(UPLINK_PREFIX):] for p in Path("/sys/class/net").glob(UPLINK_PREFIX + "*")}
+    for name in sorted(names - needed):
+        _remove_router(saved.get(name) or Provider(name, 0))  # 0: no state, so no route of its own
+        (_providers_dir() / f"{name}.json").unlink(missing_ok=True)
+    for prov in _saved_providers().values():
+        if not _netns_exists(prov.netns):
+            continue
+        mine = {n for n, s in states.items() if s.get("provider") == prov.name}
+        for table, chains in (("nat", ("PREROUTING", "POSTROUTING")), ("filter", ("FORWARD",))):
+            for chain in chains:
+                listed = _ns_iptables(prov.netns, "-t", table, "-S", chain, check=False).stdout.decode()
+                for line in listed.splitlines():
+                    m = re.search(r"--comment \"?(bslab-[^\s\"]+)", line)
+                    if not m or not line.startswith(f"-A {chain} "):
+                        continue
+                    comment = m.group(1)
+                    if comment.startswith(BLOCK_COMMENT):
+                        owner = comment[len(BLOCK_COMMENT):].split(":")
+                        with contextlib.suppress(ValueError):
+                            if len(owner) == 2 and _process_alive([int(owner[0]), int(owner[1])]):
+                                continue
+                    elif comment[len("bslab-"):] in mine:
+                        continue
+                    _ns_iptables(prov.netns, "-t", table, "-D", *shlex.split(line)[1:], check=False)
+    _sync_provider_routes()
+    if not _saved_providers() and _link_exists(INET_BRIDGE):
+        _run("ip", "link", "del", INET_BRIDGE, check=False)
+    with contextlib.suppress(OSError):
+        _providers_dir().rmdir()  # only when empty
+
+
+@dataclass(frozen=True)
+class ProviderBlock:
+    """A provider firewall rule that Lab.block added (Lab.unblock or cleanup removes it)."""
+
+    provider: str
+    proto: str
+    port: int | str
+    rule: tuple[str, ...]
+
+
 # --------------------------------------------------------------------------- hosts
 
 
@@ -405,6 +715,9 @@ class HostSpec:
     address: str | None = None
     gpu: bool = False
     nat: bool = False  # reached from this machine at a public address that is not on the host
+    # At a provider (a short lowercase name): a private address at the provider, a public one
+    # outside it (see PROVIDER_PRIVATE); not with nat. An address must be in the private range.
+    provider: str | None = None
     extra_files: dict[str, FileContent] = field(default_factory=dict)
 
 
@@ -413,12 +726,14 @@ class TestHost:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, name: str, address: str, pid: int | None = None, public_address: str | None = None):
+    def __init__(self, name: str, address: str, pid: int | None = None, public_address: str | None = None,
+                 provider: str | None = None):
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", name):
             raise LabError(f"bad test host name {name!r} (lowercase letters, digits, '-')")
         self.name = name
-        self.address = address  # on eth0; the back door (ssh()) uses it
-        self.public_address = public_address  # only with nat: what an inventory names
+        self.address = address  # on eth0; the back door (ssh()) uses it, but for provider hosts
+        self.public_address = public_address  # only with nat or a provider: what an inventory names
+        self.provider = provider  # the provider's name (HostSpec.provider), or None
         self.pid = pid
         self.baseline: set[str] = set()
         self._popen: subprocess.Popen | None = None
@@ -447,18 +762,34 @@ class TestHost:
         return name if len(name) <= 15 else "bsl-" + uuid.uuid5(uuid.NAMESPACE_DNS, self.name).hex[:11]
 
     @property
+    def router_netns(self) -> str | None:
+        """The provider's router namespace, which holds the router side of the veth."""
+        return ROUTER_NETNS_PREFIX + self.provider if self.provider else None
+
+    @property
+    def backdoor_address(self) -> str:
+        """Where the back door (ssh(), ssh_command(), the readiness check) connects: the private
+        address on the lab bridge; for provider hosts the public one, from BACKDOOR_SOURCE."""
+        return self.public_address if self.provider else self.address
+
+    def _veth_ip(self) -> tuple[str, ...]:
+        return ("ip", "-n", self.router_netns) if self.provider else ("ip",)
+
+    @property
     def console_log(self) -> Path:
         return self.dir / "console.log"
 
     def _save(self) -> None:
         state = {"name": self.name, "address": self.address, "pid": self.pid, "owner": self.owner,
-                 "baseline": sorted(self.baseline), "public_address": self.public_address}
+                 "baseline": sorted(self.baseline), "public_address": self.public_address,
+                 "provider": self.provider}
         (self.dir / "state.json").write_text(json.dumps(state))
 
     @classmethod
     def load(cls, name: str) -> "TestHost":
         state = json.loads((LAB_DIR / "hosts" / name / "state.json").read_text())
-        host = cls(state["name"], state["address"], state.get("pid"), state.get("public_address"))
+        host = cls(state["name"], state["address"], state.get("pid"), state.get("public_address"),
+                   state.get("provider"))
         host.owner = state.get("owner")
         host.baseline = set(state.get("baseline", []))
         return host
@@ -487,9 +818,12 @@ class TestHost:
             put(remote, value)
 
     def _setup_network(self) -> None:
-        """The host's namespace and veth (the bridge exists already)."""
+        """The host's namespace and veth (the bridge, or the provider's router, exists already)."""
         self._teardown_network()
         _run("ip", "netns", "add", self.netns)
+        if self.provider:
+            self._setup_provider_network()
+            return
         _run("ip", "link", "add", self.veth, "type", "veth",
              "peer", "name", "eth0", "address", _mac(self.address), "netns", self.netns)
         _run("ip", "link", "set", self.veth, "master", BRIDGE, "up")
@@ -503,23 +837,56 @@ class TestHost:
             _run("ip", "route", "replace", str(PUBLIC_NETWORK), "dev", BRIDGE, "src", GATEWAY)
             _iptables("-t", "nat", "-A", *self._nat_rule())
 
+    def _setup_provider_network(self) -> None:
+        prov = provider(self.provider)
+        if not _ns_link_exists(prov.netns, "lan"):
+            raise LabError(f"{self.name}: provider {self.provider}'s router is not there")
+        _run("ip", "-n", prov.netns, "link", "add", self.veth, "type", "veth",
+             "peer", "name", "eth0", "address", _mac(self.address), "netns", self.netns)
+        _run("ip", "-n", prov.netns, "link", "set", self.veth, "master", "lan", "up")
+        ns = ("ip", "-n", self.netns)
+        _run(*ns, "addr", "add", f"{self.address}/{prov.private_network.prefixlen}", "dev", "eth0")
+        _run(*ns, "link", "set", "eth0", "up")
+        _run(*ns, "link", "set", "lo", "up")
+        _run(*ns, "route", "add", "default", "via", prov.gateway)
+        for table, rule in self._provider_nat_rules():
+            _ns_iptables(prov.netns, "-t", table, "-A", *rule)
+
+    def _provider_nat_rules(self) -> list[tuple[str, tuple[str, ...]]]:
+        """1:1 NAT in the router: in (from anywhere, the private bridge included), out through
+        the uplink, and hairpin (a same-provider host at the public address sees this one's
+        public address, so the answer comes back through the router)."""
+        tag = ("-m", "comment", "--comment", f"bslab-{self.name}")
+        private, public = f"{self.address}/32", f"{self.public_address}/32"
+        return [
+            ("nat", ("PREROUTING", "-d", public, *tag, "-j", "DNAT", "--to-destination", self.address)),
+            ("nat", ("POSTROUTING", "-s", private, "-o", "uplink", *tag, "-j", "SNAT", "--to-source",
+                     self.public_address)),
+            ("nat", ("POSTROUTING", "-s", private, "-o", "lan", "-m", "conntrack", "--ctstate", "DNAT", *tag,
+                     "-j", "SNAT", "--to-source", self.public_address)),
+        ]
+
     def _nat_rule(self) -> tuple[str, ...]:
         return ("OUTPUT", "-d", f"{self.public_address}/32", "-m", "comment", "--comment", f"bslab-{self.name}",
                 "-j", "DNAT", "--to-destination", self.address)
 
     def _teardown_network(self) -> None:
-        if self.public_address:
+        if self.provider:
+            if _netns_exists(self.router_netns) and self.address and self.public_address:
+                for table, rule in self._provider_nat_rules():
+                    _ns_delete_rule(self.router_netns, table, rule)
+        elif self.public_address:
             while _iptables("-t", "nat", "-C", *self._nat_rule(), check=False).returncode == 0:
                 _iptables("-t", "nat", "-D", *self._nat_rule())
         _kill_netns_pids(self.netns)
         if Path("/run/netns", self.netns).exists():
             _run("ip", "netns", "del", self.netns, check=False)
-        if _link_exists(self.veth):
-            _run("ip", "link", "del", self.veth, check=False)
+        if _ns_link_exists(self.router_netns, self.veth):
+            _run(*self._veth_ip(), "link", "del", self.veth, check=False)
 
     # running ------------------------------------------------------------
     def _boot(self, rootfs: Path) -> None:
-        _run("ip", "link", "set", self.veth, "up")
+        _run(*self._veth_ip(), "link", "set", self.veth, "up")
         cmd = [
             "systemd-nspawn", "-D", str(rootfs), f"--overlay={rootfs}:{self.upper}:/",
             "--register=no", "--keep-unit", f"--network-namespace-path=/run/netns/{self.netns}",
@@ -544,8 +911,9 @@ class TestHost:
             if self._popen is not None and rc is None:
                 return False  # just forked: /proc/PID/cmdline is not nspawn's yet
             raise LabError(f"{self.name}: systemd-nspawn exited during boot (exit status {rc})\n{self.console_tail()}")
+        source = (BACKDOOR_SOURCE, 0) if self.provider else None
         try:
-            with socket.create_connection((self.address, 22), timeout=1):
+            with socket.create_connection((self.backdoor_address, 22), timeout=1, source_address=source):
                 pass
         except OSError as exc:
             self._last_poll = f"port 22: {exc}"
@@ -577,8 +945,8 @@ class TestHost:
             self._popen.wait(5)
             self._popen = None
         _kill_netns_pids(self.netns)
-        if _link_exists(self.veth):
-            _run("ip", "link", "set", self.veth, "down", check=False)
+        if _ns_link_exists(self.router_netns, self.veth):
+            _run(*self._veth_ip(), "link", "set", self.veth, "down", check=False)
         self.pid = None
         if (self.dir / "state.json").exists():
             self._save()
@@ -612,10 +980,12 @@ class TestHost:
 
     # back door ----------------------------------------------------------
     def ssh_command(self, user: str = SSH_USER) -> list[str]:
+        """The back door: ssh to backdoor_address (the last item is user@address)."""
         return [
             "ssh", "-F", "/dev/null", "-i", str(key_path()), "-o", "IdentitiesOnly=yes",
             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-            "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", f"{user}@{self.address}",
+            "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+            *(("-b", BACKDOOR_SOURCE) if self.provider else ()), f"{user}@{self.backdoor_address}",
         ]
 
     def ssh(self, cmd: str, user: str = SSH_USER, check: bool = True, timeout: float = 60,
@@ -628,7 +998,9 @@ class TestHost:
 
     def host_key(self, kind: str = "ed25519") -> str:
         """The host key sshd presents now ("ssh-ed25519 AAAA...")."""
-        out = _run("ssh-keyscan", "-T", "5", "-t", kind, self.address, check=False).stdout.decode()
+        # A provider host's own namespace reaches its sshd whatever Lab.block dropped.
+        inside = ("ip", "netns", "exec", self.netns) if self.provider else ()
+        out = _run(*inside, "ssh-keyscan", "-T", "5", "-t", kind, self.address, check=False).stdout.decode()
         for line in out.splitlines():
             if not line.startswith("#") and line.strip():
                 return line.split(None, 1)[1].strip()
@@ -664,7 +1036,8 @@ class TestHost:
         }
 
     def __repr__(self) -> str:
-        return f"TestHost({self.name!r}, {self.address!r}, pid={self.pid})"
+        where = f", provider={self.provider!r}" if self.provider else ""
+        return f"TestHost({self.name!r}, {self.address!r}, pid={self.pid}{where})"
 
 
 # A boot that lost a race under load (seen with 20 machines booting on 2 cores): a unit
@@ -702,6 +1075,7 @@ class Lab:
 
     def __init__(self, nvidia_smi: Path | None = None):
         self.hosts: dict[str, TestHost] = {}
+        self.blocks: list[ProviderBlock] = []
         self.nvidia_smi = nvidia_smi or NVIDIA_SMI_STANDIN
 
     @property
@@ -727,6 +1101,12 @@ class Lab:
             return []
         if len({s.name for s in specs}) != len(specs):
             raise LabError(f"duplicate test host names: {[s.name for s in specs]}")
+        for spec in specs:
+            if spec.provider is not None:
+                _check_provider_name(spec.provider)
+                if spec.nat:
+                    raise LabError(f"{spec.name}: nat and provider exclude each other (a provider host has "
+                                   "its provider's 1:1 NAT)")
         gpu = set(gpu)
         rootfs = ensure_rootfs()
         key_path()
@@ -752,14 +1132,21 @@ class Lab:
                     _ensure_bridge()
                     for spec in specs:
                         _remove_stale(spec.name)
-                        address = spec.address or _allocate_address(spec.name)
-                        host = TestHost(spec.name, address,
-                                        public_address=public_address_for(address) if spec.nat else None)
+                    for spec in specs:
+                        if spec.provider:
+                            prov = _ensure_provider(spec.provider)
+                            address = _provider_address(prov, spec.address)
+                            public = prov.public_address_for(address)
+                        else:
+                            address = spec.address or _allocate_address(spec.name)
+                            public = public_address_for(address) if spec.nat else None
+                        host = TestHost(spec.name, address, public_address=public, provider=spec.provider)
                         host.owner = me
                         host.dir.mkdir(parents=True)
                         host._save()  # claims the name and the address
                         self.hosts[host.name] = host
                         hosts.append(host)
+                    _prune_providers()  # ones a crashed run or a replaced host left without hosts
                     break
             if time.monotonic() > deadline:
                 raise LabError(f"test hosts in use by other processes (name: pid): {busy}")
@@ -783,8 +1170,44 @@ class Lab:
     def __getitem__(self, name: str) -> TestHost:
         return self.hosts[name]
 
+    def block(self, provider_name: str, proto: str, port: int | str) -> ProviderBlock:
+        """A provider firewall (security group) rule: drop what comes from outside the provider
+        (through its router's uplink: other providers, this machine) to its hosts on proto/port
+        ("tcp" or "udp"; a port or "first:last"). Traffic within the provider is not affected,
+        nor is the tests' back door (from BACKDOOR_SOURCE). Lab.unblock or cleanup removes it."""
+        if proto not in ("tcp", "udp"):
+            raise LabError(f"block: proto must be tcp or udp, not {proto!r}")
+        if not re.fullmatch(r"\d{1,5}(:\d{1,5})?", str(port)) or \
+                not all(1 <= int(p) <= 65535 for p in str(port).split(":")):
+            raise LabError(f"block: bad port {port!r}")
+        prov = provider(provider_name)
+        if not _netns_exists(prov.netns):
+            raise LabError(f"block: provider {provider_name}'s router is not there")
+        owner = _process_identity(os.getpid())
+        rule = ("FORWARD", "-i", "uplink", "!", "-s", f"{BACKDOOR_SOURCE}/32", "-d", str(prov.private_network),
+                "-p", proto, "-m", proto, "--dport", str(port),
+                "-m", "comment", "--comment", f"{BLOCK_COMMENT}{owner[0]}:{owner[1]}", "-j", "DROP")
+        _ns_iptables(prov.netns, "-I", *rule)
+        block = ProviderBlock(provider_name, proto, port, rule)
+        self.blocks.append(block)
+        return block
+
+    def unblock(self, block: ProviderBlock) -> None:
+        """Remove a rule Lab.block added (no error when it, or its router, is gone already)."""
+        netns = ROUTER_NETNS_PREFIX + block.provider
+        if _netns_exists(netns) and _ns_iptables(netns, "-C", *block.rule, check=False).returncode == 0:
+            _ns_iptables(netns, "-D", *block.rule)
+        with contextlib.suppress(ValueError):
+            self.blocks.remove(block)
+
     def cleanup(self) -> None:
         errors = []
+        for block in list(self.blocks):
+            try:
+                self.unblock(block)
+            except Exception as exc:
+                errors.append(f"block {block.provider} {block.proto}/{block.port}: {exc}")
+                self.blocks.remove(block)
         for host in list(self.hosts.values()):
             try:
                 host.destroy()
@@ -792,6 +1215,7 @@ class Lab:
                 errors.append(f"{host.name}: {exc}")
             self.hosts.pop(host.name, None)
         with _locked(LAB_DIR / ".hosts.lock"):
+            _prune_providers()
             _remove_bridge_if_unused()
         if errors:
             raise LabError("cleanup: " + "; ".join(errors))
@@ -840,6 +1264,23 @@ def _allocate_address(name: str) -> str:
         if address not in used:
             return address
     raise LabError("no free address in 10.200.0.0/24")
+
+
+def _provider_address(prov: Provider, wanted: str | None) -> str:
+    """A private address at the provider (called with the hosts lock held)."""
+    used = {s.get("address") for s in _host_states()[0].values() if s.get("provider") == prov.name}
+    if wanted:
+        net = prov.private_network
+        if ipaddress.ip_address(wanted) not in net or wanted in map(str, (net[0], net[1], net[-1])):
+            raise LabError(f"{wanted} is not a host address of provider {prov.name} ({prov.private_network})")
+        if wanted in used:
+            raise LabError(f"{wanted} is already used by another test host")
+        return wanted
+    for i in range(PROVIDER_FIRST_HOST, 255):
+        address = str(prov.private_network.network_address + i)
+        if address not in used:
+            return address
+    raise LabError(f"no free address in {prov.private_network}")
 
 
 def known_hosts() -> list[TestHost]:
@@ -950,6 +1391,7 @@ def down() -> None:
         for link in Path("/sys/class/net").glob("bsl-*"):
             _run("ip", "link", "del", link.name, check=False)
         _drop_leftover_nat_rules()
+        _prune_providers()  # no host is left: every router, uplink, route and the internet bridge
         _remove_bridge_if_unused()
 
 
@@ -997,7 +1439,8 @@ def main(argv: list[str] | None = None) -> int:
             print("no test hosts")
         for h in hosts:
             state = "running" if h.is_running() else "stopped"
-            print(f"{h.name:10} {h.address:12} {state:8} pid={h.pid} upper={h.upper}")
+            where = f" provider={h.provider} public={h.public_address}" if h.provider else ""
+            print(f"{h.name:10} {h.address:12} {state:8} pid={h.pid} upper={h.upper}{where}")
     elif args.command == "kill":
         known = {h.name: h for h in known_hosts()}
         missing = [n for n in args.names if n not in known]
