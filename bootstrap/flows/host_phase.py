@@ -98,8 +98,10 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
         artifacts = k3s_artifacts(inventory, {f.arch for f in facts.values()})
         target = next(iter(artifacts.values())).version if artifacts else None
         findings += version_findings(inventory, facts, target, {a: x.binary_sha256 for a, x in artifacts.items()})
-    if not unreachable and not any(f.severity == "error" for f in findings):
-        from bootstrap.hosts.reachability import check_reachability  # provider firewalls, before any change
+    if not unreachable:
+        # Provider firewalls, before any change; also beside other problems, so one run
+        # names everything to fix on machines that cost money by the second.
+        from bootstrap.hosts.reachability import check_reachability
 
         findings += check_reachability(session, inventory, facts, console)
     print_findings(findings, console)
