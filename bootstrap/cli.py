@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scale-down": ("scale_down", "drain, delete and uninstall nodes (--node NAME..., or --idle GPU nodes)"),
     "snapshot": ("snapshot", "take an etcd snapshot now and copy it (with its token) to the state folder"),
     "status": ("status", "nodes, GPUs, advertised resources, components and snapshots at a glance"),
+    "health": ("health", "check every GPU node's health (ECC, remaps, PCIe, NVLink, slowdown, Xid); --cordon the bad ones"),
     "plan": ("plan", "show what `up` would change on each host, changing nothing"),
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),
@@ -82,8 +83,15 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
                               "in the state folder (or --snapshot NAME); says what is lost and asks first")
         cmd.add_argument("--snapshot", metavar="NAME", help="with --restore: the snapshot to restore")
         cmd.add_argument("--yes", "-y", action="store_true", help="do not ask before restoring")
-    if name in ("validate", "status"):
+    if name in ("validate", "status", "health"):
         cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
+    if name == "health":
+        cmd.add_argument("--cordon", action="store_true",
+                         help="cordon a node with a health error and label it with why (the scheduler stops "
+                              "placing work there)")
+        cmd.add_argument("--burn-in", type=_seconds, metavar="SECONDS",
+                         help="also stress each GPU node's GPUs for about SECONDS through a pod, and compare "
+                              "each GPU's throughput with its siblings'")
     if name in EVENT_STREAMS:
         cmd.add_argument("--json", action="store_true",
                          help="one JSON event per line on stdout (steps, messages, the exit code) for scripts and CI")
@@ -114,6 +122,12 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
 
 
+
+
+def _seconds(text: str) -> int:
+    if not text.isdigit() or not 10 <= int(text) <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds from 10 to 3600")
+    return int(text)
 
 
 def _positive(text: str) -> int:

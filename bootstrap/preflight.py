@@ -31,10 +31,10 @@ class Finding:
     check: str
     message: str
     fix: str | None = None
-    severity: str = "error"  # error | warning | info
+    severity: str = "error"  # error | warning | info | health-error (blocks its node only)
 
     def render(self) -> str:
-        tag = {"error": "FAIL", "warning": "WARN", "info": "ok  "}[self.severity]
+        tag = {"error": "FAIL", "warning": "WARN", "info": "ok  ", "health-error": "FAIL"}[self.severity]
         return f"{tag} {self.node}: {self.check}: {self.message}" + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
@@ -88,7 +88,48 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding
     findings += check_node_addresses(inventory, facts)
     findings += check_clock_skew(inventory, facts)
     findings += check_providers(inventory, facts)
+    findings += [f for issues in gpu_health_findings(inventory, facts).values() for f in issues]
     return findings
+
+
+def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts]) -> dict[str, list[Finding]]:
+    """Each GPU node's health issues as findings. They never fail preflight as a whole: with
+    gpu.health strict, `up` leaves a node with an error out (health_blocked); otherwise an
+    error is reported as a warning that says strict would block."""
+    from bootstrap.rules.gpu_health import health_issues
+
+    if inventory.gpu.health == "off":
+        return {}
+    nodes = [n for n in gpu_nodes(inventory, facts) if n.name in facts and facts[n.name].gpu_health is not None]
+    # Siblings rented as the same machine type have as many GPUs: the most any node of a
+    # model shows is what each should have.
+    most: dict[str, int] = {}
+    for node in nodes:
+        for model in {g.name for g in facts[node.name].gpus}:
+            most[model] = max(most.get(model, 0), len(facts[node.name].gpus))
+    out: dict[str, list[Finding]] = {}
+    for node in nodes:
+        host = facts[node.name]
+        models = {g.name for g in host.gpus}
+        expected = max((most[m] for m in models), default=None)
+        issues = health_issues(host.gpu_health, host.xids or [], wants_mig=bool(inventory.sharing_for(node).mig),
+                               expected_gpus=expected)
+        out[node.name] = [Finding(node.name, f"gpu-health:{i.check}", i.message
+                                  + ("" if i.severity != "error" or inventory.gpu.health == "strict"
+                                     else " (gpu.health: strict would leave this node out)"), i.fix,
+                                  "warning" if i.severity == "warning" or inventory.gpu.health != "strict"
+                                  else "health-error")
+                          for i in issues]
+    return out
+
+
+def health_blocked(findings: list[Finding]) -> dict[str, list[Finding]]:
+    """gpu.health strict: the nodes a health error leaves out of `up`, with their errors."""
+    blocked: dict[str, list[Finding]] = {}
+    for finding in findings:
+        if finding.severity == "health-error":
+            blocked.setdefault(finding.node, []).append(finding)
+    return blocked
 
 
 # etcd warns from 1 s of drift between members ("prober found high clock drift":

@@ -1085,7 +1085,10 @@ class Lab:
     def gpu_files(self) -> dict[str, FileContent]:
         if not self.nvidia_smi.exists():
             raise LabError(f"no nvidia-smi stand-in at {self.nvidia_smi}")
-        return {"/usr/bin/nvidia-smi": (self.nvidia_smi, 0o755), GPU_FIXTURES_REMOTE: (GPU_FIXTURES, 0o644)}
+        # The kernel log stand-in: what dmesg prints (Xid reports) comes from
+        # /etc/bootstrap-standin/kmsg, which a test writes (tests/standins/dmesg).
+        return {"/usr/bin/nvidia-smi": (self.nvidia_smi, 0o755), GPU_FIXTURES_REMOTE: (GPU_FIXTURES, 0o644),
+                "/usr/local/bin/dmesg": (TESTS_DIR / "standins" / "dmesg", 0o755)}
 
     def start(self, names_or_specs: Iterable[str | HostSpec], gpu: Iterable[str] = (),
               extra_files: Mapping[str, FileContent] | None = None, timeout: float = 120) -> list[TestHost]:

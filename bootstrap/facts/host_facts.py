@@ -207,6 +207,11 @@ class HostFacts(_ToDict):
     # from the tool's clock when the output arrived (host minus tool; None: unknown).
     clock: float | None = None
     clock_offset_s: float | None = None
+    # GPU health (bootstrap.facts.gpu_health), probed unless gpu.health is off: per GPU, and
+    # the kernel's Xid reports since boot (None: not probed).
+    gpu_health: list | None = None
+    xids: list | None = None
+    boot_id: str | None = None
 
     @property
     def has_wireguard(self) -> bool | None:

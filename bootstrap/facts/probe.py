@@ -45,6 +45,7 @@ SECTIONS = (
     "commands", "id", "sudo", "os-release", "uname", "machine-id", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
     "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route", "wireguard", "clock",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
+    "nvidia-smi-xml", "nvidia-smi-nvlink", "nvidia-smi-topo", "xid",
 )  # fmt: skip
 
 PROBE_SCRIPT = r"""
@@ -126,6 +127,18 @@ p_wireguard() {
 }
 # Last, so it is read as close to the output's arrival as the script allows.
 p_clock() { date +%s.%N 2>/dev/null | grep -E '^[0-9]+\.[0-9]+$' || date +%s; }
+# GPU health (gpu.health not off): the kernel's Xid reports since boot, with the boot's id
+# so `bootstrap health` can tell new ones from those it saw. dmesg needs root where
+# kernel.dmesg_restrict is set; journalctl -k holds the same lines where dmesg is absent.
+p_xid() {
+  printf 'boot_id %s\n' "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
+  if has dmesg; then
+    if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n dmesg; else dmesg; fi 2>/dev/null \
+      | grep 'NVRM: Xid' | tail -n 200
+  elif has journalctl; then journalctl -k -b --no-pager 2>/dev/null | grep 'NVRM: Xid' | tail -n 200
+  fi
+  return 0
+}
 p_procnet() {
   for t in tcp tcp6 udp udp6; do
     [ -r "/proc/net/$t" ] || continue
@@ -196,8 +209,14 @@ probe() {
       sec nvidia-smi-query nvsmi @@NVSMI_QUERY@@
       sec nvidia-smi-mig-lgip nvsmi mig -lgip
       sec nvidia-smi-mig-lgipp nvsmi mig -lgipp
+      if [ "$BOOTSTRAP_HEALTH" = 1 ]; then
+        sec nvidia-smi-xml nvsmi -q -x
+        sec nvidia-smi-nvlink nvsmi nvlink -s
+        sec nvidia-smi-topo nvsmi topo -m
+      fi
     fi
   fi
+  if [ "$BOOTSTRAP_HEALTH" = 1 ] && { has nvidia-smi || [ -n "$nvidia_pci" ]; }; then sec xid p_xid; fi
 }
 probe_clock() { sec clock p_clock; }
 # pyinfra decodes output as strict UTF-8: make every byte printable ASCII first.
@@ -225,13 +244,14 @@ PROBE_SCRIPT = (
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 
 
-def probe_script(paths: Iterable[str] = ()) -> str:
-    """The probe, also reporting mode and sha256 of `paths` (the files the tool manages)."""
+def probe_script(paths: Iterable[str] = (), health: bool = True) -> str:
+    """The probe, also reporting mode and sha256 of `paths` (the files the tool manages);
+    `health`: the GPUs' health and the kernel's Xid reports too (gpu.health not off)."""
     paths = tuple(paths)
     for path in paths:
         if not _SAFE_PATH.match(path):
             raise ValueError(f"unsafe path for the probe: {path!r}")
-    return f"BOOTSTRAP_FILES='{' '.join(paths)}'\n" + PROBE_SCRIPT
+    return f"BOOTSTRAP_FILES='{' '.join(paths)}'\nBOOTSTRAP_HEALTH={int(health)}\n" + PROBE_SCRIPT
 
 
 _DELIMITER_LINE = re.compile(r"^" + re.escape(DELIMITER) + r" (\S+) rc=(\d+)\s*$")
@@ -311,9 +331,15 @@ def _gpu_facts(sections: dict[str, Section]) -> dict:
         p.parse_mig_profiles(_ok(sections, "nvidia-smi-mig-lgip")),
         p.parse_mig_placements(_ok(sections, "nvidia-smi-mig-lgipp")),
     )
+    from . import gpu_health
+
+    health = sections.get("nvidia-smi-xml")
     return {
         "gpus": gpus,
         "gpu_error": error,
+        "gpu_health": gpu_health.gpu_health(health.lines, _ok(sections, "nvidia-smi-nvlink"),
+                                            _ok(sections, "nvidia-smi-topo"))
+        if health is not None and health.rc == 0 else None,
         "driver_version": driver or next((g.driver_version for g in gpus if g.driver_version), None),
         "cuda_version": cuda,
         "mig_profiles": profiles,
@@ -335,6 +361,19 @@ def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
     if files.binary is None and not files.config_present and not units:
         return None
     return K3sInstall(files.binary, files.version, files.config_present, units)
+
+
+def _xid_facts(sections: dict[str, Section]) -> dict:
+    """The kernel's Xid reports and the boot they belong to; {} when not probed."""
+    if "xid" not in sections:
+        return {}
+    from . import gpu_health
+
+    lines = _lines(sections, "xid")
+    boot = next((line.split(None, 1)[1].strip() for line in lines if line.startswith("boot_id ")
+                 and len(line.split(None, 1)) > 1), None)
+    return {"boot_id": boot if boot and re.fullmatch(r"[0-9a-f-]{36}", boot) else None,
+            "xids": gpu_health.parse_xid([line for line in lines if not line.startswith("boot_id ")])}
 
 
 def _clock(sections: dict[str, Section]) -> float | None:
@@ -396,6 +435,7 @@ def parse_host_facts(lines: Iterable[str] | str, received_at: float | None = Non
         addresses=p.parse_ip_addr(_ok(sections, "ip-addr")) or None,  # no `ip`: unknown, not "none"
         routes=p.parse_ip_route(_ok(sections, "ip-route")),
         wireguard=wireguard if wireguard in ("loaded", "builtin", "module", "missing") else None,
+        **_xid_facts(sections),
         clock=clock,
         clock_offset_s=round(clock - received_at, 3) if clock is not None and received_at is not None else None,
         **_gpu_facts(sections),

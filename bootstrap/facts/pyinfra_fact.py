@@ -20,8 +20,8 @@ class HostFactsFact(FactBase[HostFacts | None]):
     # The script is POSIX sh; do not let a host-data _shell_executable swap it out.
     shell_executable = "sh"
 
-    def command(self, paths: tuple[str, ...] = ()) -> str:
-        return probe_script(paths)
+    def command(self, paths: tuple[str, ...] = (), health: bool = True) -> str:
+        return probe_script(paths, health)
 
     def process(self, output: list[str]) -> HostFacts:
         import time

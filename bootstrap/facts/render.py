@@ -59,6 +59,18 @@ def describe_addresses(facts: HostFacts) -> str:
     return ", ".join(own) or "none"
 
 
+def describe_health(facts: HostFacts) -> list[str]:
+    """The GPUs' health on their own (preflight also compares a node with its siblings)."""
+    if facts.gpu_health is None:
+        return []
+    from bootstrap.rules.gpu_health import health_issues
+
+    issues = health_issues(facts.gpu_health, facts.xids or [])
+    if not issues:
+        return [f"ok ({len(facts.gpu_health)} GPU(s): ECC, row remaps, PCIe, NVLink, slowdowns, Xid)"]
+    return [f"{i.severity}: {i.message}" for i in issues]
+
+
 def render_host(name: str, address: str, facts: HostFacts) -> str:
     disk = facts.disk_free_gib.get("/")
     rows = [
@@ -70,6 +82,9 @@ def render_host(name: str, address: str, facts: HostFacts) -> str:
     profiles = describe_mig_profiles(facts)
     if profiles:
         rows.append(("mig profiles", profiles))
+    health = describe_health(facts)
+    if health:
+        rows += [("health" if i == 0 else "", line) for i, line in enumerate(health)]
     rows += [("addresses", describe_addresses(facts)), ("rdma", describe_rdma(facts)), ("k3s", describe_k3s(facts))]
     if facts.sudo_ok is False:
         rows.append(("sudo", f"not usable without a password: {facts.sudo_error}"))

@@ -76,7 +76,8 @@ def gather_facts(session, inventory) -> dict:
     """Facts in one round trip per host, including the state of every file the tool manages."""
     from bootstrap.facts.pyinfra_fact import HostFactsFact
 
-    facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory)))
+    facts = session.gather(HostFactsFact, paths=tuple(managed_paths(inventory)),
+                           health=inventory.gpu.health != "off")
     for node in session.nodes:
         if node.name not in facts and node.name not in session.failures:
             session.fail(node.name, "the facts probe returned no output")
@@ -105,6 +106,12 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
 
         findings += check_reachability(session, inventory, facts, console)
     print_findings(findings, console)
+    from bootstrap.preflight import health_blocked
+
+    for name, bad in health_blocked(findings).items():
+        # gpu.health strict: this node stays out of the run; the others go on.
+        session.fail(name, f"GPU health: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+                     "replace the machine (ask the provider for another), or set gpu.health: warn to use it anyway")
     errors = [f for f in findings if f.severity == "error"]
     if errors or unreachable:
         for failure in sorted(session.failures.values(), key=lambda f: f.node):

@@ -28,9 +28,13 @@ def cluster_status(inventory, state, console, *, open_session=open_hosts, connec
         with open_session(inventory, list(inventory.nodes), "status", console) as session:
             facts = session.gather(HostFactsFact)
         nodes, components = cluster_view(inventory, state, facts, connect)
+    from bootstrap.flows.gpu_health import last_verdicts
+
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
+    health = last_verdicts(state)
     return {"cluster": inventory.cluster, "state_dir": str(state.path), "api": nodes is not None,
-            "nodes": [node_row(node, facts.get(node.name), (nodes or {}).get(node.name, {}))
+            "nodes": [dict(node_row(node, facts.get(node.name), (nodes or {}).get(node.name, {})),
+                           health=health.get(node.name, "-"))
                       for node in inventory.nodes],
             "components": components, "inventory_as_applied": inventory_as_applied(inventory, state),
             "newest_snapshot": None if newest is None else {
@@ -66,7 +70,8 @@ def inventory_as_applied(inventory, state) -> bool | None:
 def render_status(report: dict) -> list[str]:
     lines = [f"cluster {report['cluster']} (state: {report['state_dir']})" + ("" if report["api"]
                                                                             else "; API unreachable"),
-             f"{'NODE':<14} {'ROLE':<7} {'STATE':<18} {'K3S':<14} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} ALLOCATABLE"]
+             f"{'NODE':<14} {'ROLE':<7} {'STATE':<18} {'K3S':<14} {'GPUS':<22} {'DRIVER':<12} {'CUDA':<5} "
+             f"{'HEALTH':<8} ALLOCATABLE"]
     by_provider: dict = {}
     for r in report["nodes"]:  # grouped by provider, when the inventory names them
         by_provider.setdefault(r.get("provider"), []).append(r)
@@ -78,7 +83,7 @@ def render_status(report: dict) -> list[str]:
             state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
             alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
             lines.append(f"{r['node']:<14} {r['role']:<7} {state_word:<18} {r['k3s']:<14} {r['gpus']:<22} "
-                         f"{r['driver']:<12} {r['cuda']:<5} {alloc}")
+                         f"{r['driver']:<12} {r['cuda']:<5} {r.get('health', '-'):<8} {alloc}")
     lines += [f"component {name}: {info['version']} ({info['state']})" for name, info in report["components"].items()]
     if report["inventory_as_applied"] is not None:
         lines.append("inventory: " + ("as last applied by `up`" if report["inventory_as_applied"]

@@ -141,6 +141,9 @@ class GpuSettings:
     driver_branch: str | None = None  # host mode: e.g. "570" (default: the distribution's recommended)
     sharing: Sharing = field(default_factory=Sharing)
     container_toolkit: ContainerToolkit = field(default_factory=ContainerToolkit)
+    # GPU health checks: "warn" (report, never block), "strict" (a node with a health error
+    # is left out of `up`), "off" (not probed).
+    health: str = "warn"
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,13 @@ APT_SOURCE = rf"deb (\[{_APT_OPTION}( {_APT_OPTION})*\] )?[a-z][a-z0-9+]*:/[A-Za
 REGISTRY_HOST = r"[A-Za-z0-9.*:-]+"
 
 
+class OffIsFalse(Enum):
+    """An enum with an `off` choice: YAML 1.1 reads a bare `off` as false, so false is `off`."""
+
+    def check(self, value, path, ck):
+        return super().check("off" if value is False else value, path, ck)
+
+
 def _secret_fields(name: str) -> dict[str, Field]:
     return {
         f"{name}_env": Field(Str(pattern=ENV_NAME, expected="an environment variable name",
@@ -290,6 +297,7 @@ GPU = Record(
         "driver": Field(Enum(DRIVER_MODES, what="driver mode")),
         "cuda": Field(Str(pattern=r"[0-9]{1,2}\.[0-9]{1,2}", expected="a CUDA version", example='"12.4" (in quotes)')),
         "driver_branch": Field(Str(pattern=r"[0-9]{3}", expected="an NVIDIA driver branch", example='"570"')),
+        "health": Field(OffIsFalse(("warn", "strict", "off"), what="GPU health mode")),
         "sharing": Field(SHARING),
         "container_toolkit": Field(Record(fields={
             "apt_source": Field(Str(pattern=APT_SOURCE, expected="an apt source line",
