@@ -62,7 +62,7 @@ def bootstrap(*args, env=None) -> tuple[int, float, str]:
     (a wall time that grows with N while the CPUs are saturated is the lab's limit, not the tool's)."""
     import resource
 
-    started = time.monotonic()
+    started, launched = time.monotonic(), time.time()
     before, usage = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run([str(BOOTSTRAP), *map(str, args)], capture_output=True, text=True,
                             env={**os.environ, **(env or {})},  # the real Helm, lab chart archives (labinv)
@@ -71,7 +71,46 @@ def bootstrap(*args, env=None) -> tuple[int, float, str]:
     LAST_CPU.update(
         machine_busy=round((after[0] - before[0]) / max(1, after[1] - before[1]), 2),
         tool_cpu_s=round(usage_after.ru_utime + usage_after.ru_stime - usage.ru_utime - usage.ru_stime, 2))
+    LAST_PHASES.clear()
+    if "--json" in args:
+        LAST_PHASES.update(phases(result.stdout, launched))
     return result.returncode, time.monotonic() - started, result.stdout + result.stderr
+
+
+LAST_PHASES: dict = {}
+
+
+def phases(json_lines: str, launched: float) -> dict[str, float]:
+    """Where a run's wall time went, from its --json events (each carries its wall time):
+    "connect, probe, plan" from the command's launch until the first step starts, each step from its first host's
+    start to its last host's end (steps are barriers: that is the critical path), and
+    "cluster side" from the last step to the end."""
+    events = []
+    for line in json_lines.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    if not events:
+        return {}
+    start, end = launched, events[-1]["time"]
+    steps: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("event") in ("step_start", "step_end") and e.get("step"):
+            steps.setdefault(e["step"], []).append(e["time"])
+    out = {}
+    first = min((min(t) for t in steps.values()), default=end)
+    last = max((max(t) for t in steps.values()), default=first)
+    out["connect, probe, plan"] = first - start
+    for name, times in steps.items():
+        out[name] = max(times) - min(times)
+    out["cluster side"] = end - last
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def round_trips(direct: dict, slow: dict, rtt_ms: int) -> dict[str, float]:
+    """Round trips on the critical path per phase: the time the added latency added."""
+    return {k: round((slow[k] - direct.get(k, 0.0)) / (rtt_ms / 1000.0), 1) for k in slow}
 
 
 def wait_not_ready(inventory: Path, name: str, timeout: float = 120) -> None:
@@ -113,12 +152,16 @@ def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path, rebuild: boo
         results = {"agents": agents, "rtt_ms": rtt_ms}
         for label in ("fresh_up", "noop_up"):
             reset_counts(hosts)
-            rc, seconds, output = bootstrap("up", inventory, "--no-validate")
+            rc, seconds, output = bootstrap("up", inventory, "--no-validate", "--json")
             if rc != 0:
                 raise RuntimeError(f"{label} failed ({rc}):\n{output[-2000:]}")
             per_host = [count(h) for h in hosts]
             results[label] = {"seconds": round(seconds, 2), "max_commands_per_host": max(per_host),
-                              "mean_commands_per_host": round(sum(per_host) / len(per_host), 1), **LAST_CPU}
+                              "mean_commands_per_host": round(sum(per_host) / len(per_host), 1), **LAST_CPU,
+                              "phases": dict(LAST_PHASES),
+                              "tool_cpu_per_host_s": round(LAST_CPU["tool_cpu_s"] / len(hosts), 3)}
+        rc, seconds, _ = bootstrap("status", inventory)
+        results["status_seconds"] = round(seconds, 2)
         if rebuild:
             results["rebuild_one_agent"] = rebuild_one(lab, hosts, inventory, rtt_ms, proxies)
         return results
@@ -148,10 +191,11 @@ def rebuild_one(lab, hosts, inventory: Path, rtt_ms: int, proxies: list) -> dict
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     healthy = [h for h in hosts if h is not lost]
     reset_counts(healthy)
-    rc, seconds, output = bootstrap("rebuild", inventory, "--no-validate")
+    rc, seconds, output = bootstrap("rebuild", inventory, "--no-validate", "--json")
     if rc != 0:
         raise RuntimeError(f"rebuild failed ({rc}):\n{output[-2000:]}")
-    return {"seconds": round(seconds, 2), "max_commands_per_healthy_host": max(count(h) for h in healthy)}
+    return {"seconds": round(seconds, 2), "max_commands_per_healthy_host": max(count(h) for h in healthy),
+            "phases": dict(LAST_PHASES)}
 
 
 def help_time() -> float:
@@ -189,6 +233,18 @@ def main(argv=None) -> int:
             print(f"rebuild of 1 lost agent of {r['agents']} at {r['rtt_ms']} ms: {r['rebuild_one_agent']['seconds']}s, "
                   f"{r['rebuild_one_agent']['max_commands_per_healthy_host']} commands on a healthy host")
     print(f"bootstrap --help: {report['help_seconds']}s")
+    # Round trips on the critical path: the same agent count at 0 ms and at an added RTT.
+    for slow in (r for r in rows if r["rtt_ms"]):
+        direct = next((r for r in rows if r["agents"] == slow["agents"] and not r["rtt_ms"]), None)
+        if direct is None:
+            continue
+        slow["round_trips"] = {}
+        for label in ("fresh_up", "noop_up", "rebuild_one_agent"):
+            if label in slow and label in direct and slow[label].get("phases"):
+                trips = round_trips(direct[label]["phases"], slow[label]["phases"], slow["rtt_ms"])
+                slow["round_trips"][label] = {"total": round(sum(trips.values()), 1), **trips}
+                print(f"round trips, {label}, {slow['agents']} agents: {slow['round_trips'][label]['total']} "
+                      f"({', '.join(f'{k} {v}' for k, v in trips.items())})")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     over = [r for r in rows if r["noop_up"]["max_commands_per_host"] > args.budget]
