@@ -44,13 +44,25 @@ Agent: needs server + token; fetches /cacerts unverified, checks its hash agains
 token, then verifies the server with that CA (joins, heartbeats); joins,
 then listens on 10250 (kubelet-arg port=N moves it) with GET /healthz -> "ok".
 Both: a node-ip that no link of the host holds is fatal (real k3s's network policy
-controller exits on it; see check_node_ip).
+controller exits on it; see check_node_ip); node-external-ip need not be on a link.
+Flannel (see its section): flannel-backend none, vxlan (default), host-gw or
+wireguard-native, else fatal "Cannot configure unknown flannel backend '<b>'";
+flannel-backend and flannel-external-ip are server flags (critical config; agents get
+them in the join reply); k3s's warnings for flannel-external-ip on a node without
+node-external-ip and with an unencrypted backend; wireguard-native needs the WireGuard
+module (/sys/module/wireguard, a modules.builtin line or a wireguard.ko* under
+/lib/modules/<release>, under the sandbox root too), else after READY=1 the process logs
+"flannel exited: failed to register flannel network: could not create wireguard
+interface: operation not supported" and exits 1 (a crash loop under systemd). A node
+whose flannel did not start never gets Ready; Nodes carry k3s's address annotations,
+status.addresses from them, and flannel's lease annotations (kubeapi.py).
 Both: node footprint that `down` must undo (agent/etc/containerd/config.toml in the
 containerd 2 "version = 3" form, CNI `bin_dirs = [".../data/cni"]`, one
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.'nvidia'] block per runtime
 found in /usr/local/nvidia/toolkit or $PATH; data/<hash>/bin, data/current, data/cni,
 /run/k3s/containerd, /run/flannel, /etc/rancher/node/password, /var/lib/kubelet,
-/var/lib/cni, /var/log/pods; cni0 + flannel.1 (VXLAN, UDP 8472) links; FLANNEL-* and
+/var/lib/cni, /var/log/pods; cni0 + flannel.1 (VXLAN, UDP 8472) links, or flannel-wg (and
+UDP 51820) for wireguard-native, /run/flannel/wgkey; FLANNEL-* and
 KUBE-ROUTER-* iptables chains; a containerd-shim process that outlives `systemctl stop`
 under KillMode=process, with a pod under it: processes standin-pod-pause, -workload and
 -worker (the workload's child) and a tmpfs emptyDir mounted under /var/lib/kubelet/pods/,
@@ -1053,6 +1065,207 @@ def check_node_ip(opts, address):
           "error getting node subnet: failed to find interface with specified node ip")
 
 
+def check_external_ips(opts):
+    """node-external-ip is only parsed, never looked up on a link (it is the address the
+    world sees, e.g. a 1:1 NAT's): k3s-io/k3s pkg/agent/config/config.go (get, "invalid
+    node-external-ip: %w" around util.ParseStringSliceToIPs), as the node's config is read."""
+    import ipaddress
+
+    for value in opts.get("node-external-ip") or []:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            fatal("failed to retrieve agent configuration: invalid node-external-ip: invalid ip format '%s'" % value)
+
+
+# =============================================================================
+# Flannel. flannel-backend and flannel-external-ip are server flags, critical
+# configuration (the same on every server: see CRITICAL below, and k3s-io/docs
+# docs/cli/server.md at commit 0243496, "Critical Configuration Values"); `k3s agent`
+# does not take them (its flag list has neither) and gets them from its server, as
+# real agents get the server's config (k3s-io/k3s pkg/agent/config/config.go sets
+# nodeConfig.FlannelBackend from the control config). Here the join reply carries them.
+# flannel-io/flannel paths below are at commit cdf760595c23292fd03ff4daf03638ac1ceef417 (the
+# wireguard lease's "Port" field is there since flannel v0.26.6, March 2025).
+# =============================================================================
+
+# k3s-io/k3s pkg/agent/flannel/setup.go (commit 05f0cdf08065bcfdbbfd1e6dbc5a5bf14d2bd984),
+# createFlannelConf: vxlan, host-gw, wireguard-native (and tailscale, which --vpn-auth
+# selects); "none" skips flannel (NoFlannel). Anything else is "Cannot configure unknown
+# flannel backend '%s'", returned by flannel.Prepare from the agent's run() and logged by
+# logrus.Fatal in cmd/server/main.go (commit 0208f16): the process exits 1 and systemd
+# restarts it. That covers the removed backends too: `wireguard` (gone in v1.26) and
+# `ipsec` (v1.27; its code removed in v1.28, k3s-io/k3s PR #8203, which also dropped the
+# `backend=option` forms such as wireguard-native=auto): k3s-io/docs
+# docs/networking/basic-network-options.md (commit 72100bc), "Migrating from wireguard
+# or ipsec to wireguard-native".
+FLANNEL_BACKENDS = ("none", "vxlan", "host-gw", "wireguard-native")
+WIREGUARD_PORT = 51820  # flannel-io/flannel pkg/backend/wireguard/wireguard.go: ListenPort default
+WIREGUARD_OVERHEAD = 80  # pkg/backend/wireguard/wireguard_network.go: the device MTU is the link's minus 80
+
+
+class FlannelExited(Exception):
+    """flannel's goroutine failed after k3s started: k3s-io/k3s pkg/agent/flannel/setup.go
+    Run wraps it as "flannel exited: ..." and the process ends with status 1."""
+
+
+def flannel_config(opts):
+    """What a server tells its nodes about flannel (from its own flags)."""
+    return {"backend": opts.get("flannel-backend") or "vxlan", "external_ip": bool(opts.get("flannel-external-ip"))}
+
+
+def check_flannel_backend(backend):
+    if backend in FLANNEL_BACKENDS:
+        return
+    if backend == "tailscale":
+        # Real k3s accepts it only to run `tailscale` commands (the --vpn-auth integration);
+        # the stand-in does not imitate that, so it refuses it instead (strict).
+        fatal("flannel backend 'tailscale' needs --vpn-auth and the tailscale client; the k3s stand-in does not "
+              "run them")
+    fatal("Cannot configure unknown flannel backend '%s'" % backend)
+
+
+def flannel_warnings(flannel, opts):
+    """k3s-io/k3s pkg/agent/run.go (commit 0097157bb67cd6fedcd7e73e41a7b05665220838), run():
+    on every node that runs flannel, before flannel.Prepare. Warnings only: the node starts."""
+    if flannel["backend"] == "none" or not flannel["external_ip"]:
+        return
+    if not opts.get("node-external-ip"):
+        warn("Server has flannel-external-ip flag set but this node does not set node-external-ip. Flannel will use "
+             "internal address when connecting to this node.")
+    elif flannel["backend"] != "wireguard-native":
+        warn("Flannel is using external addresses with an insecure backend: %s. Please consider using an encrypting "
+             "flannel backend." % flannel["backend"])
+
+
+WIREGUARD_MODULE_FILES = ("wireguard.ko", "wireguard.ko.zst", "wireguard.ko.xz", "wireguard.ko.gz")
+
+
+def wireguard_module():
+    """Whether this host's kernel can make a link of type wireguard: "loaded", "builtin",
+    "module" or None. The same signal as the tool's facts probe: /sys/module/wireguard, a
+    modules.builtin line ending in /wireguard.ko, or a wireguard.ko[.zst|.xz|.gz] under
+    /lib/modules/<release> (the kernel loads it on demand: rtnetlink asks for
+    rtnl-link-wireguard). Paths go through host(), so a sandbox or a test host can place a
+    module file; the test machines' kernel itself has no WireGuard."""
+    if os.path.isdir(host("/sys/module/wireguard")):
+        return "loaded"
+    base = host("/lib/modules/" + os.uname().release)
+    builtin = read_text(os.path.join(base, "modules.builtin")) or ""
+    if any(line.strip().endswith("/wireguard.ko") for line in builtin.splitlines()):
+        return "builtin"
+    for _, _, files in os.walk(base):
+        if any(f in WIREGUARD_MODULE_FILES for f in files):
+            return "module"
+    return None
+
+
+def _x25519_base(scalar):
+    """X25519(scalar, 9) (RFC 7748, section 5): a WireGuard public key from its private key."""
+    p = 2 ** 255 - 19
+    k = int.from_bytes(scalar, "little")
+    k = (k & ~7 & ~(1 << 255)) | (1 << 254)
+    x1, x2, z2, x3, z3, swap = 9, 1, 0, 9, 1, 0
+    for t in range(254, -1, -1):
+        bit = (k >> t) & 1
+        swap ^= bit
+        if swap:
+            x2, x3, z2, z3 = x3, x2, z3, z2
+        swap = bit
+        a, b, c, d = (x2 + z2) % p, (x2 - z2) % p, (x3 + z3) % p, (x3 - z3) % p
+        aa, bb, da, cb = a * a % p, b * b % p, d * a % p, c * b % p
+        e = (aa - bb) % p
+        x3, z3 = (da + cb) ** 2 % p, x1 * (da - cb) ** 2 % p
+        x2, z2 = aa * bb % p, e * (aa + 121665 * e) % p
+    if swap:
+        x2, z2 = x3, z3
+    return (x2 * pow(z2, p - 2, p) % p).to_bytes(32, "little")
+
+
+def wireguard_key():
+    """The node's WireGuard key pair as flannel keeps it: flannel-io/flannel
+    pkg/backend/wireguard/device.go (commit cdf760595c23292fd03ff4daf03638ac1ceef417),
+    setupKeys: $WIREGUARD_KEY_FILE or /run/flannel/wgkey, made once (a clamped random private
+    key, base64, mode 0400) before the device is created. Returns the public key (base64)."""
+    path = os.environ.get("WIREGUARD_KEY_FILE") or host("/run/flannel/wgkey")
+    text = read_text(path)
+    if text is not None:  # flannel reads the file as it is (wgtypes.ParseKey: no trimming)
+        try:
+            private = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise FlannelExited("failed to register flannel network: could not parse private key from file: "
+                                "wgtypes: failed to parse base64-encoded key: illegal base64 data")
+        if len(private) != 32:
+            raise FlannelExited("failed to register flannel network: could not parse private key from file: "
+                                "wgtypes: incorrect key size: %d" % len(private))
+    else:
+        raw = bytearray(secrets.token_bytes(32))
+        raw[0] &= 248
+        raw[31] = (raw[31] & 127) | 64
+        private = bytes(raw)
+        write_file(path, base64.b64encode(private).decode(), 0o400)
+    return base64.b64encode(_x25519_base(private)).decode()
+
+
+def vtep_mac(name):
+    """flannel.1's MAC (the VXLAN lease's VtepMAC): the link's own where there is one, else a
+    stable locally administered one."""
+    text = (read_text("/sys/class/net/flannel.1/address") or "").strip() if not SANDBOX else ""
+    if re.fullmatch(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", text):
+        return text
+    digest = bytearray(hashlib.sha256(("vtep:" + name).encode()).digest()[:6])
+    digest[0] = (digest[0] & 0xFE) | 0x02
+    return ":".join("%02x" % b for b in digest)
+
+
+def start_flannel(flannel, opts, name, address, subnet):
+    """What flannel does once the node is up: the backend's device, /run/flannel/subnet.env, and
+    the lease it records on the Node (flannel-io/flannel pkg/subnet/kube/kube.go, AcquireLease:
+    annotations flannel.alpha.coreos.com/backend-type, backend-data, public-ip,
+    kube-subnet-manager). Returns (lease or None, failure or None); a failure is logged after
+    READY=1, as real k3s's flannel goroutine fails after the node started."""
+    backend = flannel["backend"]
+    if backend == "none":
+        return None, None
+    info("Starting flannel with backend %s" % backend)
+    mtu = 1450
+    try:
+        if backend == "wireguard-native":
+            # k3s-io/k3s pkg/agent/flannel/setup.go: wireguard-native is flannel's "wireguard"
+            # backend (Type wireguard, PersistentKeepaliveInterval 25). flannel-io/flannel
+            # pkg/backend/wireguard/device.go: setupKeys, then netlink.LinkAdd of a GenericLink
+            # of type "wireguard"; a kernel without the module answers EOPNOTSUPP ("Unknown
+            # device type"), which ensureLink returns as "could not create wireguard interface:
+            # %w". k3s logs it as "flannel exited: failed to register flannel network: ..." and
+            # the process exits 1 (k3s-io/k3s issue #11166: level=error, then systemd
+            # "status=1/FAILURE" and a restart, for ever).
+            public_key = wireguard_key()
+            if wireguard_module() is None:
+                raise FlannelExited("failed to register flannel network: could not create wireguard interface: "
+                                    "operation not supported")
+            if not SANDBOX:
+                setup_wireguard_link()
+                hold_udp(WIREGUARD_PORT)  # the kernel's WireGuard socket: UDP 51820 on every address
+            btype, data, mtu = "wireguard", {"PublicKey": public_key, "Port": WIREGUARD_PORT}, 1500 - WIREGUARD_OVERHEAD
+        elif backend == "vxlan":
+            # flannel-io/flannel pkg/backend/vxlan/vxlan.go newSubnetAttrs: {"VNI":1,"VtepMAC":...}
+            btype, data = "vxlan", {"VNI": 1, "VtepMAC": vtep_mac(name)}
+        else:  # host-gw: no backend data (a nil json.RawMessage marshals as null)
+            btype, data, mtu = "host-gw", None, 1500
+    except FlannelExited as exc:
+        return None, "flannel exited: %s" % exc
+    # flannel-io/flannel WriteSubnetFile (k3s-io/k3s pkg/agent/flannel/flannel.go): after the
+    # network registered.
+    write_file(host("/run/flannel/subnet.env"),
+               "FLANNEL_NETWORK=%s\nFLANNEL_SUBNET=%s\nFLANNEL_MTU=%d\nFLANNEL_IPMASQ=true\n"
+               % ((opts.get("cluster-cidr") or ["10.42.0.0/16"])[0], subnet, mtu), 0o644)
+    info("Wrote flannel subnet file to /run/flannel/subnet.env")
+    # The lease's PublicIP is the flannel interface's address (LookupExtInterface: the link
+    # holding the node IP); the Node's public-ip-overwrite annotation replaces it (kube.go).
+    return {"backend-type": btype, "backend-data": json.dumps(data, separators=(",", ":")),
+            "public-ip": address}, None
+
+
 # =============================================================================
 # systemd notification (the tool's units are Type=notify, like the installer's).
 # =============================================================================
@@ -1114,9 +1327,10 @@ def runtime_facts(opts):
             "cdi_specs": bool(cdi)}
 
 
-def containerd_config(data_dir, runtimes, opts):
+def containerd_config(data_dir, runtimes, opts, backend="vxlan"):
     """containerd 2 (config version 3) as k3s >= 1.31.6/1.32.2 renders it; the
-    runtime blocks follow ContainerdConfigTemplateV3's ExtraRuntimes loop."""
+    runtime blocks follow ContainerdConfigTemplateV3's ExtraRuntimes loop. `backend`: the
+    cluster's flannel backend (an agent's comes from its server)."""
     agent = os.path.join(data_dir, "agent")
     lines = [
         "# File generated by k3s. DO NOT EDIT. Use config-v3.toml.tmpl instead.",
@@ -1148,7 +1362,7 @@ def containerd_config(data_dir, runtimes, opts):
         '  sandbox = "%s"' % (opts.get("pause-image") or "rancher/mirrored-pause:3.6"),
         "",
     ]
-    if opts.get("flannel-backend", "vxlan") != "none":
+    if backend != "none":
         lines += [
             "[plugins.'io.containerd.cri.v1.runtime'.cni]",
             '  bin_dirs = ["%s"]' % os.path.join(data_dir, "data", "cni"),
@@ -1195,15 +1409,31 @@ def link_exists(name):
     return os.path.exists("/sys/class/net/" + name)
 
 
-def setup_links(address):
-    """cni0 (bridge) and flannel.1 (VXLAN on 8472 like flannel; dummy as a fallback)."""
-    attempts = {
-        "cni0": [["ip", "link", "add", "cni0", "type", "bridge"],
-                 ["ip", "link", "add", "cni0", "type", "dummy"]],
-        "flannel.1": [["ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "local", address,
-                       "dstport", "8472", "nolearning"],
-                      ["ip", "link", "add", "flannel.1", "type", "dummy"]],
-    }
+def setup_links(address, backend="vxlan"):
+    """cni0 (bridge; made by flannel's CNI delegate, so not with flannel-backend none) and, for
+    vxlan, flannel.1 (VXLAN on 8472 like flannel; dummy as a fallback). host-gw makes no link;
+    wireguard-native's flannel-wg comes with flannel's start (setup_wireguard_link)."""
+    attempts = {}
+    if backend != "none":
+        attempts["cni0"] = [["ip", "link", "add", "cni0", "type", "bridge"],
+                            ["ip", "link", "add", "cni0", "type", "dummy"]]
+    if backend == "vxlan":
+        attempts["flannel.1"] = [["ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "local", address,
+                                  "dstport", "8472", "nolearning"],
+                                 ["ip", "link", "add", "flannel.1", "type", "dummy"]]
+    make_links(attempts)
+
+
+def setup_wireguard_link():
+    """flannel-wg as flannel's wireguard backend names it (pkg/backend/wireguard/wireguard.go),
+    MTU 1420; where the kernel has no WireGuard (the test machines: "Error: Unknown device
+    type.") a dummy link, else a bridge, stands in, so `down` has the link to remove."""
+    mtu = str(1500 - WIREGUARD_OVERHEAD)
+    make_links({"flannel-wg": [["ip", "link", "add", "flannel-wg", "mtu", mtu, "type", kind]
+                               for kind in ("wireguard", "dummy", "bridge")]})
+
+
+def make_links(attempts):
     for name, commands in attempts.items():
         if link_exists(name):
             continue
@@ -1227,12 +1457,14 @@ IPTABLES_CHAINS = (  # table, chain, built-in chain that jumps to it
 )
 
 
-def setup_iptables(opts):
+def setup_iptables(opts, backend="vxlan"):
     if not shutil.which("iptables"):
         warn("iptables not found; skipping flannel/kube-router chains (stand-in, best effort)")
         return
     for table, chain, parent in IPTABLES_CHAINS:
         if chain.startswith("KUBE-ROUTER") and opts.get("disable-network-policy"):
+            continue
+        if chain.startswith("FLANNEL") and backend == "none":
             continue
         rc, out = run_quiet(["iptables", "-w", "5", "-t", table, "-N", chain])
         if rc != 0 and "exists" not in out:
@@ -1497,8 +1729,12 @@ def cmd_ctr(args):
     return 1
 
 
-def node_footprint(opts, data_dir, address, pod_cidr):
-    """Directories, files, links, chains and the shim, as real k3s leaves them."""
+def node_footprint(opts, data_dir, address, flannel):
+    """Directories, files, links, chains and the shim, as real k3s leaves them. `flannel`: the
+    cluster's flannel settings (flannel_config of the server)."""
+    backend = flannel["backend"]
+    check_flannel_backend(backend)
+    flannel_warnings(flannel, opts)
     agent = os.path.join(data_dir, "agent")
     data = os.path.join(data_dir, "data")
     digest = data_hash()
@@ -1534,7 +1770,8 @@ def node_footprint(opts, data_dir, address, pod_cidr):
         os.symlink(cni_multicall, link)
 
     runtimes = find_runtimes()
-    write_file(os.path.join(agent, "etc", "containerd", "config.toml"), containerd_config(data_dir, runtimes, opts), 0o600)
+    write_file(os.path.join(agent, "etc", "containerd", "config.toml"),
+               containerd_config(data_dir, runtimes, opts, backend), 0o600)
     default_runtime = opts.get("default-runtime")
     if default_runtime and default_runtime != "runc" and default_runtime not in runtimes:
         # k3s renders default_runtime_name whether or not it found that runtime
@@ -1545,16 +1782,15 @@ def node_footprint(opts, data_dir, address, pod_cidr):
         # the stand-in exits with containerd's error instead, so the failure is seen at once.
         fatal("containerd: failed to load plugin io.containerd.grpc.v1.cri: no corresponding runtime configured "
               "in `containerd.runtimes` for `containerd` `default_runtime_name = \"%s\"`" % default_runtime)
-    if opts.get("flannel-backend", "vxlan") != "none":
+    if backend != "none":
+        # k3s-io/k3s pkg/agent/flannel/setup.go Prepare: the CNI config, before flannel runs
+        # (/run/flannel/subnet.env comes once flannel registered: start_flannel).
         write_file(os.path.join(agent, "etc", "cni", "net.d", "10-flannel.conflist"), json.dumps({
             "name": "cbr0", "cniVersion": "1.0.0",
             "plugins": [{"type": "flannel", "delegate": {"hairpinMode": True, "forceAddress": True,
                                                           "isDefaultGateway": True}},
                         {"type": "portmap", "capabilities": {"portMappings": True}},
                         {"type": "bandwidth", "capabilities": {"bandwidth": True}}]}, indent=2) + "\n", 0o600)
-        write_file(host("/run/flannel/subnet.env"),
-                   "FLANNEL_NETWORK=%s\nFLANNEL_SUBNET=%s\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
-                   % ((opts.get("cluster-cidr") or ["10.42.0.0/16"])[0], pod_cidr), 0o644)
     for d in (host("/run/k3s/containerd"), os.path.join(agent, "containerd"), host("/var/lib/kubelet/pods"),
               host("/var/lib/cni/networks/cbr0"), host("/var/log/pods"), host("/var/log/containers")):
         mkdirs(d)
@@ -1564,8 +1800,8 @@ def node_footprint(opts, data_dir, address, pod_cidr):
     if SANDBOX:
         info("Sandbox (K3S_STANDIN_ROOT): skipping network links, iptables and the containerd-shim")
         return
-    setup_links(address)
-    setup_iptables(opts)
+    setup_links(address, backend)
+    setup_iptables(opts, backend)
     if os.environ.get("K3S_STANDIN_NO_SHIM") != "1":
         start_shim(shim)
 
@@ -1664,6 +1900,30 @@ def listen_aux(bind, port):
                 return
 
     threading.Thread(target=accept_loop, daemon=True).start()
+
+
+UDP_HELD = []
+
+
+def hold_udp(port):
+    """Bind UDP `port` on every address, as a kernel WireGuard device does (datagrams to it get
+    no ICMP port-unreachable); nothing reads them. Best effort."""
+    last = None
+    for family, bind in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        s = None
+        try:
+            s = socket.socket(family, socket.SOCK_DGRAM)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind((bind, port))
+        except OSError as exc:
+            last = exc
+            if s is not None:
+                s.close()
+            continue
+        UDP_HELD.append(s)
+        return
+    warn("Could not hold UDP port %d (stand-in, best effort): %s" % (port, last))
 
 
 def aux_ports(opts, role, address, etcd):
@@ -1815,6 +2075,9 @@ def node_record(opts, role, name, address, etcd):
         "roles": (["control-plane", "etcd", "master"] if etcd else ["control-plane", "master"]) if role == "server" else [],
         "labels": list(opts.get("node-label", [])), "taints": list(opts.get("node-taint", [])),
         "external_ip": (opts.get("node-external-ip") or [None])[0], "version": EMBEDDED["version"],
+        # every node-ip and node-external-ip: k3s records them comma-joined in the Node's
+        # k3s.io/internal-ip and k3s.io/external-ip annotations (kubeapi.py)
+        "node_ips": list(opts.get("node-ip") or [address]), "external_ips": list(opts.get("node-external-ip") or []),
         "password_sha256": hashlib.sha256(password.encode()).hexdigest() if password else None,
         # for the API simulator: host facts (CPUs, memory, GPUs, RDMA) and this start's stamp
         "hardware": dict(kubeapi().probe_hardware(host), runtimes=runtime_facts(opts)),
@@ -1898,7 +2161,7 @@ def make_supervisor_handler(state):
                 return
             if path == "/v1-standin/heartbeat":
                 if state.get("api") is not None and body.get("name"):
-                    state["api"].sim.heartbeat(body["name"])
+                    state["api"].sim.heartbeat(body["name"], body.get("flannel"))
                 self.reply(200, {"ok": True})
                 return
             if role not in ("agent", "server") or not body.get("name"):
@@ -1935,14 +2198,15 @@ def make_supervisor_handler(state):
                 self.reply(403, {"error": "unable to verify password for node %s" % body["name"]})
                 return
             node = {k: body.get(k) for k in ("name", "role", "address", "labels", "taints", "etcd", "roles",
-                                              "external_ip", "version", "password_sha256", "hardware",
-                                              "registered_at", "member")}
+                                              "external_ip", "node_ips", "external_ips", "version",
+                                              "password_sha256", "hardware", "registered_at", "member")}
             node = state["cluster"].record(node)
             if state.get("api") is not None:
                 state["api"].sim.joined(node)
             info("Node %s joined as %s from %s" % (node["name"], role, node.get("address")))
             reply = {"node": {k: v for k, v in node.items() if k != "password_sha256"},
-                     "client_ca": read_text(os.path.join(state["tls"], "client-ca.crt"))}
+                     "client_ca": read_text(os.path.join(state["tls"], "client-ca.crt")),
+                     "flannel": state["flannel"]}  # what real agents read from /v1-k3s/config
             if role == "server":
                 reply["nodes"] = state["cluster"].load().get("nodes", {})
                 # k3s-io/k3s pkg/cluster/bootstrap.go: a joining server takes the cluster's CA
@@ -2077,15 +2341,16 @@ def rejoin_quietly(server_url, token, body):
         time.sleep(1)
 
 
-def start_heartbeats(server_url, token, name, role):
+def start_heartbeats(server_url, token, name, role, lease=None):
     """Tell the server every K3S_STANDIN_HEARTBEAT seconds (3) that this node's k3s runs; its
     API simulator marks a node without heartbeats NotReady (Unknown), as the node controller
-    does for a kubelet that stopped posting status."""
+    does for a kubelet that stopped posting status. `lease`: the flannel lease this node's
+    flannel holds (start_flannel), which the simulator records on the Node."""
     parsed = urllib.parse.urlparse(server_url)
     hostpart = "[%s]" % parsed.hostname if ":" in (parsed.hostname or "") else parsed.hostname
     base = "https://%s:%d" % (hostpart, parsed.port or 443)
     interval = float(os.environ.get("K3S_STANDIN_HEARTBEAT", "3"))
-    body = json.dumps({"name": name, "role": role}).encode()
+    body = json.dumps({"name": name, "role": role, "flannel": lease}).encode()
     headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
 
     def loop():
@@ -2193,10 +2458,22 @@ def ensure_ca(server_dir, given=None):
     return ca
 
 
+def advertise_address(opts, address):
+    """k3s-io/k3s pkg/cli/server/server.go (commit 005499a): advertise-address, else the first
+    node-external-ip, else the first node-ip (util.GetFirstValidIPString); it is added to the
+    SANs, and etcd's PrivateIP stays the node-ip."""
+    for value in [opts.get("advertise-address")] + list(opts.get("node-external-ip") or []) + \
+            list(opts.get("node-ip") or []) + [address]:
+        if value:
+            return value
+    return None
+
+
 def serving_tls(opts, tls_dir, name, address):
-    """The supervisor port's certificate (k3s's SANs) and the TLS context that serves it."""
+    """The supervisor port's certificate (k3s's SANs: the node IPs and the advertise address,
+    which is node-external-ip unless advertise-address is set) and the TLS context that serves it."""
     sans = pki().san_list(opts.get("tls-san") or [], name, (opts.get("node-ip") or []) + [address],
-                          opts.get("node-external-ip") or [], opts.get("advertise-address"))
+                          (), advertise_address(opts, address))
     try:
         chain, key = pki().issue_serving(tls_dir, sans)
         return pki().server_context(tls_dir, chain, key)
@@ -2227,6 +2504,12 @@ def cmd_server(argv):
     mkdirs(server_dir, 0o700)
     if opts.get("cluster-reset"):
         return cluster_reset(opts, data_dir)
+    flannel = flannel_config(opts)
+    check_external_ips(opts)
+    if not opts.get("disable-agent"):
+        # Real k3s refuses a backend in its agent part (flannel.Prepare), after its control
+        # plane started; the stand-in refuses it first. Either way the node never comes up.
+        check_flannel_backend(flannel["backend"])
     check_version_history(data_dir)
     tls_dir = os.path.join(server_dir, "tls")
     if os.path.exists(os.path.join(tls_dir, "server-ca.crt")):  # a restart: the cluster CA is known
@@ -2337,28 +2620,36 @@ def cmd_server(argv):
         pod_cidr = mine["pod_cidr"]
     api = kubeapi().KubeAPI(server_dir, EMBEDDED["version"], name if run_agent_part else None,
                             cluster=ClusterView(cluster),
-                            options={"disable": sorted(disabled), "ca": ca.decode(), "ca_hash": digest}).start()
+                            options={"disable": sorted(disabled), "ca": ca.decode(), "ca_hash": digest,
+                                     "flannel": flannel}).start()
     if run_agent_part:
         # The server's own node: its password is verified locally, the secret only later.
         api.sim.deferred_node_password(name, mine.get("password_sha256"))
     state = {"ca": ca, "ca_hash": digest, "password": password, "agent_password": agent_password,
              "cluster": cluster, "etcd": etcd, "critical": critical_config(opts), "name": name, "api": api,
-             "tls": tls_dir}
-    bind = opts.get("bind-address") or ""
-    listen_http(bind, port, make_supervisor_handler(state), "Supervisor (k3s stand-in API)",
-                serving_tls(opts, tls_dir, name, address))
-    if opts.get("server"):  # a server that joined another one reports to it, as agents do
-        start_heartbeats(opts["server"], token, name, "server")
-    if run_agent_part:
-        node_footprint(opts, data_dir, address, pod_cidr.replace(".0/24", ".1/24"))
-        kport, explicit = kubelet_port(opts)
-        if explicit or not SANDBOX:
-            listen_http(bind, kport, KubeletHandler, "Kubelet")
-    for aux_bind, aux_port in aux_ports(opts, "server", address, etcd):
-        listen_aux(aux_bind, aux_port)
-    info("k3s is up and running")
-    sd_notify("READY=1\nSTATUS=k3s stand-in server running")
+             "tls": tls_dir, "flannel": flannel}
     try:
+        bind = opts.get("bind-address") or ""
+        listen_http(bind, port, make_supervisor_handler(state), "Supervisor (k3s stand-in API)",
+                    serving_tls(opts, tls_dir, name, address))
+        lease = failure = None
+        if run_agent_part:
+            node_footprint(opts, data_dir, address, flannel)
+            kport, explicit = kubelet_port(opts)
+            if explicit or not SANDBOX:
+                listen_http(bind, kport, KubeletHandler, "Kubelet")
+            lease, failure = start_flannel(flannel, opts, name, address, pod_cidr.replace(".0/24", ".1/24"))
+        for aux_bind, aux_port in aux_ports(opts, "server", address, etcd):
+            listen_aux(aux_bind, aux_port)
+        info("k3s is up and running")
+        sd_notify("READY=1\nSTATUS=k3s stand-in server running")
+        if failure:
+            error(failure)
+            return 1
+        if run_agent_part:
+            api.sim.heartbeat(name, lease)  # its own node: flannel's lease, straight to its API
+        if opts.get("server"):  # a server that joined another one reports to it, as agents do
+            start_heartbeats(opts["server"], token, name, "server", lease)
         return wait_for_signal()
     finally:
         api.stop()
@@ -2383,6 +2674,7 @@ def cmd_agent(argv):
     data_dir = opts.get("data-dir") or host(DEFAULT_DATA_DIR)
     name = node_name(opts)
     address = node_address(opts, urllib.parse.urlparse(server_url).hostname)
+    check_external_ips(opts)
     mkdirs(os.path.join(data_dir, "agent"))
     ensure_node_password()
     joined = join_cluster(server_url, token, node_record(opts, "agent", name, address, False))
@@ -2398,16 +2690,21 @@ def cmd_agent(argv):
                           indent=2) + "\n", 0o600)
     pod_cidr = joined.get("node", {}).get("pod_cidr", "10.42.1.0/24")
     info("Joined the cluster at %s as %s" % (server_url, name))
-    node_footprint(opts, data_dir, address, pod_cidr.replace(".0/24", ".1/24"))
+    flannel = joined.get("flannel") or flannel_config({})  # the server's flannel settings
+    node_footprint(opts, data_dir, address, flannel)
     kport, explicit = kubelet_port(opts)
     bind = opts.get("bind-address") or ""
     if explicit or not SANDBOX:
         listen_http(bind, kport, KubeletHandler, "Kubelet")
     for aux_bind, aux_port in aux_ports(opts, "agent", address, False):
         listen_aux(aux_bind, aux_port)
-    start_heartbeats(server_url, token, name, "agent")
+    lease, failure = start_flannel(flannel, opts, name, address, pod_cidr.replace(".0/24", ".1/24"))
     info("k3s agent is up and running")
     sd_notify("READY=1\nSTATUS=k3s stand-in agent running")
+    if failure:
+        error(failure)
+        return 1
+    start_heartbeats(server_url, token, name, "agent", lease)
     return wait_for_signal()
 
 

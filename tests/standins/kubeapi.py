@@ -2745,6 +2745,18 @@ def node_selector_terms_match(terms, node):
     return False
 
 
+def node_addresses(annotations, name):
+    """status.addresses as k3s's cloud provider sets them from the Node's annotations: k3s-io/k3s
+    pkg/cloudprovider/instances.go (commit 93565e9), InstanceMetadata: an InternalIP for each
+    k3s.io/internal-ip entry, an ExternalIP for each k3s.io/external-ip entry, then the
+    Hostname (k3s.io/hostname)."""
+    out = []
+    for key, kind in (("k3s.io/internal-ip", "InternalIP"), ("k3s.io/external-ip", "ExternalIP")):
+        out += [{"type": kind, "address": a} for a in (annotations.get(key) or "").split(",") if a]
+    out.append({"type": "Hostname", "address": annotations.get("k3s.io/hostname") or name})
+    return out
+
+
 def parse_taint(text):
     m = re.fullmatch(r"([^=:]+)(?:=([^:]*))?:(NoSchedule|PreferNoSchedule|NoExecute)", text.strip())
     if not m:
@@ -2760,8 +2772,14 @@ class Simulator:
 
     Nodes   One Node per join record (server and agents; labels and taints from the
             node's config at registration, as k3s applies them only then; k3s's role
-            labels; InternalIP; capacity from the host). NotReady for
-            K3S_STANDIN_NODE_READY_SECONDS (1) after registering, then Ready. A node
+            labels; capacity from the host; k3s's address annotations k3s.io/internal-ip,
+            k3s.io/external-ip and, with flannel-external-ip, flannel's
+            public-ip-overwrite, merged into the Node's at each registration; addresses
+            from them as k3s's cloud provider sets them). NotReady for
+            K3S_STANDIN_NODE_READY_SECONDS (1) after registering and until the node's
+            flannel reported its lease (heartbeats; recorded as flannel's annotations
+            backend-type, backend-data, public-ip, kube-subnet-manager), then Ready; with
+            flannel-backend none no lease is needed. A node
             whose k3s stopped heartbeating (agents every K3S_STANDIN_HEARTBEAT seconds,
             3) goes Ready=Unknown with the unreachable taints after
             K3S_STANDIN_NODE_GRACE seconds (20); Ready again on the next heartbeat.
@@ -2824,6 +2842,7 @@ class Simulator:
         self.wake = threading.Event()
         self.records_at = 0.0
         self.records = {}
+        self.flannel_leases = {}  # node -> the lease its running flannel reported (heartbeats)
         self.sync_now = True
         self.tick_seconds = 0.2
         self.grace = env_float("K3S_STANDIN_NODE_GRACE", 20)
@@ -2915,8 +2934,12 @@ class Simulator:
                         now_iso(), json.dumps("kubeapi simulator: %s" % traceback.format_exc(limit=4))))
                     sys.stderr.flush()
 
-    def heartbeat(self, name):
+    def heartbeat(self, name, lease=None):
+        """The node's k3s runs; `lease`: its flannel's lease attributes (backend-type,
+        backend-data, public-ip), once flannel registered its network."""
         self.last_seen[name] = time.monotonic()
+        if lease:
+            self.flannel_leases[name] = dict(lease)
 
     # k3s's node password check (k3s-io/k3s pkg/nodepassword/nodepassword.go, ensure and
     # verifyHash, v1.33 line): a <node>.node-password.k3s secret in kube-system holds a hash of
@@ -3071,6 +3094,7 @@ class Simulator:
         uid = gone["metadata"].get("uid")
         if res.kind == "Node" and not res.crd:
             name = gone["metadata"]["name"]
+            self.flannel_leases.pop(name, None)
             self.store.remove(self.R("secrets"), "kube-system", name + ".node-password.k3s")
             # k3s-io/k3s pkg/etcd/member_controller.go, onRemove: a deleted etcd node's member
             # is removed from the cluster (unless the removal annotation already did it).
@@ -3184,8 +3208,14 @@ class Simulator:
                 node = copy.deepcopy(node)
                 fresh = self.node_object(rec)
                 node["status"]["nodeInfo"] = fresh["status"]["nodeInfo"]
-                node["status"]["addresses"] = fresh["status"]["addresses"]
-                node["metadata"].setdefault("annotations", {})["k3s.io/standin-registered-at"] = stamp
+                # k3s-io/k3s pkg/agent/run.go updateAddressAnnotations merges its address
+                # annotations into the Node's (labels.Merge): a key it no longer sets (an
+                # external IP taken out of the config) stays, and so does the address the
+                # cloud provider derives from it.
+                annotations = node["metadata"].setdefault("annotations", {})
+                annotations.update(fresh["metadata"]["annotations"])
+                annotations["k3s.io/standin-registered-at"] = stamp
+                node["status"]["addresses"] = node_addresses(annotations, name)
                 self.put(nodes, node)
             self.store.sim.setdefault("ready_after", {})[name] = time.time() + self.ready_delay
 
@@ -3216,10 +3246,7 @@ class Simulator:
                     "hugepages-1Gi": "0", "hugepages-2Mi": "0"}
         allocatable = dict(capacity, memory="%dKi" % max(0, mem_kib - 102400),
                            **{"ephemeral-storage": str(int(eph_kib * 1024 * 0.9))})
-        addresses = [{"type": "InternalIP", "address": address}]
-        if rec.get("external_ip"):
-            addresses.append({"type": "ExternalIP", "address": rec["external_ip"]})
-        addresses.append({"type": "Hostname", "address": name})
+        annotations = self.address_annotations(rec, name, address)
         seed = hashlib.sha256(name.encode()).hexdigest()
         stamp = now_iso()
         not_ready = ("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
@@ -3229,14 +3256,12 @@ class Simulator:
         if taints:
             spec["taints"] = taints
         return {
-            "metadata": {"name": name, "labels": labels, "annotations": {
-                "k3s.io/hostname": name, "k3s.io/internal-ip": address, "node.alpha.kubernetes.io/ttl": "0",
-                "flannel.alpha.coreos.com/backend-type": "vxlan", "flannel.alpha.coreos.com/public-ip": address,
-                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
-                "k3s.io/standin-registered-at": rec.get("registered_at") or ""}},
+            "metadata": {"name": name, "labels": labels, "annotations": dict(annotations, **{
+                "node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                "k3s.io/standin-registered-at": rec.get("registered_at") or ""})},
             "spec": spec,
             "status": {
-                "capacity": capacity, "allocatable": allocatable, "addresses": addresses,
+                "capacity": capacity, "allocatable": allocatable, "addresses": node_addresses(annotations, name),
                 "conditions": [
                     self.condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
                                    "kubelet has sufficient memory available", stamp),
@@ -3255,6 +3280,49 @@ class Simulator:
                              "systemUUID": str(uuid.UUID(seed[32:64]))},
                 "images": []},
         }
+
+    def address_annotations(self, rec, name, address):
+        """What k3s writes on its Node: k3s-io/k3s pkg/agent/run.go (commit 0097157)
+        updateAddressAnnotations: k3s.io/hostname, k3s.io/internal-ip (every node-ip,
+        comma-joined), k3s.io/external-ip (every node-external-ip), and with the server's
+        flannel-external-ip flannel.alpha.coreos.com/public-ip-overwrite (IPv4) and
+        public-ipv6-overwrite (IPv6), the address flannel's peers use for this node (also set by
+        pkg/agent/flannel/setup.go setAnnotations)."""
+        internal = [a for a in rec.get("node_ips") or [address] if a]
+        external = [a for a in rec.get("external_ips") or ([rec["external_ip"]] if rec.get("external_ip") else [])
+                    if a]
+        out = {"k3s.io/hostname": name, "k3s.io/internal-ip": ",".join(internal)}
+        if external:
+            out["k3s.io/external-ip"] = ",".join(external)
+            if (self.api.options.get("flannel") or {}).get("external_ip"):
+                for ip in external:
+                    key = "public-ipv6-overwrite" if ":" in ip else "public-ip-overwrite"
+                    out["flannel.alpha.coreos.com/" + key] = ip
+        return out
+
+    def flannel_backend(self):
+        return (self.api.options.get("flannel") or {}).get("backend") or "vxlan"
+
+    def network_ready(self, name):
+        """The node's flannel registered its network (its lease came), or the cluster runs no
+        flannel: until then its kubelet reports the CNI not initialized (NotReady), as a node
+        whose flannel failed (a missing WireGuard module) never gets a pod network."""
+        return self.flannel_backend() == "none" or name in self.flannel_leases
+
+    def apply_flannel_lease(self, node):
+        """flannel-io/flannel pkg/subnet/kube/kube.go (commit cdf760595c23292fd03ff4daf03638ac1ceef417),
+        AcquireLease: the lease on the Node's annotations; public-ip is public-ip-overwrite when
+        that is set (what k3s sets for flannel-external-ip), else the lease's address (the
+        flannel interface's)."""
+        lease = self.flannel_leases.get(node["metadata"]["name"])
+        if not lease:
+            return
+        ann = node["metadata"].setdefault("annotations", {})
+        prefix = "flannel.alpha.coreos.com/"
+        ann[prefix + "backend-type"] = lease.get("backend-type") or ""
+        ann[prefix + "backend-data"] = lease.get("backend-data") or "null"
+        ann[prefix + "public-ip"] = ann.get(prefix + "public-ip-overwrite") or lease.get("public-ip") or ""
+        ann[prefix + "kube-subnet-manager"] = "true"
 
     @staticmethod
     def condition(ctype, status, reason, message, stamp):
@@ -3286,11 +3354,12 @@ class Simulator:
             want = ready
             if now - seen > self.grace:
                 want = "Unknown"
-            elif wall >= ready_after.get(name, 0):
+            elif wall >= ready_after.get(name, 0) and self.network_ready(name):
                 want = "True"
             elif ready != "True":
                 want = "False"
             new = copy.deepcopy(node)
+            self.apply_flannel_lease(new)
             if want != ready:
                 stamp = now_iso()
                 if want == "Unknown":
