@@ -124,12 +124,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say
     todo = helm.releases_to_apply(plan.releases, digests)
     if todo:
         helm.check_version()
-    for release in todo:
-        say(f"  helm upgrade --install {release.name} {release.chart} {release.version}")
-        helm.upgrade_install(release, cluster.kubeconfig)
-        digests[release.name] = release.digest()
-        record_digest(cluster, digests)
-        summary["releases"].append(release.name)
+    summary["releases"] = install_releases(cluster, todo, digests, say)
     for obj in plan.manifests:
         result = apply_object(cluster, obj)
         if result != "unchanged":
@@ -142,6 +137,47 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say
            if node_labels.get(gpu_sharing.MIG_LABEL, gpu_sharing.MIG_DISABLED) != gpu_sharing.MIG_DISABLED}
     wait_mig(cluster, mig)
     return summary
+
+
+# The CNI first, one chart after the other (cluster_plan's order: rke2-multus's CRDs, then
+# Multus, before anything that starts pods); every other release needs none of another's
+# objects (the custom resources that tie them together are applied after all releases).
+CNI_FIRST = ("multus-crd", "multus")
+
+
+def release_waves(releases: list) -> list[list]:
+    """The releases in groups that may be installed at once, in order."""
+    first = [[r] for r in releases if r.name in CNI_FIRST]
+    rest = [r for r in releases if r.name not in CNI_FIRST]
+    return first + ([rest] if rest else [])
+
+
+def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say) -> list[str]:
+    """`helm upgrade --install --wait` each release; a wave's releases at once, so the
+    critical path is its slowest release, not their sum (each waits for its own pods). A
+    release's digest is recorded as soon as it is done; the first failure is raised once its
+    wave has ended (the others' digests are kept, so a re-run skips them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    done: list[str] = []
+    for wave in release_waves(todo):
+        for release in wave:
+            say(f"  helm upgrade --install {release.name} {release.chart} {release.version}")
+        errors = []
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            futures = [(release, pool.submit(helm.upgrade_install, release, cluster.kubeconfig)) for release in wave]
+            for release, future in futures:
+                try:
+                    future.result()
+                except Exception as exc:  # HelmError and the like: reported after the wave
+                    errors.append(exc)
+                    continue
+                digests[release.name] = release.digest()
+                record_digest(cluster, digests)
+                done.append(release.name)
+        if errors:
+            raise errors[0]
+    return done
 
 
 def apply_patch(cluster: Cluster, patch) -> list[str]:

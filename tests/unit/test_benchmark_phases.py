@@ -27,3 +27,4 @@ def test_round_trips_are_the_added_latency_over_the_rtt():
     direct = {"connect, probe, plan": 1.0, "cluster side": 2.0}
     slow = {"connect, probe, plan": 1.8, "cluster side": 4.0}
     assert run.round_trips(direct, slow, 100) == {"connect, probe, plan": 8.0, "cluster side": 20.0}
+
