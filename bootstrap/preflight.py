@@ -186,8 +186,8 @@ def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[F
         return findings
     servers = [s for s in inventory.servers if s.name in facts]
     if len({group_of(s) for s in servers}) > 1 and len(servers) > 1:
-        private = [(s.name, choose(inventory, s, facts).internal) for s in servers
-                   if choose(inventory, s, facts).nat]
+        chosen = {s.name: choose(inventory, s, facts) for s in servers}
+        private = [(name, c.internal) for name, c in chosen.items() if c.nat]
         if private:
             findings.append(Finding(
                 servers[0].name, "etcd", "servers at different providers must reach each other on their node-ip "
