@@ -6,16 +6,13 @@ with nothing to do in a step gets no commands (no round trip).
 
 from __future__ import annotations
 
-import contextlib
 import io
-import secrets
 import shlex
 
-import paramiko
-from pyinfra import logger
-from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.api import FunctionCommand, StringCommand
 
 from bootstrap.hostparts import k3s_binary
+from bootstrap.hosts import archive
 from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
 from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.inventory.model import Role
@@ -24,65 +21,27 @@ SERVICE_TIMEOUT_S = 300
 
 
 def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> list:
-    """Files go to a private (0700) staging dir as the login user, then one root script
-    installs them with their modes and runs the preparation lines: few round trips, and a
-    secret never sits in a world-readable temp file or on a command line. The staging dir
-    (config.yaml holds the join token) goes on every exit: the root script's trap, or the
-    upload step itself when an upload fails (then no root script runs).
+    """A host's change in ONE command when it has files: its root script receives them as a
+    tar stream on stdin (bootstrap.hosts.archive), extracts them into a private (0700,
+    root's) staging dir, installs each with its mode and runs the preparation lines. One
+    channel instead of a staging command, an SFTP session and a root script, and a secret
+    never sits in a login user's file or on a command line. The script's trap removes the
+    staging dir on every exit.
     `keep_previous_binary`: copy the running k3s binary aside first (an upgrade's way back)."""
     if not plan.uploads and not plan.prepare:
         return []
-    commands: list = []
-    lines = ["set -e"]
-    if plan.uploads:
-        stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
-        lines.append(f"trap 'rm -rf {stage}' EXIT")
-        sources = [str(spec.local) if spec.local else io.BytesIO(spec.content) for spec in plan.uploads]
-        commands.append(FunctionCommand(upload_or_clean_up, (stage, sources), {}))
-    if keep_previous_binary:
-        lines.append(k3s_binary.keep_previous())
+    if not plan.uploads:
+        return [StringCommand("\n".join(["set -e", *_keep(keep_previous_binary), *plan.prepare]))]
+    lines = archive.receiving_lines() + _keep(keep_previous_binary)
     for index, spec in enumerate(plan.uploads):
-        lines.append(f"install -D -m {spec.mode:04o} -o root -g root {stage}/{index} {shlex.quote(spec.path)}")
+        lines.append(f"install -D -m {spec.mode:04o} -o root -g root {archive.staged(index)} {shlex.quote(spec.path)}")
     lines += plan.prepare
-    commands.append(StringCommand("\n".join(lines)))
-    return commands
+    sources = [str(spec.local) if spec.local else io.BytesIO(spec.content) for spec in plan.uploads]
+    return [FunctionCommand(archive.run_with_archive, ("\n".join(lines), sources), {})]
 
 
-def upload_or_clean_up(state, host, stage: str, sources: list) -> bool:
-    """Make the private (0700) staging dir and upload `sources` as the login user to
-    stage/0, stage/1, ... in ONE SFTP session (pyinfra opens one per file, and a mkdir
-    command besides: each costs round trips); when one fails, remove the staging dir before
-    reporting it (the root script that would remove it never runs)."""
-    try:
-        ok = _upload_in_one_session(host, stage, sources)
-    except (OSError, EOFError, paramiko.SSHException):
-        ok = False
-    if not ok:
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            host.run_shell_command(StringCommand(f"rm -rf {stage}"), _sudo=False)
-        host.log(f"uploading to {stage} failed; the staging dir was removed", log_func=logger.error)
-    return ok
-
-
-def _upload_in_one_session(host, stage: str, sources: list) -> bool:
-    client = getattr(host.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
-    if transport is None:  # not an SSH connection (pyinfra's @local): its own way, file by file
-        made = host.run_shell_command(StringCommand(f"umask 077 && mkdir -m 700 {stage}"), _sudo=False)
-        return bool(made[0] if isinstance(made, tuple) else made) and all(
-            host.put_file(source, f"{stage}/{index}", _sudo=False) for index, source in enumerate(sources))
-    sftp = paramiko.SFTPClient.from_transport(transport)
-    try:
-        # sftp-server creates it with this mode, less its umask: never wider than 0700, and
-        # mkdir fails on an existing path (no one can have planted it).
-        sftp.mkdir(stage, 0o700)
-        for index, source in enumerate(sources):
-            with (open(source, "rb") if isinstance(source, str) else contextlib.nullcontext(source)) as data:
-                data.seek(0)
-                sftp.putfo(data, f"{stage}/{index}", confirm=False)
-    finally:
-        sftp.close()
-    return True
+def _keep(keep_previous_binary: bool) -> list[str]:
+    return [k3s_binary.keep_previous()] if keep_previous_binary else []
 
 
 def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S) -> StringCommand:
@@ -139,26 +98,22 @@ def refuse(message: str) -> StringCommand:
 
 
 def restore_commands(snapshot, s3_configured: bool = False) -> list:
-    """Put a local snapshot on the new server and reset the datastore from it. The token in
-    config.yaml (the old cluster's) decrypts it; k3s refuses a wrong one."""
+    """Put a local snapshot on the new server and reset the datastore from it, in one
+    command (the snapshot arrives on its stdin). The token in config.yaml (the old
+    cluster's) decrypts it; k3s refuses a wrong one."""
     from bootstrap.hostplan import restore
 
-    stage = f"/tmp/bootstrap-stage-{secrets.token_hex(8)}"
     # The name is one of the state folder's own (bootstrap.snapshots pattern); quoted anyway.
     remote = restore.remote_snapshot_path(snapshot.name)
-    return [
-        StringCommand(f"umask 077 && mkdir -m 700 {stage}", _sudo=False),
-        FileUploadCommand(str(snapshot), f"{stage}/snapshot", _sudo=False),
-        StringCommand("\n".join([
-            "set -e",
-            f"install -D -m 0600 -o root -g root {stage}/snapshot {shlex.quote(remote)}",
-            f"rm -rf {stage}",
-            restore.stop_server_line(),
-            f"out=$({restore.reset_command(remote, s3_configured)} 2>&1) || "
-            "{ echo \"$out\" | grep -iv token | tail -n 5 >&2; exit 1; }",
-            "echo \"$out\" | grep -iv token | tail -n 2",
-        ])),
-    ]
+    script = "\n".join([
+        *archive.receiving_lines(),
+        f"install -D -m 0600 -o root -g root {archive.staged(0)} {shlex.quote(remote)}",
+        restore.stop_server_line(),
+        f"out=$({restore.reset_command(remote, s3_configured)} 2>&1) || "
+        "{ echo \"$out\" | grep -iv token | tail -n 5 >&2; exit 1; }",
+        "echo \"$out\" | grep -iv token | tail -n 2",
+    ])
+    return [FunctionCommand(archive.run_with_archive, (script, [str(snapshot)]), {})]
 
 
 def clear_peer_commands() -> list:

@@ -44,11 +44,17 @@ def run_commands(state, host, commands: list) -> str | None:
     """Run one host's commands of a step in order; None when all succeed, else the error."""
     from pyinfra.api import StringCommand
 
+    from bootstrap.hosts.archive import RemoteCommandFailed
+
     base = {"_sudo": bool(host.data.get("_sudo", False))}
     for command in commands:
         arguments = {**base, **command.connector_arguments}
         try:
             result = command.execute(state, host, arguments)
+        except RemoteCommandFailed as failed:  # a command with files on its stdin
+            for line in failed.stdout_lines + failed.stderr_lines:
+                logger.error("%s: %s", host.name, line)
+            return failed.line
         except Exception as exc:  # a dropped connection, a timeout: this host's failure only
             logger.error("%s: %s failed: %s", host.name, type(command).__name__, exc)
             return f"{type(exc).__name__}: {exc}" if str(exc) else NO_OUTPUT

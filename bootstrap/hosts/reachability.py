@@ -26,7 +26,7 @@ CONNECT_SECONDS = 3
 
 # argv: token seconds family proto/port...
 LISTENER = r"""
-import os, select, socket, sys, time
+import os, selectors, socket, sys, time
 token, seconds, family = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 fam = socket.AF_INET6 if family == 6 else socket.AF_INET
 socks = {}
@@ -39,7 +39,7 @@ for spec in sys.argv[4:]:
             s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", int(port)))
         if proto == "tcp":
-            s.listen(128)
+            s.listen(4096)  # every node may connect at once: a full backlog drops SYNs (a false "timed out")
         s.setblocking(False)
         socks[s] = (proto, port)
         print("bound", proto, port)
@@ -56,6 +56,10 @@ null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
 got, deadline = set(), time.monotonic() + seconds
+watch = selectors.DefaultSelector()
+for s in list(socks) + [control]:
+    watch.register(s, selectors.EVENT_READ)
+conns = {}
 def note(data, proto, port):
     words = data.decode("ascii", "replace").split()
     if len(words) == 3 and words[0] == "bootstrap-reach" and words[1] == token:
@@ -69,22 +73,35 @@ def drain(s):
                 continue
             conn, _ = s.accept()
         except OSError:
-            return  # nothing more waiting
-        try:
-            conn.settimeout(1)
-            note(conn.recv(512), proto, port)
-        except OSError:
-            pass
-        conn.close()
+            return
+        conn.setblocking(False)  # its hello is read when it arrives: no wait per connection
+        conns[conn] = (proto, port, time.monotonic() + 5)
+        watch.register(conn, selectors.EVENT_READ)
+def hear(conn):
+    proto, port, _ = conns.pop(conn)
+    watch.unregister(conn)
+    try:
+        note(conn.recv(512), proto, port)
+    except OSError:
+        pass
+    conn.close()
 while time.monotonic() < deadline:
-    ready, _, _ = select.select(list(socks) + [control], [], [], 1)
+    ready = [key.fileobj for key, _ in watch.select(1)]
     for s in ready:
-        if s is not control:
+        if s in socks:
             drain(s)
+        elif s in conns:
+            hear(s)
+    now = time.monotonic()
+    for conn in [c for c, (_, _, until) in conns.items() if until < now]:
+        hear(conn)
     if control in ready:
         for s in socks:
             drain(s)  # what arrived before the question is in the answer
+            watch.unregister(s)
             s.close()  # and the ports are free before the answer leaves: k3s may take them next
+        for conn in list(conns):
+            hear(conn)
         conn, _ = control.accept()
         conn.sendall(("".join("got %s\n" % g for g in sorted(got)) + "end\n").encode())
         conn.close()

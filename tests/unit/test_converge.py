@@ -21,29 +21,58 @@ from bootstrap.teardown import teardown_script
 INV = parse_inventory("cluster: t\nnodes: [{name: cp-1, address: 10.0.0.1, role: server}]\n")
 
 
-def test_uploads_are_staged_privately_and_installed_with_modes():
+def test_a_hosts_files_and_root_script_are_one_command():
     plan = HostPlan(node=INV.nodes[0], unit="k3s",
                     uploads=[text_file(CONFIG, "token: SECRET\n", 0o600, secret=True)],
                     prepare=["systemctl daemon-reload"])
     commands = placement_commands(plan)
-    upload, script = commands  # the staging dir is made in the upload's SFTP session
-    stage, sources = upload.args
-    assert stage.startswith("/tmp/bootstrap-stage-") and len(sources) == 1
-    text = str(script)
-    assert f"install -D -m 0600 -o root -g root {stage}/0 {CONFIG}" in text
-    assert "rm -rf /tmp/bootstrap-stage-" in text and text.startswith("set -e")
-    assert "SECRET" not in "".join(str(c) for c in commands)
+    (command,) = commands  # files on the root script's stdin: one channel, no SFTP session
+    script, sources = command.args
+    assert len(sources) == 1 and sources[0].getvalue() == b"token: SECRET\n"
+    assert f"install -D -m 0600 -o root -g root \"$stage\"/0 {CONFIG}" in script
+    assert script.startswith("set -e") and "SECRET" not in script
     assert placement_commands(HostPlan(node=INV.nodes[0], unit="k3s")) == []
+    # without files: the preparation lines alone, as a plain command
+    (plain,) = placement_commands(HostPlan(node=INV.nodes[0], unit="k3s", prepare=["true"]))
+    assert str(plain) == "set -e\ntrue"
 
 
 def test_the_staging_dir_goes_on_every_exit_of_the_root_script():
     plan = HostPlan(node=INV.nodes[0], unit="k3s", uploads=[text_file(CONFIG, "token: SECRET\n", 0o600, secret=True)],
                     prepare=["false"])
-    script = str(placement_commands(plan)[-1])
-    stage = script.split("trap 'rm -rf ", 1)[1].split("'", 1)[0]
-    assert stage.startswith("/tmp/bootstrap-stage-")
+    script = placement_commands(plan)[-1].args[0]
+    assert "stage=$(mktemp -d /tmp/bootstrap-stage-XXXXXXXXXX)" in script
     # the trap is set before anything can fail, so `set -e` leaves nothing behind
-    assert script.index("trap") < script.index("install -D") < script.index("false")
+    assert script.index("trap 'rm -rf \"$stage\"' EXIT") < script.index("tar -x") < script.index("install -D") \
+        < script.index("false")
+
+
+def test_the_archive_arrives_with_private_modes_and_the_stage_goes(tmp_path, monkeypatch):
+    """The real script and archive through a real shell and GNU tar (pyinfra's @local path):
+    files land with their modes, the staging dir is private while it exists and is gone
+    after success and after a failure."""
+    from bootstrap.hosts import archive
+
+    monkeypatch.setattr(archive, "STAGE_PREFIX", str(tmp_path / "stage-"))
+    target, binary = tmp_path / "etc" / "config.yaml", tmp_path / "k3s"
+    binary.write_bytes(bytes(range(256)) * 4096)
+    lines = archive.receiving_lines() + [
+        'stat -c "%a" "$stage" > ' + str(tmp_path / "mode-of-stage"),
+        f"install -D -m 0600 {archive.staged(0)} {target}",
+        f"install -D -m 0755 {archive.staged(1)} {tmp_path / 'bin' / 'k3s'}"]
+    import io
+
+    command = f"sh -c {__import__('shlex').quote(chr(10).join(lines))}"
+    assert archive._run_here(command, [io.BytesIO(b"token: SECRET\n"), str(binary)])
+    assert target.read_bytes() == b"token: SECRET\n" and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert (tmp_path / "bin" / "k3s").read_bytes() == binary.read_bytes()
+    assert (tmp_path / "mode-of-stage").read_text().strip() == "700"
+    assert not list(tmp_path.glob("stage-*"))
+    failing = f"sh -c {__import__('shlex').quote(chr(10).join(archive.receiving_lines() + ['echo no room >&2', 'false']))}"
+    with pytest.raises(archive.RemoteCommandFailed) as failed:
+        archive._run_here(failing, [io.BytesIO(b"x")])
+    assert failed.value.line == "no room"
+    assert not list(tmp_path.glob("stage-*"))
 
 
 def test_service_wait_fails_fast_on_a_crash():

@@ -121,16 +121,20 @@ def render_plans(plans) -> str:
 
 
 def render_command(command) -> list[str]:
-    if hasattr(command, "function"):  # pyinfra FunctionCommand: an upload
-        args = []
+    if hasattr(command, "function"):  # pyinfra FunctionCommand: a script with files on its stdin
+        args, script = [], []
         for arg in command.args:
             if isinstance(arg, list):
                 args.append("[" + ", ".join(f"<{len(s.getvalue())} bytes, sha256 "
                                             f"{hashlib.sha256(s.getvalue()).hexdigest()[:16]}>"
                                             if isinstance(s, io.BytesIO) else str(s) for s in arg) + "]")
+            elif isinstance(arg, str) and "\n" in arg:
+                assert TOKEN not in arg
+                args.append("<script>")
+                script = ["$ " + line if i == 0 else "  " + line for i, line in enumerate(arg.splitlines())]
             else:
                 args.append(str(arg))
-        return [f"call {command.function.__name__}({', '.join(args)})"]
+        return [f"call {command.function.__name__}({', '.join(args)})", *script]
     text = str(command)
     assert TOKEN not in text
     return ["$ " + line if i == 0 else "  " + line for i, line in enumerate(text.splitlines())]

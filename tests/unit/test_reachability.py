@@ -228,6 +228,45 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
             s.bind(("0.0.0.0", port))
 
 
+def test_the_listener_hears_every_node_when_all_connect_at_once():
+    """50 agents probe the server's ports at the same moment: 300 TCP connections arrive
+    together (more than a default listen backlog of 128), some hold their hello back.
+    Every hello is heard: none is dropped as a SYN the backlog had no room for, and no
+    connection waits for the one before it to speak."""
+    import socket
+    import threading
+    import time
+
+    tcp, other = free_ports(2)
+    token = "t0k3n"
+    started = subprocess.run(hr.listener_command(token, 4, [("tcp", tcp), ("tcp", other)]), shell=True,
+                             capture_output=True, text=True, timeout=30)
+    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("tcp", other): "ok"}
+    failures = []
+
+    def node(i):
+        port = tcp if i % 2 else other
+        try:
+            with socket.create_connection(("127.0.0.1", port), 3) as s:
+                if i % 10 == 0:
+                    time.sleep(1.5)  # a slow sender must not hold up the others
+                s.sendall(f"bootstrap-reach {token} n{i}\n".encode())
+                time.sleep(0.1)
+        except OSError as exc:
+            failures.append((i, exc))
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(300)]
+    begun = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and time.monotonic() - begun < 10
+    heard = hr.parse_received(subprocess.run(hr.collect_command(token), shell=True, capture_output=True,
+                                             text=True, timeout=30).stdout)
+    assert heard == {(f"n{i}", "tcp", tcp if i % 2 else other) for i in range(300)}
+
+
 @pytest.mark.parametrize("text, parsed", [
     ("bound tcp 6443\nbusy udp 8472 Address_already_in_use\n", {("tcp", 6443): "ok",
                                                                   ("udp", 8472): "Address already in use"}),
