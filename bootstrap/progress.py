@@ -9,6 +9,7 @@ stdout stays machine-readable). The CLI picks one per run with `configure`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -201,6 +202,21 @@ class Console:
 
     def event(self, kind: str, **fields) -> None:
         self.reporter.event(kind, **fields)
+
+    def phase(self, name: str, **fields):
+        return phase(self.reporter, name, **fields)
+
+
+@contextlib.contextmanager
+def phase(reporter: Reporter, name: str, **fields):
+    """A `phase` event (only --json shows it) with when a part of a run began and how long it
+    took: the benchmark's per-step trace (connect, probe, reachability, each step, the
+    kubeconfig, the cluster side's tunnel, requests and releases, the snapshot)."""
+    started = time.time()
+    try:
+        yield
+    finally:
+        reporter.event("phase", name=name, start=round(started, 3), seconds=round(time.time() - started, 3), **fields)
 
 
 def make_console(*, json_events: bool = False, stream=None) -> Console:

@@ -99,33 +99,40 @@ def adopt_legacy(state: StateDir) -> None:
             path.rename(path.with_name(name_prefix(state.cluster_id) + path.name[len("bootstrap-"):]))
 
 
-def take(inventory: Inventory, state: StateDir, server: Node | None = None) -> Path:
-    """`k3s etcd-snapshot save` on a server, then copy the file here (never through a log)."""
+def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=None) -> Path:
+    """`k3s etcd-snapshot save` on a server and the file copied here (never through a log),
+    in ONE command: its output is the snapshot's name on a line, then the file. `ssh(name)`:
+    an open SSH connection to reuse (the hosts' session's), or None for a new one."""
     from bootstrap.cluster.tunnel import connect_ssh
 
     server = server or inventory.servers[0]
     sudo = "sudo -n " if inventory.ssh_for(server).use_sudo else ""
     name = name_prefix(state.cluster_id) + time.strftime("%Y%m%d-%H%M%S")
-    client = connect_ssh(inventory, server, state)
+    borrowed = ssh(server.name) if ssh else None
+    client = borrowed or connect_ssh(inventory, server, state)
     try:
-        def run(command: str, what: str) -> bytes:
-            _, stdout, stderr = client.exec_command(command, timeout=600)
-            data = stdout.read()
-            if stdout.channel.recv_exit_status() != 0:
-                raise BootstrapError(f"{what} on {server.name} failed: {stderr.read().decode().strip()[-300:]}")
-            return data
-
-        save = f"{sudo}k3s etcd-snapshot save --name {shlex.quote(name)}"
-        run(f"{save} >/dev/null 2>&1 || {save}", "k3s etcd-snapshot save")
-        listing = run(f"{sudo}ls -t {SNAPSHOT_DIR}", "finding the snapshot").decode()
-        # Only a name of our own pattern is used: it goes into a command line next.
-        remote = next((line.strip() for line in listing.splitlines()
-                       if line.strip().startswith(name) and is_ours(line.strip(), state.cluster_id)), None)
-        if not remote:
-            raise BootstrapError(f"k3s saved no snapshot named {name} in {SNAPSHOT_DIR} on {server.name}")
-        data = run(f"{sudo}cat {shlex.quote(SNAPSHOT_DIR + '/' + remote)}", "reading the snapshot")
+        save = f"k3s etcd-snapshot save --name {shlex.quote(name)}"
+        script = "\n".join([
+            "set -e",
+            f"{save} >/dev/null 2>&1 || {{ {save} >/dev/null; }}",  # a failure shows its output on stderr
+            f"f=$(ls -t {SNAPSHOT_DIR} | grep -m 1 -F {shlex.quote(name)} || true)",
+            f'[ -n "$f" ] || {{ echo "k3s saved no snapshot named {name} in {SNAPSHOT_DIR}" >&2; exit 1; }}',
+            'echo "$f"',
+            f'cat {SNAPSHOT_DIR}/"$f"',
+        ])
+        _, stdout, stderr = client.exec_command(f"{sudo}sh -c {shlex.quote(script)}", timeout=600)
+        data = stdout.read()
+        if stdout.channel.recv_exit_status() != 0:
+            raise BootstrapError(f"k3s etcd-snapshot save on {server.name} failed: "
+                                 f"{stderr.read().decode(errors='replace').strip()[-300:]}")
     finally:
-        client.close()
+        if borrowed is None:
+            client.close()
+    first, _, data = data.partition(b"\n")
+    remote = first.decode(errors="replace").strip()
+    # Only a name of our own pattern becomes a local file name.
+    if not is_ours(remote, state.cluster_id):
+        raise BootstrapError(f"k3s saved no snapshot named {name} in {SNAPSHOT_DIR} on {server.name}")
     target = state.write_secret(f"snapshots/{remote}", data)
     token = (state.path / "token").read_text()
     state.write_secret(f"snapshots/{remote}.token", token)

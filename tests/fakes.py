@@ -15,7 +15,7 @@ class FakeSession:
     def gather(self, fact_cls, **kwargs):
         return {n: f for n, f in self.facts.items() if n not in self.failures}
 
-    def run_each(self, commands):
+    def run_each(self, commands, what="command"):
         """No host runs a command here: each reports nothing (the reachability probes say
         "not tested")."""
         return {}
@@ -23,7 +23,7 @@ class FakeSession:
     def fail(self, name, message, hint=None):
         self.failures.setdefault(name, HostFailure(name, message, hint))
 
-    def execute(self, steps):
+    def execute(self, steps, after=None):
         for step in steps:
             for name in step.commands:
                 if name in self.failures:
@@ -31,4 +31,6 @@ class FakeSession:
                 self.executed.append((step.name, name))
                 if name in self.failing:
                     self.fail(name, f"{step.name}: failed")
+            if after and step.name in after:
+                after[step.name]()
         return {}

@@ -6,6 +6,7 @@ Helm is called only for releases whose version or values changed since the last 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from bootstrap.cluster.node_status import node_ready
@@ -102,12 +103,18 @@ def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TI
     wait_for(f"MIG layouts to apply ({', '.join(f'{n}: {l}' for n, l in wanted.items())})", check, timeout_s)
 
 
+def untraced(name: str):
+    return contextlib.nullcontext()
+
+
 def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say=print,
-                  wait_for: list[str] | None = None) -> dict:
+                  wait_for: list[str] | None = None, trace=untraced) -> dict:
     """Converge the cluster side to `plan`; returns what changed (for the summary).
-    `wait_for`: the nodes that must be Ready first (default: every node of the inventory)."""
+    `wait_for`: the nodes that must be Ready first (default: every node of the inventory);
+    `trace(name)`: a context manager around each part (bootstrap.progress.phase)."""
     summary = {"labelled": [], "objects": [], "releases": []}
-    nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for)
+    with trace("cluster: nodes Ready"):
+        nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for)
     labels = plan.labels
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
     # A rolling upgrade that stopped and was fixed by hand: its cordons, now the node is back.
@@ -124,7 +131,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say
     todo = helm.releases_to_apply(plan.releases, digests)
     if todo:
         helm.check_version()
-    summary["releases"] = install_releases(cluster, todo, digests, say)
+    summary["releases"] = install_releases(cluster, todo, digests, say, trace)
     for obj in plan.manifests:
         result = apply_object(cluster, obj)
         if result != "unchanged":
@@ -152,7 +159,7 @@ def release_waves(releases: list) -> list[list]:
     return first + ([rest] if rest else [])
 
 
-def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say) -> list[str]:
+def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say, trace=untraced) -> list[str]:
     """`helm upgrade --install --wait` each release; a wave's releases at once, so the
     critical path is its slowest release, not their sum (each waits for its own pods). A
     release's digest is recorded as soon as it is done; the first failure is raised once its
@@ -165,7 +172,7 @@ def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say)
             say(f"  helm upgrade --install {release.name} {release.chart} {release.version}")
         errors = []
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            futures = [(release, pool.submit(helm.upgrade_install, release, cluster.kubeconfig)) for release in wave]
+            futures = [(release, pool.submit(_traced_install, release, cluster.kubeconfig, trace)) for release in wave]
             for release, future in futures:
                 try:
                     future.result()
@@ -178,6 +185,11 @@ def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say)
         if errors:
             raise errors[0]
     return done
+
+
+def _traced_install(release, kubeconfig, trace) -> None:
+    with trace(f"cluster: helm {release.name}"):
+        helm.upgrade_install(release, kubeconfig)
 
 
 def apply_patch(cluster: Cluster, patch) -> list[str]:

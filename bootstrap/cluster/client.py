@@ -45,8 +45,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def connect(inventory: Inventory, state: StateDir):
-    """Open the tunnel to the first reachable server and yield a Cluster."""
+def connect(inventory: Inventory, state: StateDir, ssh=None):
+    """Open the tunnel to the first reachable server and yield a Cluster. `ssh(name)`: an
+    open SSH connection to that node, or None (a hosts' session's; the tunnel reuses it)."""
     from kubernetes import client, config
 
     from bootstrap.cluster import kubeconfig_file
@@ -58,7 +59,7 @@ def connect(inventory: Inventory, state: StateDir):
     errors = []
     for server in inventory.servers:
         try:
-            tunnel = Tunnel(inventory, server, state)
+            tunnel = Tunnel(inventory, server, state, client=ssh(server.name) if ssh else None)
             port = tunnel.__enter__()
         except BootstrapError as exc:
             errors.append(exc.message)
@@ -79,6 +80,20 @@ def connect(inventory: Inventory, state: StateDir):
         finally:
             tunnel.__exit__(None, None, None)
     raise ClusterError("no server answers over SSH: " + "; ".join(errors))
+
+
+connect.reuses_ssh = True  # flows may hand it their session's connections (see reusing_ssh)
+
+
+def reusing_ssh(connect_fn, session):
+    """`connect_fn` given the session's SSH connections when it takes them (the real one
+    does; a test's sandboxed API does not)."""
+    import functools
+
+    ssh = getattr(session, "ssh_client", None)
+    if ssh is None or not getattr(connect_fn, "reuses_ssh", False):
+        return connect_fn
+    return functools.partial(connect_fn, ssh=ssh)
 
 
 def wait_for(what: str, check, timeout_s: float, interval_s: float = 2.0):

@@ -37,27 +37,31 @@ class Tunnel:
     """`with Tunnel(...) as port:` forwards 127.0.0.1:port to the server's 127.0.0.1:6443."""
 
     def __init__(self, inventory: Inventory, node: Node, state: StateDir, remote_port: int = API_PORT,
-                 local_port: int = 0):
+                 local_port: int = 0, client: paramiko.SSHClient | None = None):
+        """`client`: an SSH connection to the node that is already open (the hosts' session
+        has one): its transport carries the forwarded channels, and it stays open."""
         self.inventory, self.node, self.state = inventory, node, state
         self.remote_port, self.local_port = remote_port, local_port
-        self._client: paramiko.SSHClient | None = None
+        self._client: paramiko.SSHClient | None = client
+        self._borrowed = client is not None
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
         self.port = 0
 
     def __enter__(self) -> int:
-        self._client = connect_ssh(self.inventory, self.node, self.state)
-        from bootstrap.hosts.session import detect_dead_peer
+        if not self._borrowed:
+            self._client = connect_ssh(self.inventory, self.node, self.state)
+            from bootstrap.hosts.session import detect_dead_peer
 
-        detect_dead_peer(self._client.get_transport().sock)
-        for transport in self._client.jumps.transports() if self._client.jumps else ():
-            detect_dead_peer(transport.sock)
+            detect_dead_peer(self._client.get_transport().sock)
+            for transport in self._client.jumps.transports() if self._client.jumps else ():
+                detect_dead_peer(transport.sock)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self._listener.bind(("127.0.0.1", self.local_port))
         except OSError as exc:
             self._listener.close()
-            self._client.close()
+            self._close_client()
             raise TunnelError(f"cannot listen on 127.0.0.1:{self.local_port}: {exc.strerror}",
                               "choose another --port") from None
         self._listener.listen(32)
@@ -69,7 +73,10 @@ class Tunnel:
         self._stop.set()
         if self._listener:
             self._listener.close()
-        if self._client:
+        self._close_client()
+
+    def _close_client(self) -> None:
+        if self._client and not self._borrowed:
             self._client.close()
 
     def _accept(self) -> None:

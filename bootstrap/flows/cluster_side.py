@@ -6,6 +6,7 @@ A converged cluster stays untouched: the checks run when anything changed (or on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -24,8 +25,11 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
     from bootstrap.components.cluster_plan import plan_cluster
 
     started = time.monotonic()
-    with connect(inventory, state) as cluster:
-        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts), console.say, wait_for=wait_for)
+    with contextlib.ExitStack() as stack:
+        with console.phase("cluster: tunnel"):
+            cluster = stack.enter_context(connect(inventory, state))
+        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts), console.say, wait_for=wait_for,
+                                trace=console.phase)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))

@@ -3,6 +3,8 @@ then the cluster side and a snapshot. `plan` and `rebuild` reuse its first half.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import secrets
 import sys
 import time
@@ -135,68 +137,98 @@ class UpOptions:
     force: bool = False
 
 
+def first_server_step(inventory) -> str:
+    """The step after which the first server's kubeconfig exists (bootstrap.hostplan.steps)."""
+    return f"start server {inventory.servers[0].name}"
+
+
 def bring_up(inventory, state, options: UpOptions, console, open_session=open_hosts,
              connect=connect_to_cluster, take_snapshot=None) -> None:
     """`open_session(inventory, nodes, command, console)`: the hosts; `connect(inventory,
     state)`: the cluster; `take_snapshot(inventory, state)`: the etcd snapshot after a change
-    (fakes in tests)."""
+    (fakes in tests). The hosts' SSH connections stay open to the end: the API tunnel and
+    the snapshot go over the first server's instead of a new connection each."""
+    from bootstrap.cluster.client import reusing_ssh
+
     started = time.monotonic()
     check_archives(inventory)  # a wrong chart archive stops `up` before any host changes
-    with cluster_lock(state, "up"):
-        with open_session(inventory, list(inventory.nodes), "up", console) as session:
-            from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
-
-            facts = gather_facts(session, inventory)
-            # A machine re-created under a node's name: k3s refuses it until its old Node goes.
-            replaced = find_replaced(inventory, state, facts, console, connect)
-            facts, plans = gather_and_plan(session, inventory, state, console, create_token=True, facts=facts,
-                                           join_via=replaced.join_via)
-            clear_replaced(inventory, state, replaced, console, connect)
-            if not any(p.changed for p in plans.plans.values()):
-                if not (state.path / "kubeconfig").exists():
-                    fetch_kubeconfig(session, inventory, state)
-                console.event("hosts", changed=[], no_change=sorted(plans.plans), failed=[])
-                console.say(f"hosts: no change, {len(plans.plans)} hosts already converged "
-                      f"({time.monotonic() - started:.1f}s)")
-            else:
-                rollout = plans.rollout(inventory, facts, options.max_unavailable)
-                results: dict = {}
-                rest = {n: p for n, p in plans.plans.items() if not rollout or n not in rollout.nodes}
-
-                def converge_rest():
-                    results.update(session.execute(converge_steps(inventory, rest, set(session.failures))))
-                    fetch_kubeconfig(session, inventory, state)
-
-                if rollout:
-                    from bootstrap.flows.rolling_upgrade import run_rollout
-
-                    from bootstrap.hosts.executor import StepResult
-
-                    run_rollout(session, inventory, state, plans, rollout, converge_rest, console,
-                                drain_timeout=options.drain_timeout, force=options.force,
-                                take_snapshot=take_snapshot)
-                    for name in rollout.nodes:
-                        results.setdefault(name, {})["upgrade k3s"] = StepResult("changed")
-                else:
-                    converge_rest()
-                summarise(results, started, console)
-                report_failures(session.failures)
-                if not options.hosts_only:
-                    # What k3s and the installs just created (the CNI bin dir in containerd's
-                    # config, a freshly installed driver) decides the cluster side: look again.
-                    facts = gather_facts(session, inventory)
+    with cluster_lock(state, "up"), contextlib.ExitStack() as hosts:
+        with console.phase("connect"):
+            session = hosts.enter_context(open_session(inventory, list(inventory.nodes), "up", console))
+        connect_here = reusing_ssh(connect, session)
+        plans, facts = _converge_hosts(session, inventory, state, options, console, connect_here,
+                                       take_snapshot, started)
         if options.hosts_only:
             return
         hosts_changed = any(p.changed for p in plans.plans.values())
-        cluster_changed = cluster_phase(inventory, state, facts, console, validate=options.validate,
-                                        hosts_changed=hosts_changed, connect=connect)
+        with console.phase("cluster side"):
+            cluster_changed = cluster_phase(inventory, state, facts, console, validate=options.validate,
+                                            hosts_changed=hosts_changed, connect=connect_here)
         if hosts_changed or cluster_changed:
             # A snapshot of what was just built: what `rebuild` restores after losing a server.
             from bootstrap import snapshots
 
-            path = (take_snapshot or snapshots.take)(inventory, state)
+            with console.phase("snapshot"):
+                take = take_snapshot or functools.partial(snapshots.take, ssh=getattr(session, "ssh_client", None))
+                path = take(inventory, state)
             console.say(f"snapshot: {path.name} copied to the state folder")
         record_applied(inventory, state)
+
+
+def _converge_hosts(session, inventory, state, options: UpOptions, console, connect, take_snapshot, started):
+    """Facts, preflight, the hosts' steps (or a rolling upgrade): (plans, facts for the
+    cluster side)."""
+    from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
+
+    with console.phase("probe"):
+        facts = gather_facts(session, inventory)
+    # A machine re-created under a node's name: k3s refuses it until its old Node goes.
+    replaced = find_replaced(inventory, state, facts, console, connect)
+    with console.phase("preflight and plan"):
+        facts, plans = gather_and_plan(session, inventory, state, console, create_token=True, facts=facts,
+                                       join_via=replaced.join_via)
+    clear_replaced(inventory, state, replaced, console, connect)
+    if not any(p.changed for p in plans.plans.values()):
+        if not (state.path / "kubeconfig").exists():
+            with console.phase("kubeconfig"):
+                fetch_kubeconfig(session, inventory, state)
+        console.event("hosts", changed=[], no_change=sorted(plans.plans), failed=[])
+        console.say(f"hosts: no change, {len(plans.plans)} hosts already converged "
+                    f"({time.monotonic() - started:.1f}s)")
+        return plans, facts
+    rollout = plans.rollout(inventory, facts, options.max_unavailable)
+    results: dict = {}
+    rest = {n: p for n, p in plans.plans.items() if not rollout or n not in rollout.nodes}
+
+    def read_kubeconfig():
+        with console.phase("kubeconfig"):
+            fetch_kubeconfig(session, inventory, state)
+
+    def converge_rest():
+        # The kubeconfig is read as soon as the first server runs, while the agents join.
+        results.update(session.execute(converge_steps(inventory, rest, set(session.failures)),
+                                       after={first_server_step(inventory): read_kubeconfig}))
+
+    if rollout:
+        from bootstrap.flows.rolling_upgrade import run_rollout
+
+        from bootstrap.hosts.executor import StepResult
+
+        run_rollout(session, inventory, state, plans, rollout, converge_rest, console,
+                    drain_timeout=options.drain_timeout, force=options.force,
+                    take_snapshot=take_snapshot)
+        for name in rollout.nodes:
+            results.setdefault(name, {})["upgrade k3s"] = StepResult("changed")
+    else:
+        converge_rest()
+    summarise(results, started, console)
+    report_failures(session.failures)
+    if not options.hosts_only:
+        # What k3s and the installs just created (the CNI bin dir in containerd's
+        # config, a freshly installed driver) decides the cluster side: look again.
+        with console.phase("second probe"):
+            facts = gather_facts(session, inventory)
+    return plans, facts
 
 
 def record_applied(inventory, state) -> None:

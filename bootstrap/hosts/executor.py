@@ -40,8 +40,9 @@ def last_error_line(output) -> str:
     return lines[-1] if lines else NO_OUTPUT
 
 
-def run_commands(state, host, commands: list) -> str | None:
-    """Run one host's commands of a step in order; None when all succeed, else the error."""
+def run_commands(state, host, commands: list, reporter=None) -> str | None:
+    """Run one host's commands of a step in order; None when all succeed, else the error.
+    Each command is a `command` event on `reporter` (the benchmark's per-host trace)."""
     from pyinfra.api import StringCommand
 
     from bootstrap.hosts.archive import RemoteCommandFailed
@@ -49,6 +50,7 @@ def run_commands(state, host, commands: list) -> str | None:
     base = {"_sudo": bool(host.data.get("_sudo", False))}
     for command in commands:
         arguments = {**base, **command.connector_arguments}
+        started = time.time()
         try:
             result = command.execute(state, host, arguments)
         except RemoteCommandFailed as failed:  # a command with files on its stdin
@@ -58,6 +60,10 @@ def run_commands(state, host, commands: list) -> str | None:
         except Exception as exc:  # a dropped connection, a timeout: this host's failure only
             logger.error("%s: %s failed: %s", host.name, type(command).__name__, exc)
             return f"{type(exc).__name__}: {exc}" if str(exc) else NO_OUTPUT
+        finally:
+            if reporter is not None:
+                reporter.event("command", host=host.name, what=command_label(command), start=round(started, 3),
+                               seconds=round(time.time() - started, 3))
         if isinstance(command, StringCommand):
             ok, output = result
             if not ok:
@@ -69,7 +75,15 @@ def run_commands(state, host, commands: list) -> str | None:
     return None
 
 
-def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, StepResult]]:
+def command_label(command) -> str:
+    function = getattr(command, "function", None)
+    return function.__name__ if function is not None else type(command).__name__
+
+
+def execute(session: HostSession, steps: list[Step], after: dict | None = None) -> dict[str, dict[str, StepResult]]:
+    """`after`: {step name: function} to start (in the background) once that step has ended,
+    while the next steps run (the kubeconfig is read while the agents join); each has
+    finished when this returns."""
     import gevent
 
     state = session.pyinfra_state
@@ -77,6 +91,7 @@ def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, Step
     alive = [n.name for n in session.active_nodes()]
     results: dict[str, dict[str, StepResult]] = {name: {} for name in alive}
     reporter.run_started([n for n in alive if any(step.commands.get(n) for step in steps)])
+    background: list = []
     try:
         for step in steps:
             working = [n for n in alive if n not in session.failures and step.commands.get(n)]
@@ -92,8 +107,13 @@ def execute(session: HostSession, steps: list[Step]) -> dict[str, dict[str, Step
                 results[name][step.name] = result
                 if result.status == "failed":
                     session.fail(name, f"{step.name}: {result.error}")
+            if after and step.name in after:
+                background.append(gevent.spawn(after[step.name]))
     finally:
+        gevent.joinall(background)
         reporter.run_finished()
+    for job in background:
+        job.get()  # its exception, if it raised one
     return results
 
 
@@ -101,7 +121,7 @@ def _run_step(state, name: str, step: Step, reporter) -> StepResult:
     host = state.inventory.get_host(name)
     started = time.monotonic()
     reporter.step_started(name, step.name)
-    error = run_commands(state, host, step.commands[name])
+    error = run_commands(state, host, step.commands[name], reporter)
     elapsed = time.monotonic() - started
     reporter.step_finished(name, step.name, "failed" if error else "ok", elapsed, error)
     return StepResult("failed", elapsed, error) if error else StepResult("changed", elapsed)

@@ -117,25 +117,32 @@ hello = ("bootstrap-reach %s %s\n" % (token, me)).encode()
 results = {}
 def probe(proto, address, port, say):
     key = "%s %s %s" % (proto, address, port)
-    try:
-        if proto == "udp":
+    if proto == "udp":
+        try:
             with socket.socket(fam, socket.SOCK_DGRAM) as s:
-                for _ in range(3):
+                for _ in range(5):  # spread out: a burst of every node at once may lose a few
                     s.sendto(hello, (address, int(port)))
-                    time.sleep(0.2)
+                    time.sleep(0.3)
             results[key] = "sent"
+        except OSError as e:
+            results[key] = (e.strerror or "error").replace(" ", "_")
+        return
+    for attempt in range(2):  # a lost SYN and its retransmit in a burst are not a firewall
+        try:
+            with socket.create_connection((address, int(port)), @@TIMEOUT@@) as s:
+                if say == "hello":
+                    s.sendall(hello)
+                    time.sleep(0.1)
+            results[key] = "ok"
             return
-        with socket.create_connection((address, int(port)), @@TIMEOUT@@) as s:
-            if say == "hello":
-                s.sendall(hello)
-                time.sleep(0.1)
-        results[key] = "ok"
-    except socket.timeout:
-        results[key] = "timeout"
-    except ConnectionRefusedError:
-        results[key] = "refused"
-    except OSError as e:
-        results[key] = (e.strerror or "error").replace(" ", "_")
+        except socket.timeout:
+            results[key] = "timeout"
+        except ConnectionRefusedError:
+            results[key] = "refused"
+            return
+        except OSError as e:
+            results[key] = (e.strerror or "error").replace(" ", "_")
+            return
 threads = [threading.Thread(target=probe, args=t.split(",")) for t in sys.argv[4:]]
 for t in threads:
     t.start()
@@ -234,16 +241,18 @@ def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_m
     trips = 0
     bound: dict = {}
     if listeners:
-        started = session.run_each({n: listener_command(token, plan.family, ports) for n, ports in listeners.items()})
+        started = session.run_each({n: listener_command(token, plan.family, ports) for n, ports in listeners.items()},
+                                   "reachability listener")
         trips += 1
         bound = {n: b for n, b in ((n, parse_bound(t)) for n, t in started.items()) if b is not None}
     try:
-        said = session.run_each({n: prober_command(token, n, plan.family, ps) for n, ps in plan.targets().items()})
+        said = session.run_each({n: prober_command(token, n, plan.family, ps) for n, ps in plan.targets().items()},
+                                "reachability probes")
         trips += 1
     finally:
         received: dict = {}
         if bound:
-            heard = session.run_each({n: collect_command(token) for n in bound})
+            heard = session.run_each({n: collect_command(token) for n in bound}, "reachability answers")
             trips += 1
             received = {n: r for n, r in ((n, parse_received(t)) for n, t in heard.items()) if r is not None}
     sent = {n: s for n, s in ((n, parse_sent(t)) for n, t in said.items()) if s is not None}

@@ -274,6 +274,17 @@ class HostSession:
     def active_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.name not in self.failures]
 
+    def ssh_client(self, name: str):
+        """The paramiko client of this session's connection to `name` (None when it has
+        none: not connected, failed, or not SSH): the API tunnel and the snapshot reuse it
+        instead of paying for a second connection (TCP, key exchange, authentication)."""
+        if self._state is None or name in self.failures:
+            return None
+        host = self._state.inventory.get_host(name)
+        client = getattr(getattr(host, "connector", None), "client", None) if host is not None else None
+        return client if client is not None and client.get_transport() is not None \
+            and client.get_transport().is_active() else None
+
     def fail(self, name: str, message: str, hint: str | None = None) -> None:
         """Record a failure for one host and stop running anything more on it."""
         self.failures.setdefault(name, HostFailure(name, message, hint))
@@ -283,12 +294,12 @@ class HostSession:
         self._state.failed_hosts.add(host)
         self._state.active_hosts.discard(host)
 
-    def execute(self, steps: list) -> dict:
+    def execute(self, steps: list, after: dict | None = None) -> dict:
         """Run prepared steps (bootstrap.hostplan.steps.Step) on the active hosts: the one
-        way flows change hosts. {node: {step: StepResult}}"""
+        way flows change hosts. {node: {step: StepResult}}; `after`: see executor.execute."""
         from bootstrap.hosts.executor import execute
 
-        return execute(self, steps)
+        return execute(self, steps, after)
 
     def read_root_file(self, name: str, path: str) -> str | None:
         """A root-only file's text from one host (never logged), or None when it cannot be read."""
@@ -299,14 +310,22 @@ class HostSession:
                                             print_output=False, print_input=False)
         return output.stdout if ok else None
 
-    def run_each(self, commands: dict[str, str]) -> dict[str, str | None]:
+    def run_each(self, commands: dict[str, str], what: str = "command") -> dict[str, str | None]:
         """One shell command per host (its own), all in parallel, as the login user:
-        {node: stdout, or None when it failed or could not run}."""
+        {node: stdout, or None when it failed or could not run}. `what`: its name in the
+        trace (a `command` event per host)."""
+        import time
+
         import gevent
 
         def run(name: str, command: str) -> str | None:
             host = self._state.inventory.get_host(name)
-            ok, output = host.run_shell_command(command, print_output=False, print_input=False)
+            started = time.time()
+            try:
+                ok, output = host.run_shell_command(command, print_output=False, print_input=False)
+            finally:
+                self.reporter.event("command", host=name, what=what, start=round(started, 3),
+                                    seconds=round(time.time() - started, 3))
             return output.stdout if ok else None
 
         jobs = {name: gevent.spawn(run, name, command) for name, command in commands.items()

@@ -168,7 +168,7 @@ class LocalSession:
     def __init__(self):
         self.calls = 0
 
-    def run_each(self, commands):
+    def run_each(self, commands, what="command"):
         self.calls += 1
         out = {}
         for name, command in commands.items():

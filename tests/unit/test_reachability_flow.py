@@ -32,7 +32,7 @@ class FirewalledSession(FakeSession):
         self.dropped, self.calls, self.heard = set(dropped), [], {}
         self.by_address = {a: n for n, a in ADDRESSES.items()}
 
-    def run_each(self, commands):
+    def run_each(self, commands, what="command"):
         self.calls.append(sorted(commands))
         out = {}
         for name, command in commands.items():

@@ -43,7 +43,7 @@ class RecordingSession(FakeSession):
     def read_root_file(self, name, path):
         return self.kubeconfig_text
 
-    def execute(self, steps):
+    def execute(self, steps, after=None):
         for step in steps:
             if step.commands:
                 nodes = {n.metadata.name for n in self.lab.core.list_node().items}
@@ -58,7 +58,7 @@ class RecordingSession(FakeSession):
                                       {"K3S_STANDIN_JOIN_TIMEOUT": "5"})
                 self.lab.procs.append(self.new_agent)
                 self.lab.wait_ready("a1")
-        return super().execute(steps)
+        return super().execute(steps, after)
 
 
 @pytest.fixture

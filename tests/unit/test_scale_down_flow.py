@@ -76,7 +76,7 @@ class Hosts(FakeSession):
             return "gone"
         return "member removed" if REMOVED in yaml.safe_load(text)["metadata"].get("annotations", {}) else "in cluster"
 
-    def execute(self, steps):
+    def execute(self, steps, after=None):
         for step in steps:
             for name, commands in step.commands.items():
                 if name in self.failures:
@@ -85,7 +85,7 @@ class Hosts(FakeSession):
                 self.commands[(step.name, name)] = [c.bits[0] if hasattr(c, "bits") else str(c) for c in commands]
                 if step.name == STOP_STEP and name not in self.failing:
                     self.processes[name].stop()
-        return super().execute(steps)
+        return super().execute(steps, after)
 
 
 def run(inventory, state, session, lab, *names):
