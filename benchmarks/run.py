@@ -11,6 +11,7 @@ tests/testhosts.py). Exits 1 when a no-op `up` runs more than --budget commands 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -72,19 +73,30 @@ def bootstrap(*args, env=None) -> tuple[int, float, str]:
         machine_busy=round((after[0] - before[0]) / max(1, after[1] - before[1]), 2),
         tool_cpu_s=round(usage_after.ru_utime + usage_after.ru_stime - usage.ru_utime - usage.ru_stime, 2))
     LAST_PHASES.clear()
+    LAST_TRACE.clear()
     if "--json" in args:
         LAST_PHASES.update(phases(result.stdout, launched))
+        LAST_TRACE.extend(command_trace(result.stdout, launched, ["bm-cp", "bm-a1"]))
     return result.returncode, time.monotonic() - started, result.stdout + result.stderr
 
 
 LAST_PHASES: dict = {}
+LAST_TRACE: list = []
+
+
+HOST_SIDE = ("launch", "connect", "probe", "preflight and plan", "steps", "second probe")
+CLUSTER_SIDE = ("cluster side", "snapshot")
 
 
 def phases(json_lines: str, launched: float) -> dict[str, float]:
     """Where a run's wall time went, from its --json events (each carries its wall time):
-    "connect, probe, plan" from the command's launch until the first step starts, each step from its first host's
-    start to its last host's end (steps are barriers: that is the critical path), and
-    "cluster side" from the last step to the end."""
+    the `phase` events the tool emits (connect, probe, preflight and plan with its
+    reachability probes, the kubeconfig, the second probe, the cluster side with its tunnel,
+    nodes Ready and each Helm release, the snapshot), and each step from its first host's
+    start to its last host's end (steps are barriers: that is the critical path); "steps"
+    spans them all. "launch" is the tool's start until it connects; "other" what no phase
+    covers. Phases inside another one (reachability, cluster: ..., kubeconfig while the
+    agents join) are listed too but not added twice into host side / cluster side."""
     events = []
     for line in json_lines.splitlines():
         try:
@@ -93,19 +105,39 @@ def phases(json_lines: str, launched: float) -> dict[str, float]:
             continue
     if not events:
         return {}
-    start, end = launched, events[-1]["time"]
+    end = events[-1]["time"]
+    out: dict[str, float] = {}
+    first_start = end
+    for e in events:
+        if e.get("event") == "phase":
+            out[e["name"]] = out.get(e["name"], 0.0) + e["seconds"]
+            first_start = min(first_start, e["start"])
     steps: dict[str, list[float]] = {}
     for e in events:
         if e.get("event") in ("step_start", "step_end") and e.get("step"):
             steps.setdefault(e["step"], []).append(e["time"])
-    out = {}
-    first = min((min(t) for t in steps.values()), default=end)
-    last = max((max(t) for t in steps.values()), default=first)
-    out["connect, probe, plan"] = first - start
     for name, times in steps.items():
-        out[name] = max(times) - min(times)
-    out["cluster side"] = end - last
+        out[f"step: {name}"] = max(times) - min(times)
+    if steps:
+        out["steps"] = max(max(t) for t in steps.values()) - min(min(t) for t in steps.values())
+    out["launch"] = first_start - launched
+    out["host side"] = sum(out.get(k, 0.0) for k in HOST_SIDE)
+    out["cluster side total"] = sum(out.get(k, 0.0) for k in CLUSTER_SIDE)
+    out["other"] = (end - launched) - out["host side"] - out["cluster side total"]
     return {k: round(v, 3) for k, v in out.items()}
+
+
+def command_trace(json_lines: str, launched: float, hosts: list[str]) -> list[list]:
+    """[host, what, start (s after launch), seconds] of every remote command `hosts` ran."""
+    trace = []
+    for line in json_lines.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "command" and e.get("host") in hosts:
+            trace.append([e["host"], e["what"], round(e["start"] - launched, 3), e["seconds"]])
+    return sorted(trace, key=lambda t: t[2])
 
 
 def round_trips(direct: dict, slow: dict, rtt_ms: int) -> dict[str, float]:
@@ -130,7 +162,37 @@ def wait_not_ready(inventory: Path, name: str, timeout: float = 120) -> None:
     raise RuntimeError(f"{name} never went NotReady")
 
 
+NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+@contextlib.contextmanager
+def room_for_neighbours(hosts: int):
+    """Every test host shares this machine's kernel, and its ARP table is one for all
+    network namespaces (gc_thresh3, 1024 by default): 51 hosts that each talk to the 50
+    others need ~2600 entries, and past the limit the kernel drops packets ("neighbour:
+    arp_cache: neighbor table overflow!"), which the reachability probes rightly report as a
+    firewall. Separate machines each have their own table. Raised for the run, then put back."""
+    names = ("gc_thresh1", "gc_thresh2", "gc_thresh3")
+    old = {n: (NEIGH / n).read_text().strip() for n in names}
+    need = hosts * hosts * 2
+    if need <= int(old["gc_thresh3"]):
+        yield
+        return
+    try:
+        for name, value in zip(names, (need // 4, need // 2, need)):
+            (NEIGH / name).write_text(str(max(value, int(old[name]))))
+        yield
+    finally:
+        for name in reversed(names):
+            (NEIGH / name).write_text(old[name])
+
+
 def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path, rebuild: bool = False) -> dict:
+    with room_for_neighbours(agents + 2):
+        return _scenario(agents, rtt_ms, workdir, airgap, rebuild)
+
+
+def _scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path, rebuild: bool = False) -> dict:
     lab = testhosts.Lab()
     proxies = []
     try:
@@ -158,10 +220,11 @@ def scenario(agents: int, rtt_ms: int, workdir: Path, airgap: Path, rebuild: boo
             per_host = [count(h) for h in hosts]
             results[label] = {"seconds": round(seconds, 2), "max_commands_per_host": max(per_host),
                               "mean_commands_per_host": round(sum(per_host) / len(per_host), 1), **LAST_CPU,
-                              "phases": dict(LAST_PHASES),
+                              "phases": dict(LAST_PHASES), "trace": list(LAST_TRACE),
                               "tool_cpu_per_host_s": round(LAST_CPU["tool_cpu_s"] / len(hosts), 3)}
         rc, seconds, _ = bootstrap("status", inventory)
         results["status_seconds"] = round(seconds, 2)
+        results["status_tool_cpu_s"] = LAST_CPU["tool_cpu_s"]
         if rebuild:
             results["rebuild_one_agent"] = rebuild_one(lab, hosts, inventory, rtt_ms, proxies)
         return results
@@ -242,7 +305,8 @@ def main(argv=None) -> int:
         for label in ("fresh_up", "noop_up", "rebuild_one_agent"):
             if label in slow and label in direct and slow[label].get("phases"):
                 trips = round_trips(direct[label]["phases"], slow[label]["phases"], slow["rtt_ms"])
-                slow["round_trips"][label] = {"total": round(sum(trips.values()), 1), **trips}
+                total = (slow[label]["seconds"] - direct[label]["seconds"]) / (slow["rtt_ms"] / 1000.0)
+                slow["round_trips"][label] = {"total": round(total, 1), **trips}
                 print(f"round trips, {label}, {slow['agents']} agents: {slow['round_trips'][label]['total']} "
                       f"({', '.join(f'{k} {v}' for k, v in trips.items())})")
     if args.json:

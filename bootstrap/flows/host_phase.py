@@ -106,7 +106,8 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
         # names everything to fix on machines that cost money by the second.
         from bootstrap.hosts.reachability import check_reachability
 
-        findings += check_reachability(session, inventory, facts, console)
+        with console.phase("reachability"):
+            findings += check_reachability(session, inventory, facts, console)
     print_findings(findings, console)
     from bootstrap.preflight import health_blocked
 

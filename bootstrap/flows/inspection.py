@@ -27,7 +27,10 @@ def cluster_status(inventory, state, console, *, open_session=open_hosts, connec
     with cluster_lock(state, "status"):
         with open_session(inventory, list(inventory.nodes), "status", console) as session:
             facts = session.gather(HostFactsFact)
-        nodes, components = cluster_view(inventory, state, facts, connect)
+            # The API through the session's connection to the server: no second SSH connection.
+            from bootstrap.cluster.client import reusing_ssh
+
+            nodes, components = cluster_view(inventory, state, facts, reusing_ssh(connect, session))
     from bootstrap.flows.gpu_health import last_verdicts
 
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from bootstrap import snapshots
 from bootstrap.hostplan.steps import converge_steps
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, reusing_ssh
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.host_phase import fetch_kubeconfig, gather_and_plan, gather_facts
@@ -126,9 +127,14 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
     started = time.monotonic()
     report = {"lost": [], "replaced": [], "restored": None}
     with cluster_lock(state, "rebuild"):
-        with edges.open_session(inventory, list(inventory.nodes), "rebuild", console) as session:
-            facts = gather_facts(session, inventory)
-            nodes, api_error = cluster_nodes(inventory, state, edges.connect)
+        with contextlib.ExitStack() as stack:
+            with console.phase("connect"):
+                session = stack.enter_context(edges.open_session(inventory, list(inventory.nodes), "rebuild", console))
+            # The API tunnel goes over this session's connection to the server (no new one).
+            connect = reusing_ssh(edges.connect, session)
+            with console.phase("probe"):
+                facts = gather_facts(session, inventory)
+            nodes, api_error = cluster_nodes(inventory, state, connect)
             plan = classify(inventory, nodes, facts)
             restore = None
             if nodes is None:
@@ -152,7 +158,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                 if plan.lost_servers and not quorum_after(inventory, plan.lost_servers):
                     raise HostsFailed(f"servers {', '.join(plan.lost_servers)} are lost and etcd has no quorum",
                                       "restore from a snapshot onto a new first server")
-                remove_nodes(inventory, state, plan.lost, plan.lost_servers, edges.connect)
+                remove_nodes(inventory, state, plan.lost, plan.lost_servers, connect)
                 report["lost"] = plan.lost
             to_do = []  # what the operator does next, said again as the last lines
             for name in plan.unreachable:
@@ -170,8 +176,9 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
             join_via = None
             if nodes is not None and first.name not in plan.healthy:
                 join_via = next((s for s in inventory.servers if s.name in plan.healthy), None)
-            facts, plans = gather_and_plan(session, inventory, state, console, create_token=False, facts=facts,
-                                           tolerate_unreachable=True, join_via=join_via)
+            with console.phase("preflight and plan"):
+                facts, plans = gather_and_plan(session, inventory, state, console, create_token=False, facts=facts,
+                                               tolerate_unreachable=True, join_via=join_via)
             rollout = plans.rollout(inventory, facts)
             if rollout:
                 # Restarting running nodes on a new k3s belongs to a rolling upgrade, not to
@@ -189,20 +196,21 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                     servers_part, agents_part = split_before_agents(steps)
                     session.execute(servers_part)
                     fetch_kubeconfig(session, inventory, state)
-                    report["lost"] = clear_after_restore(inventory, state, facts, edges.connect)
+                    report["lost"] = clear_after_restore(inventory, state, facts, connect)
                     session.execute(agents_part)
                 else:
                     session.execute(steps)
                     fetch_kubeconfig(session, inventory, state)
             report["replaced"] = sorted(changed & set(plan.join))
             failed = {n: f for n, f in session.failures.items() if n not in plan.unreachable}
-        if failed:
-            for failure in failed.values():
-                console.say(f"FAILED {failure.render()}")
-            raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
-        # Only the nodes that answered are waited for: a lost machine cannot become Ready.
-        cluster_phase(inventory, state, facts, console, validate=options.validate, connect=edges.connect,
-                      wait_for=[n.name for n in inventory.nodes if n.name not in plan.unreachable])
+            if failed:
+                for failure in failed.values():
+                    console.say(f"FAILED {failure.render()}")
+                raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
+            # Only the nodes that answered are waited for: a lost machine cannot become Ready.
+            with console.phase("cluster side"):
+                cluster_phase(inventory, state, facts, console, validate=options.validate, connect=connect,
+                              wait_for=[n.name for n in inventory.nodes if n.name not in plan.unreachable])
     healthy = [n for n in plan.healthy if n not in report["replaced"]]
     console.say(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "

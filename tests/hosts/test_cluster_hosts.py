@@ -28,12 +28,19 @@ def cluster(lab, tmp_path, airgap):
         "charts": lab_charts(tmp_path / "charts"),
         "validate": {"timeout_s": 60}})
     env = {"BOOTSTRAP_HELM": helm()}  # the real Helm, as a user runs it
+    before = logins(hosts[0])
     first = run_bootstrap("up", inventory, env=env, timeout=900)
     try:
         yield {"hosts": hosts, "inventory": inventory, "env": env, "first": first, "tmp": tmp_path,
-               "kubeconfig": tmp_path / "state" / "kubeconfig"}
+               "kubeconfig": tmp_path / "state" / "kubeconfig", "server_logins": logins(hosts[0]) - before}
     finally:
         repo.close()
+
+
+def logins(host) -> int:
+    """SSH logins of the inventory's user sshd has logged on `host` (read as root: not one of them)."""
+    out = host.ssh("journalctl -q --no-pager | grep -c 'Accepted publickey for ubuntu' || true", user="root")
+    return int(out.stdout.strip() or 0)
 
 
 def releases(kubeconfig):
@@ -44,6 +51,9 @@ def releases(kubeconfig):
 def test_up_applies_components_validates_and_a_second_up_makes_no_helm_call(cluster):
     first = cluster["first"]
     assert first.returncode == 0, first.stdout + first.stderr
+    # One SSH connection to the server for the whole `up`: the facts, the steps, the
+    # kubeconfig, the API tunnel (Helm, the checks) and the snapshot all go over it.
+    assert cluster["server_logins"] == 1, cluster["server_logins"]
     installed = releases(cluster["kubeconfig"])
     assert installed["gpu-operator"] == ("gpu-operator-v26.7.0", "1", "deployed")
     assert installed["volcano"] == ("volcano-1.15.1", "1", "deployed") and "multus" not in installed

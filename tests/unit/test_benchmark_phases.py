@@ -10,17 +10,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import run  # noqa: E402
 
 
-def test_steps_are_barriers_so_a_step_lasts_from_its_first_start_to_its_last_end():
-    events = [{"event": "run_start", "time": 10.0},
+def test_phases_come_from_the_tools_phase_events_and_steps_are_barriers():
+    events = [{"event": "phase", "name": "connect", "start": 9.5, "seconds": 0.5, "time": 10.0},
+              {"event": "phase", "name": "probe", "start": 10.0, "seconds": 0.3, "time": 10.3},
+              {"event": "phase", "name": "reachability", "start": 10.4, "seconds": 0.4, "time": 10.8},
+              {"event": "phase", "name": "preflight and plan", "start": 10.3, "seconds": 0.7, "time": 11.0},
               {"event": "step_start", "step": "prepare host", "host": "a", "time": 11.0},
               {"event": "step_start", "step": "prepare host", "host": "b", "time": 11.2},
               {"event": "step_end", "step": "prepare host", "host": "a", "time": 11.5},
               {"event": "step_end", "step": "prepare host", "host": "b", "time": 12.5},
+              {"event": "step_start", "step": "join agents", "host": "b", "time": 12.5},
+              {"event": "phase", "name": "kubeconfig", "start": 12.5, "seconds": 0.2, "time": 12.7},
+              {"event": "step_end", "step": "join agents", "host": "b", "time": 13.0},
               {"event": "message", "text": "not json-able line follows"},
+              {"event": "phase", "name": "cluster side", "start": 13.0, "seconds": 0.8, "time": 13.8},
+              {"event": "command", "host": "a", "what": "run_with_archive", "start": 11.0, "seconds": 0.5,
+               "time": 11.5},
               {"event": "exit", "time": 14.0}]
     text = "\n".join(json.dumps(e) for e in events) + "\nnot json\n"
-    assert run.phases(text, 9.0) == {"connect, probe, plan": 2.0, "prepare host": 1.5, "cluster side": 1.5}
+    got = run.phases(text, 9.0)
+    assert got["launch"] == 0.5 and got["connect"] == 0.5 and got["step: prepare host"] == 1.5
+    assert got["steps"] == 2.0 and got["kubeconfig"] == 0.2 and got["reachability"] == 0.4
+    # nested phases (reachability in preflight, the kubeconfig during a step) are not counted twice
+    assert got["host side"] == 0.5 + 0.5 + 0.3 + 0.7 + 2.0
+    assert got["cluster side total"] == 0.8 and got["other"] == round(5.0 - 4.0 - 0.8, 3)
     assert run.phases("", 9.0) == {}
+    assert run.command_trace(text, 9.0, ["a"]) == [["a", "run_with_archive", 2.0, 0.5]]
 
 
 def test_round_trips_are_the_added_latency_over_the_rtt():
