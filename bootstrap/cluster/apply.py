@@ -107,14 +107,16 @@ def untraced(name: str):
     return contextlib.nullcontext()
 
 
-def apply_cluster(cluster: Cluster, inventory: Inventory, plan: ClusterPlan, say=print,
+def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
                   wait_for: list[str] | None = None, trace=untraced) -> dict:
-    """Converge the cluster side to `plan`; returns what changed (for the summary).
+    """Converge the cluster side to `plan` (or what `plan()` returns, asked once the nodes
+    are Ready); returns what changed (for the summary).
     `wait_for`: the nodes that must be Ready first (default: every node of the inventory);
     `trace(name)`: a context manager around each part (bootstrap.progress.phase)."""
     summary = {"labelled": [], "objects": [], "releases": []}
     with trace("cluster: nodes Ready"):
         nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for)
+    plan = plan() if callable(plan) else plan
     labels = plan.labels
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
     # A rolling upgrade that stopped and was fixed by hand: its cordons, now the node is back.

@@ -19,8 +19,10 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
     """Components through the API tunnel, then the checks (raises when one fails) when
     anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
     `connect(inventory, state)` yields the cluster (the tunnel; a sandboxed API in tests);
-    `wait_for`: the nodes to wait for Ready (default every node of the inventory).
-    Returns whether anything in the cluster changed."""
+    `wait_for`: the nodes to wait for Ready (default every node of the inventory);
+    `facts`: the hosts' facts, or a function that returns them (`up` reads them again while
+    the nodes become Ready: they are needed only after that). Returns whether anything in
+    the cluster changed."""
     from bootstrap.cluster.apply import apply_cluster
     from bootstrap.components.cluster_plan import plan_cluster
 
@@ -28,8 +30,13 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
     with contextlib.ExitStack() as stack:
         with console.phase("cluster: tunnel"):
             cluster = stack.enter_context(connect(inventory, state))
-        summary = apply_cluster(cluster, inventory, plan_cluster(inventory, facts), console.say, wait_for=wait_for,
-                                trace=console.phase)
+        def plan():
+            nonlocal facts
+            facts = facts() if callable(facts) else facts
+            return plan_cluster(inventory, facts)
+
+        summary = apply_cluster(cluster, inventory, plan, console.say, wait_for=wait_for, trace=console.phase)
+    facts = facts() if callable(facts) else facts
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))

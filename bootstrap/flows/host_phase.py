@@ -161,6 +161,9 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
                                        take_snapshot, started)
         if options.hosts_only:
             return
+        if hasattr(facts, "kill"):  # the second probe, still running: gone before the connections
+            hosts.callback(facts.kill)
+            facts = facts.get
         hosts_changed = any(p.changed for p in plans.plans.values())
         with console.phase("cluster side"):
             cluster_changed = cluster_phase(inventory, state, facts, console, validate=options.validate,
@@ -178,7 +181,7 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
 
 def _converge_hosts(session, inventory, state, options: UpOptions, console, connect, take_snapshot, started):
     """Facts, preflight, the hosts' steps (or a rolling upgrade): (plans, facts for the
-    cluster side)."""
+    cluster side: the ones read first, or the greenlet reading them again after a change)."""
     from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
 
     with console.phase("probe"):
@@ -226,9 +229,15 @@ def _converge_hosts(session, inventory, state, options: UpOptions, console, conn
     report_failures(session.failures)
     if not options.hosts_only:
         # What k3s and the installs just created (the CNI bin dir in containerd's
-        # config, a freshly installed driver) decides the cluster side: look again.
-        with console.phase("second probe"):
-            facts = gather_facts(session, inventory)
+        # config, a freshly installed driver) decides the cluster side: look again, while
+        # the cluster side waits for the nodes to be Ready (it needs the facts only then).
+        import gevent
+
+        def probe_again():
+            with console.phase("second probe"):
+                return gather_facts(session, inventory)
+
+        return plans, gevent.spawn(probe_again)
     return plans, facts
 
 
