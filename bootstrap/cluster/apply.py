@@ -12,7 +12,8 @@ import time
 from bootstrap.cluster.node_status import node_ready
 from bootstrap.components.cluster_plan import ClusterPlan
 from bootstrap import helm
-from bootstrap.cluster.client import Cluster, ClusterError, apply_object, get, merge_patch, object_path, wait_for
+from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_object, get, get_all, merge_patch,
+                                      object_path, path_of, wait_for)
 from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
 from bootstrap.components import gpu_operator, gpu_sharing
 from bootstrap.inventory.model import Inventory
@@ -123,23 +124,30 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     for name in cordoned_for_upgrade(n for n in nodes.values() if node_ready(n)):
         uncordon(cluster, name, CORDONED_FOR_UPGRADE)
         summary["objects"].append(f"Node {name} uncordoned (cordoned for an upgrade, Ready again)")
+    # Everything a converged cluster is compared with, read at once. What is read of the
+    # manifests and patches counts only while no release has been installed since.
+    digest_path = object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0])
+    later = [path_of(o) for o in plan.manifests] + [path_of(p.body) for p in plan.patches]
+    with trace("cluster: read objects"):
+        seen = get_all(cluster, [digest_path] + [path_of(o) for o in plan.prerequisites] + later)
     plugin_config_changed = False
     for obj in plan.prerequisites:
-        result = apply_object(cluster, obj)
+        result = apply_object(cluster, obj, seen[path_of(obj)])
         if result != "unchanged":
             summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
             plugin_config_changed |= obj["metadata"]["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
-    digests = read_digests(cluster)
+    digests = dict((seen[digest_path] or {}).get("data") or {})
     todo = helm.releases_to_apply(plan.releases, digests)
     if todo:
         helm.check_version()
     summary["releases"] = install_releases(cluster, todo, digests, say, trace)
+    fresh = {} if todo else seen  # after an install, read again
     for obj in plan.manifests:
-        result = apply_object(cluster, obj)
+        result = apply_object(cluster, obj, fresh.get(path_of(obj), UNREAD))
         if result != "unchanged":
             summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
     for patch in plan.patches:
-        summary["objects"] += apply_patch(cluster, patch)
+        summary["objects"] += apply_patch(cluster, patch, fresh.get(path_of(patch.body), UNREAD))
     if plugin_config_changed and gpu_operator.RELEASE not in summary["releases"]:
         restart_device_plugin(cluster)
     mig = {name: node_labels[gpu_sharing.MIG_LABEL] for name, node_labels in labels.items()
@@ -194,10 +202,11 @@ def _traced_install(release, kubeconfig, trace) -> None:
         helm.upgrade_install(release, kubeconfig)
 
 
-def apply_patch(cluster: Cluster, patch) -> list[str]:
+def apply_patch(cluster: Cluster, patch, current=UNREAD) -> list[str]:
     body = patch.body
-    path = object_path(body["apiVersion"], body["kind"], body["metadata"]["name"], body["metadata"].get("namespace"))
-    current = get(cluster, path)
+    path = path_of(body)
+    if current is UNREAD:
+        current = get(cluster, path)
     if current is None:
         return []  # e.g. local-path disabled: nothing to mark
     wanted = body["metadata"].get("annotations", {})

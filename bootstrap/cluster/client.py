@@ -172,11 +172,33 @@ def get(cluster: Cluster, path: str) -> dict | None:
     return body
 
 
-def apply_object(cluster: Cluster, obj: dict) -> str:
-    """Create, or replace when what we manage differs: 'created' | 'updated' | 'unchanged'."""
+def path_of(obj: dict) -> str:
     meta = obj["metadata"]
-    path = object_path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
-    current = get(cluster, path)
+    return object_path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+
+
+def get_all(cluster: Cluster, paths: list[str]) -> dict[str, dict | None]:
+    """GET every path at once: through the tunnel each request costs a round trip, and
+    requests one after the other add up; {path: object or None}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    unique = list(dict.fromkeys(paths))
+    if not unique:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(unique))) as pool:
+        return dict(zip(unique, pool.map(lambda path: get(cluster, path), unique)))
+
+
+UNREAD = object()
+
+
+def apply_object(cluster: Cluster, obj: dict, current=UNREAD) -> str:
+    """Create, or replace when what we manage differs: 'created' | 'updated' | 'unchanged'.
+    `current`: the object as just read (get_all), when the caller has it."""
+    meta = obj["metadata"]
+    path = path_of(obj)
+    if current is UNREAD:
+        current = get(cluster, path)
     if current is None:
         status, body = request(cluster, "POST", object_path(obj["apiVersion"], obj["kind"], None,
                                                             meta.get("namespace")), obj)
