@@ -4,7 +4,7 @@ Steps run in order; within a step all hosts run in parallel (one greenlet each, 
 connections the session opened). A host that fails a step is reported with the last line
 of its error and takes no further step; the others go on.
 
-Commands are pyinfra's own (StringCommand, FileUploadCommand, FunctionCommand), run with
+Commands are pyinfra's own (StringCommand, FunctionCommand), run with
 their public `execute(state, host, arguments)` on pyinfra's connected hosts: no operation
 queue, so a session can execute step lists one after another (a rolling upgrade runs node
 by node) without touching pyinfra's operation-ordering internals.
