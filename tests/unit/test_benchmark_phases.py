@@ -23,6 +23,7 @@ def test_phases_come_from_the_tools_phase_events_and_steps_are_barriers():
               {"event": "phase", "name": "kubeconfig", "start": 12.5, "seconds": 0.2, "time": 12.7},
               {"event": "step_end", "step": "join agents", "host": "b", "time": 13.0},
               {"event": "message", "text": "not json-able line follows"},
+              {"event": "phase", "name": "second probe", "start": 13.0, "seconds": 0.3, "time": 13.3},
               {"event": "phase", "name": "cluster side", "start": 13.0, "seconds": 0.8, "time": 13.8},
               {"event": "command", "host": "a", "what": "run_with_archive", "start": 11.0, "seconds": 0.5,
                "time": 11.5},
@@ -31,7 +32,8 @@ def test_phases_come_from_the_tools_phase_events_and_steps_are_barriers():
     got = run.phases(text, 9.0)
     assert got["launch"] == 0.5 and got["connect"] == 0.5 and got["step: prepare host"] == 1.5
     assert got["steps"] == 2.0 and got["kubeconfig"] == 0.2 and got["reachability"] == 0.4
-    # nested phases (reachability in preflight, the kubeconfig during a step) are not counted twice
+    # nested phases (reachability in preflight, the kubeconfig during a step, the second probe
+    # during the cluster side) are not counted twice
     assert got["host side"] == 0.5 + 0.5 + 0.3 + 0.7 + 2.0
     assert got["cluster side total"] == 0.8 and got["other"] == round(5.0 - 4.0 - 0.8, 3)
     assert run.phases("", 9.0) == {}
