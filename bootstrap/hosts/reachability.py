@@ -120,9 +120,9 @@ def probe(proto, address, port, say):
     if proto == "udp":
         try:
             with socket.socket(fam, socket.SOCK_DGRAM) as s:
-                for _ in range(5):  # spread out: a burst of every node at once may lose a few
+                for _ in range(3):
                     s.sendto(hello, (address, int(port)))
-                    time.sleep(0.3)
+                    time.sleep(0.2)
             results[key] = "sent"
         except OSError as e:
             results[key] = (e.strerror or "error").replace(" ", "_")
