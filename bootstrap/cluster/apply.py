@@ -23,9 +23,17 @@ NODE_TIMEOUT_S = 300
 MIG_TIMEOUT_S = 900
 
 
-def wait_nodes_ready(cluster: Cluster, names: list[str], timeout_s: float = NODE_TIMEOUT_S) -> dict[str, dict]:
+NODES = "/api/v1/nodes"
+
+
+def wait_nodes_ready(cluster: Cluster, names: list[str], timeout_s: float = NODE_TIMEOUT_S,
+                     first: dict | None = None) -> dict[str, dict]:
+    """`first`: the node list as just read, for the first look."""
+    seen = [first] if first is not None else []
+
     def check():
-        nodes = {n["metadata"]["name"]: n for n in (get(cluster, "/api/v1/nodes") or {}).get("items", [])}
+        listed = seen.pop() if seen else get(cluster, NODES)
+        nodes = {n["metadata"]["name"]: n for n in (listed or {}).get("items", [])}
         missing = [n for n in names if n not in nodes or not node_ready(nodes[n])]
         check.last = f"not Ready: {', '.join(missing)}" if missing else None
         return nodes if not missing else None
@@ -115,8 +123,22 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     `wait_for`: the nodes that must be Ready first (default: every node of the inventory);
     `trace(name)`: a context manager around each part (bootstrap.progress.phase)."""
     summary = {"labelled": [], "objects": [], "releases": []}
+    digest_path = object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0])
+
+    def compared(plan) -> list[str]:
+        """Everything a converged cluster is compared with. What is read of the manifests
+        and patches counts only while no release has been installed since."""
+        return [digest_path] + [path_of(o) for o in plan.prerequisites] + [path_of(o) for o in plan.manifests] \
+            + [path_of(p.body) for p in plan.patches]
+
+    seen: dict = {}
+    read_early = not callable(plan)
+    if read_early:  # known already (a converged host side): the node list and the rest at once
+        with trace("cluster: read objects"):
+            seen = get_all(cluster, [NODES] + compared(plan))
     with trace("cluster: nodes Ready"):
-        nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for)
+        nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for,
+                                 first=seen.pop(NODES, None))
     plan = plan() if callable(plan) else plan
     labels = plan.labels
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
@@ -124,12 +146,9 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     for name in cordoned_for_upgrade(n for n in nodes.values() if node_ready(n)):
         uncordon(cluster, name, CORDONED_FOR_UPGRADE)
         summary["objects"].append(f"Node {name} uncordoned (cordoned for an upgrade, Ready again)")
-    # Everything a converged cluster is compared with, read at once. What is read of the
-    # manifests and patches counts only while no release has been installed since.
-    digest_path = object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0])
-    later = [path_of(o) for o in plan.manifests] + [path_of(p.body) for p in plan.patches]
-    with trace("cluster: read objects"):
-        seen = get_all(cluster, [digest_path] + [path_of(o) for o in plan.prerequisites] + later)
+    if not read_early:
+        with trace("cluster: read objects"):
+            seen = get_all(cluster, compared(plan))
     plugin_config_changed = False
     for obj in plan.prerequisites:
         result = apply_object(cluster, obj, seen[path_of(obj)])

@@ -32,10 +32,12 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
             cluster = stack.enter_context(connect(inventory, state))
         def plan():
             nonlocal facts
-            facts = facts() if callable(facts) else facts
+            facts = facts()
             return plan_cluster(inventory, facts)
 
-        summary = apply_cluster(cluster, inventory, plan, console.say, wait_for=wait_for, trace=console.phase)
+        # Facts at hand: the plan now, so its objects are read with the node list.
+        summary = apply_cluster(cluster, inventory, plan if callable(facts) else plan_cluster(inventory, facts),
+                                console.say, wait_for=wait_for, trace=console.phase)
     facts = facts() if callable(facts) else facts
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
