@@ -85,13 +85,19 @@ class Tunnel:
                 local, _ = self._listener.accept()
             except OSError:
                 return
-            try:
-                channel = self._client.get_transport().open_channel(
-                    "direct-tcpip", ("127.0.0.1", self.remote_port), local.getpeername())
-            except (paramiko.SSHException, OSError):
-                local.close()
-                continue
-            threading.Thread(target=self._pump, args=(local, channel), daemon=True).start()
+            # The channel is opened in the connection's own thread: opening one costs a round
+            # trip, and connections that arrive together (parallel requests, Helm's) must not
+            # wait for each other's.
+            threading.Thread(target=self._forward, args=(local,), daemon=True).start()
+
+    def _forward(self, local: socket.socket) -> None:
+        try:
+            channel = self._client.get_transport().open_channel(
+                "direct-tcpip", ("127.0.0.1", self.remote_port), local.getpeername())
+        except (paramiko.SSHException, OSError, EOFError):
+            local.close()
+            return
+        self._pump(local, channel)
 
     def _pump(self, local: socket.socket, channel) -> None:
         try:
