@@ -271,6 +271,11 @@ def test_pods_schedule_run_and_log(cluster):
     cluster.wait_ready("cp-1", "gpu-1")
     core = cluster.core
     core.create_namespaced_pod("default", pod("echo", command=["sh", "-c", "echo x > /data/f && cat /data/f"]))
+    # a pod that has not started has no log yet (asked at once: it starts after 0.3 s, and
+    # every create is persisted before it is answered, so five more creates can outlast that)
+    with pytest.raises(ApiException) as exc:
+        cluster.log("echo")
+    assert exc.value.status == 400 and "is waiting to start: ContainerCreating" in json.loads(exc.value.body)["message"]
     core.create_namespaced_pod("default", pod("cuda", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
                                               resources={"nvidia.com/gpu": "1"}))
     core.create_namespaced_pod("default", pod("cuda-no-gpu", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"))
@@ -278,10 +283,6 @@ def test_pods_schedule_run_and_log(cluster):
     core.create_namespaced_pod("default", pod("smi", "nvcr.io/nvidia/cuda:12.5.0-base-ubuntu22.04",
                                               command=["nvidia-smi", "-L"], resources={"nvidia.com/gpu": "1"}))
     core.create_namespaced_pod("default", pod("greedy", resources={"nvidia.com/gpu": "2"}))
-    # a pod that has not started has no log yet
-    with pytest.raises(ApiException) as exc:
-        cluster.log("echo")
-    assert exc.value.status == 400 and "is waiting to start: ContainerCreating" in json.loads(exc.value.body)["message"]
     p = cluster.pod_done("echo")
     assert p.status.phase == "Succeeded" and cluster.log("echo") == "x\n"
     assert p.spec.node_name in ("cp-1", "gpu-1") and p.status.pod_ip.startswith("10.42.")
