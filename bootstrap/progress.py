@@ -207,6 +207,11 @@ class Console:
         return phase(self.reporter, name, **fields)
 
 
+def command_finished(reporter: Reporter, host: str, what: str, started: float) -> None:
+    """A `command` event: one remote command of a host, from `started` (time.time()) to now."""
+    reporter.event("command", host=host, what=what, start=round(started, 3), seconds=round(time.time() - started, 3))
+
+
 @contextlib.contextmanager
 def phase(reporter: Reporter, name: str, **fields):
     """A `phase` event (only --json shows it) with when a part of a run began and how long it

@@ -71,9 +71,15 @@ def label_and_taint(cluster: Cluster, inventory: Inventory, nodes: dict[str, dic
     return changed
 
 
-def read_digests(cluster: Cluster) -> dict[str, str]:
-    found = get(cluster, object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0]))
+DIGESTS_PATH = object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0])
+
+
+def digests_in(found: dict | None) -> dict[str, str]:
     return dict((found or {}).get("data") or {})
+
+
+def read_digests(cluster: Cluster) -> dict[str, str]:
+    return digests_in(get(cluster, DIGESTS_PATH))
 
 
 def record_digest(cluster: Cluster, digests: dict[str, str]) -> None:
@@ -123,12 +129,10 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     `wait_for`: the nodes that must be Ready first (default: every node of the inventory);
     `trace(name)`: a context manager around each part (bootstrap.progress.phase)."""
     summary = {"labelled": [], "objects": [], "releases": []}
-    digest_path = object_path("v1", "ConfigMap", DIGESTS[1], DIGESTS[0])
-
     def compared(plan) -> list[str]:
         """Everything a converged cluster is compared with. What is read of the manifests
         and patches counts only while no release has been installed since."""
-        return [digest_path] + [path_of(o) for o in plan.prerequisites] + [path_of(o) for o in plan.manifests] \
+        return [DIGESTS_PATH] + [path_of(o) for o in plan.prerequisites] + [path_of(o) for o in plan.manifests] \
             + [path_of(p.body) for p in plan.patches]
 
     seen: dict = {}
@@ -139,7 +143,8 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     with trace("cluster: nodes Ready"):
         nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for,
                                  first=seen.pop(NODES, None))
-    plan = plan() if callable(plan) else plan
+    if not read_early:
+        plan = plan()
     labels = plan.labels
     summary["labelled"] = label_and_taint(cluster, inventory, nodes, labels)
     # A rolling upgrade that stopped and was fixed by hand: its cordons, now the node is back.
@@ -155,7 +160,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
         if result != "unchanged":
             summary["objects"].append(f"{obj['kind']} {obj['metadata']['name']} {result}")
             plugin_config_changed |= obj["metadata"]["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
-    digests = dict((seen[digest_path] or {}).get("data") or {})
+    digests = digests_in(seen[DIGESTS_PATH])
     todo = helm.releases_to_apply(plan.releases, digests)
     if todo:
         helm.check_version()

@@ -30,15 +30,11 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
     with contextlib.ExitStack() as stack:
         with console.phase("cluster: tunnel"):
             cluster = stack.enter_context(connect(inventory, state))
-        def plan():
-            nonlocal facts
-            facts = facts()
-            return plan_cluster(inventory, facts)
 
         # Facts at hand: the plan now, so its objects are read with the node list.
-        summary = apply_cluster(cluster, inventory, plan if callable(facts) else plan_cluster(inventory, facts),
-                                console.say, wait_for=wait_for, trace=console.phase)
-    facts = facts() if callable(facts) else facts
+        plan = (lambda: plan_cluster(inventory, facts())) if callable(facts) else plan_cluster(inventory, facts)
+        summary = apply_cluster(cluster, inventory, plan, console.say, wait_for=wait_for, trace=console.phase)
+    facts = facts() if callable(facts) else facts  # (a greenlet's get: the same value again)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))

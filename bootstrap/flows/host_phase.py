@@ -19,7 +19,7 @@ from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
 from bootstrap.hostplan.all_hosts import make_plans
-from bootstrap.hostplan.steps import converge_steps
+from bootstrap.hostplan.steps import converge_steps, first_server_step
 from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.model import Inventory
 from bootstrap.lock import cluster_lock
@@ -136,11 +136,6 @@ class UpOptions:
     max_unavailable: int = 1
     drain_timeout: int = 300
     force: bool = False
-
-
-def first_server_step(inventory) -> str:
-    """The step after which the first server's kubeconfig exists (bootstrap.hostplan.steps)."""
-    return f"start server {inventory.servers[0].name}"
 
 
 def bring_up(inventory, state, options: UpOptions, console, open_session=open_hosts,

@@ -19,6 +19,11 @@ class Step:
     commands: dict[str, list] = field(default_factory=dict)  # node name -> pyinfra commands
 
 
+def first_server_step(inventory: Inventory) -> str:
+    """The step that starts the first server: after it, its kubeconfig exists."""
+    return f"start server {inventory.servers[0].name}"
+
+
 def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set[str],
                    restore: tuple[str, Path] | None = None):
     """`restore`: (server name, local snapshot) to restore the control plane from before
@@ -37,7 +42,7 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
     first = inventory.servers[0].name
     for server in inventory.servers:
         plan = plans.get(server.name)
-        step = Step(f"{'start' if server.name == first else 'join'} server {server.name}")
+        step = Step(first_server_step(inventory) if server.name == first else f"join server {server.name}")
         if plan and server.name in peers:
             # Stopped for the restore: it starts whatever its plan said.
             step.commands[server.name] = [converge.wait_for_service(plan.unit, "start", plan.start_timeout)]

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from bootstrap.hostplan.steps import Step
+from bootstrap.progress import command_finished
 from bootstrap.hosts.session import HostSession
 
 logger = logging.getLogger("pyinfra.bootstrap")  # the run log (see HostSession._configure_logging)
@@ -62,8 +63,7 @@ def run_commands(state, host, commands: list, reporter=None) -> str | None:
             return f"{type(exc).__name__}: {exc}" if str(exc) else NO_OUTPUT
         finally:
             if reporter is not None:
-                reporter.event("command", host=host.name, what=command_label(command), start=round(started, 3),
-                               seconds=round(time.time() - started, 3))
+                command_finished(reporter, host.name, command_label(command), started)
         if isinstance(command, StringCommand):
             ok, output = result
             if not ok:

@@ -318,14 +318,15 @@ class HostSession:
 
         import gevent
 
+        from bootstrap.progress import command_finished
+
         def run(name: str, command: str) -> str | None:
             host = self._state.inventory.get_host(name)
             started = time.time()
             try:
                 ok, output = host.run_shell_command(command, print_output=False, print_input=False)
             finally:
-                self.reporter.event("command", host=name, what=what, start=round(started, 3),
-                                    seconds=round(time.time() - started, 3))
+                command_finished(self.reporter, name, what, started)
             return output.stdout if ok else None
 
         jobs = {name: gevent.spawn(run, name, command) for name, command in commands.items()
