@@ -15,7 +15,7 @@ class FakeSession:
     def gather(self, fact_cls, **kwargs):
         return {n: f for n, f in self.facts.items() if n not in self.failures}
 
-    def run_each(self, commands, what="command"):
+    def run_each(self, commands, what="command", stdin=None, timeout=None):
         """No host runs a command here: each reports nothing (the reachability probes say
         "not tested")."""
         return {}

@@ -310,10 +310,13 @@ class HostSession:
                                             print_output=False, print_input=False)
         return output.stdout if ok else None
 
-    def run_each(self, commands: dict[str, str], what: str = "command") -> dict[str, str | None]:
+    def run_each(self, commands: dict[str, str], what: str = "command", stdin: dict[str, str] | None = None,
+                 timeout: float | None = None) -> dict[str, str | None]:
         """One shell command per host (its own), all in parallel, as the login user:
-        {node: stdout, or None when it failed or could not run}. `what`: its name in the
-        trace (a `command` event per host)."""
+        {node: stdout, or None when it failed, could not run or took longer than `timeout`
+        seconds}. `stdin`: {node: text} for the command's stdin, where secrets go (argv and
+        the environment are readable by every local user of the host); never logged. `what`:
+        its name in the trace (a `command` event per host)."""
         import time
 
         import gevent
@@ -322,9 +325,14 @@ class HostSession:
 
         def run(name: str, command: str) -> str | None:
             host = self._state.inventory.get_host(name)
+            extra = {"_stdin": stdin[name]} if stdin and name in stdin else {}
             started = time.time()
             try:
-                ok, output = host.run_shell_command(command, print_output=False, print_input=False)
+                ok, output = host.run_shell_command(command, print_output=False, print_input=False,
+                                                    _timeout=timeout, **extra)
+            except Exception as exc:  # a dropped connection, a time-out: this host's answer is missing
+                logging.getLogger(__name__).error("%s: %s failed: %s", name, what, type(exc).__name__)
+                return None
             finally:
                 command_finished(self.reporter, name, what, started)
             return output.stdout if ok else None

@@ -14,10 +14,18 @@ docs/installation/requirements.md, "Inbound Rules for K3s Nodes", commit 005d295
 Every pair is probed on the address the cluster will use (each node's node-ip) before any
 host changes. Nodes that both run k3s already are one cluster: the running cluster is the
 evidence, so a converged cluster is not probed at all (a no-op `up` costs no round trip).
+
+A probe proves where it came from (the last section): every node knows the run, so a bare
+word would let any node (or anyone on the path) claim "A reached B" for a pair it is not
+part of. Each ordered pair gets its own key, derived from a run secret that never leaves
+the tool, and each host is given only the MACs of the probes it sends or receives.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import re
 from dataclasses import dataclass, field
 
 from bootstrap.facts.host_facts import HostFacts
@@ -66,6 +74,7 @@ class Probe:
     proto: str
     port: int
     listen: bool  # a short-lived listener answers; False: the receiver's running k3s does (TCP)
+    bind: str = ""  # the receiver's own address its listener binds (the one `address` reaches)
 
 
 @dataclass(frozen=True)
@@ -89,12 +98,13 @@ class ProbePlan:
         """A node as the matrix and the findings name it: with its provider, when known."""
         return f"{node} ({self.providers[node]})" if node in self.providers else node
 
-    def listeners(self) -> dict[str, list[tuple[str, int]]]:
-        """receiver -> the (proto, port)s its listener binds."""
-        out: dict[str, list[tuple[str, int]]] = {}
+    def listeners(self) -> dict[str, list[tuple[str, int, str]]]:
+        """receiver -> the (proto, port, address)s its listener binds: the node's own address
+        under test, never the wildcard (other interfaces, a public one included, stay shut)."""
+        out: dict[str, list[tuple[str, int, str]]] = {}
         for p in self.probes:
-            if p.listen and (p.proto, p.port) not in out.setdefault(p.receiver, []):
-                out[p.receiver].append((p.proto, p.port))
+            if p.listen and (p.proto, p.port, p.bind) not in out.setdefault(p.receiver, []):
+                out[p.receiver].append((p.proto, p.port, p.bind))
         return out
 
     def targets(self) -> dict[str, list[Probe]]:
@@ -105,7 +115,7 @@ class ProbePlan:
 
 
 def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> ProbePlan:
-    from bootstrap.rules.node_addresses import choose
+    from bootstrap.rules.node_addresses import choose, on_host
 
     internal = {n.name: choose(inventory, n, facts).internal or n.address for n in inventory.nodes}
     # network.mode public: nodes reach each other at their inventory (public) addresses,
@@ -129,8 +139,11 @@ def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirr
                     untested.append(Untested(sender.name, receiver.name, rule.label, why))
                     continue
                 address = (internal if rule.between_servers else addresses)[receiver.name]
+                # A public address the host does not hold is a 1:1 NAT to its node-ip:
+                # the listener binds that one, as k3s will.
+                bind = address if on_host(there, address) else internal[receiver.name]
                 probes.append(Probe(sender.name, receiver.name, address, rule.proto, rule.port,
-                                    listen=not runs_k3s(there)))
+                                    listen=not runs_k3s(there), bind=bind))
     return ProbePlan(probes, untested, addresses, family, public=inventory.network.public,
                      providers={n.name: n.provider for n in inventory.nodes if n.provider})
 
@@ -280,3 +293,88 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
                                f"{why}", "install python3 on the host to have it checked", severity="warning"))
     return out
 
+
+
+# --- proof of origin: a MAC per ordered pair ----------------------------------------------------
+#
+# The tool draws a run secret (never sent anywhere) and a run id. The key of the ordered pair
+# "A->B" is HMAC(run secret, "A->B"); a probe from A to B on proto/port carries A's name and
+# HMAC(key A->B, "<run id> A->B proto/port"). A host is given only the MACs of the probes it
+# sends (as a sender) or may receive (as a receiver), never a key and never the run secret, on
+# its command's stdin. The listener records a probe only when its line is one it was told to
+# expect, and reports the MAC back; the tool recomputes it before counting the pair.
+#
+# What this proves, and what it does not:
+# - a third node C cannot make "A reached B" (or B reached A) appear: it knows no key and no
+#   MAC of that pair, and a MAC of its own names C and its own receiver;
+# - a probe of an earlier run, or of this run to another node or port, does not count;
+# - B itself can claim to have heard A (it was given the MAC to recognise it), and A can claim
+#   its own TCP connects succeeded: a lying party to a pair can only misreport that pair;
+# - someone on the path between A and B (or C relaying A's datagram by another route) can
+#   replay A's probe: the MAC says who sent it, not which way it travelled;
+# - a flood can still drown real probes (a false "nothing arrived"), never fake one.
+
+MAGIC = "bootstrap-reach"
+MAC_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def pair_key(run_secret: bytes, sender: str, receiver: str) -> bytes:
+    """The key of the ordered pair sender -> receiver (node names are DNS labels: no '>')."""
+    return hmac.new(run_secret, f"{sender}->{receiver}".encode(), hashlib.sha256).digest()
+
+
+def probe_mac(run_secret: bytes, run_id: str, sender: str, receiver: str, proto: str, port: int) -> str:
+    message = f"{run_id} {sender}->{receiver} {proto}/{port}".encode()
+    return hmac.new(pair_key(run_secret, sender, receiver), message, hashlib.sha256).hexdigest()
+
+
+def hello(run_id: str, sender: str, mac: str) -> str:
+    """The line a probe carries (a TCP connection's first line, a UDP datagram)."""
+    return f"{MAGIC} {run_id} {sender} {mac}"
+
+
+def control_secret(run_secret: bytes, receiver: str) -> str:
+    """What the collect command shows a receiver's listener before it answers and ends (the
+    listener's socket name is visible to every local user of the host)."""
+    return hmac.new(run_secret, f"collect {receiver}".encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Proof:
+    run_id: str  # public: it names the listeners' sockets and is in every probe
+    secret: bytes  # never leaves the tool
+
+    def mac(self, p: Probe) -> str:
+        return probe_mac(self.secret, self.run_id, p.sender, p.receiver, p.proto, p.port)
+
+
+def expected_by_receiver(plan: ProbePlan, proof: Proof) -> dict[str, list[tuple[str, int, str, str]]]:
+    """receiver -> (proto, port, sender, mac) of each probe its listener may hear: all a
+    receiving host is told."""
+    out: dict[str, list[tuple[str, int, str, str]]] = {}
+    for p in plan.probes:
+        if p.listen:
+            out.setdefault(p.receiver, []).append((p.proto, p.port, p.sender, proof.mac(p)))
+    return out
+
+
+def hellos_by_sender(plan: ProbePlan, proof: Proof) -> dict[str, dict[Probe, str | None]]:
+    """sender -> {probe: the line it sends, or None for a receiver's running k3s (a bare
+    connect)}: all a sending host is told."""
+    out: dict[str, dict[Probe, str | None]] = {}
+    for p in plan.probes:
+        out.setdefault(p.sender, {})[p] = hello(proof.run_id, p.sender, proof.mac(p)) if p.listen else None
+    return out
+
+
+def verified(plan: ProbePlan, proof: Proof, receiver: str,
+             reported: set[tuple[str, str, int, str]]) -> set[tuple[str, str, int]]:
+    """Of what `receiver` says it heard, (sender, proto, port, mac), the probes of this plan
+    whose MAC the tool computes too: (sender, proto, port)."""
+    wanted = {(p.sender, p.proto, p.port): p for p in plan.probes if p.receiver == receiver and p.listen}
+    out = set()
+    for sender, proto, port, mac in reported:
+        p = wanted.get((sender, proto, port))
+        if p is not None and hmac.compare_digest(proof.mac(p), mac):
+            out.add((sender, proto, port))
+    return out

@@ -50,7 +50,7 @@ def test_a_fresh_cluster_probes_every_rule_of_k3s_on_the_private_addresses():
     assert not pairs(plan, "tcp", 5001)
     assert {p.address for p in plan.probes if p.receiver == "cp-1"} == {"10.0.0.10"}  # node-ip, not the public one
     assert all(p.listen for p in plan.probes)
-    assert plan.listeners()["gpu-1"] == [("tcp", 10250), ("udp", 8472)]
+    assert plan.listeners()["gpu-1"] == [("tcp", 10250, "10.0.0.21"), ("udp", 8472, "10.0.0.21")]  # its own address
 
 
 def test_the_mirror_and_the_flannel_backend_decide_more_ports():
@@ -86,7 +86,7 @@ def test_a_joining_node_probes_the_running_k3s_and_skips_what_it_holds():
     assert {(p.proto, p.port, p.listen) for p in to_servers} == {("tcp", 6443, False), ("tcp", 10250, False)}
     assert {u.label for u in plan.untested} == {"UDP 8472"}  # the kernel's VXLAN socket cannot answer
     assert pairs(plan, "udp", 8472) == {("cp-1", "gpu-1"), ("cp-2", "gpu-1"), ("cp-3", "gpu-1")}
-    assert plan.listeners() == {"gpu-1": [("tcp", 10250), ("udp", 8472)]}
+    assert plan.listeners() == {"gpu-1": [("tcp", 10250, "10.0.0.21"), ("udp", 8472, "10.0.0.21")]}
 
 
 def test_hosts_without_python3_are_reported_untested_with_a_warning():
@@ -167,12 +167,15 @@ class LocalSession:
 
     def __init__(self):
         self.calls = 0
+        self.commands = []
 
-    def run_each(self, commands, what="command"):
+    def run_each(self, commands, what="command", stdin=None, timeout=None):
         self.calls += 1
+        self.commands += list(commands.values())
         out = {}
         for name, command in commands.items():
-            proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60,
+                                  input=(stdin or {}).get(name, ""))
             out[name] = proc.stdout if proc.returncode == 0 else None
         return out
 
@@ -190,23 +193,32 @@ def free_ports(n):
 
 
 def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
-    """Two "nodes" on 127.0.0.1: b runs k3s (its TCP port is probed as it is), a is new (its
-    listener answers). The listener, the prober and the collection really run; a port a's
-    listener could not bind is reported untested, never reachable."""
+    """Two "nodes" on loopback: b (127.0.0.2) runs k3s (its TCP port is probed as it is), a
+    (127.0.0.1) is new (its listener answers). The listener, the prober and the collection
+    really run; a port a's listener could not bind is reported untested, never reachable.
+    a's listener binds a's address only: b's k3s holds the same port on 127.0.0.2 (with a
+    wildcard listener on a, the probe of b would have been answered by a)."""
     import socket
 
     tcp, udp, busy = free_ports(3)
     monkeypatch.setattr(hr, "LISTEN_SECONDS", 20)
+    monkeypatch.setattr(hr, "secrets", FixedSecrets)
     monkeypatch.setattr(rr, "rules", lambda inventory, mirror, family=4: [
         rr.Rule("tcp", tcp, "kubelet"), rr.Rule("udp", udp, "flannel VXLAN"), rr.Rule("tcp", busy, "taken")])
     inv = parse_inventory("cluster: t\nnodes:\n  - {name: a, address: 127.0.0.1, role: server}\n"
                           "  - {name: b, address: 127.0.0.2}\n")
-    loopback = [InterfaceAddress("lo", "127.0.0.1", 8, "host")]
-    facts = {"a": HostFacts(commands={"python3": "/usr/bin/python3"}, addresses=loopback),
-             "b": HostFacts(commands={"python3": "/usr/bin/python3"}, addresses=loopback,
+    facts = {"a": HostFacts(commands={"python3": "/usr/bin/python3"},
+                            addresses=[InterfaceAddress("lo", "127.0.0.1", 8, "host")]),
+             "b": HostFacts(commands={"python3": "/usr/bin/python3"},
+                            addresses=[InterfaceAddress("lo", "127.0.0.2", 8, "host")],
                             k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                            [SystemdUnit("k3s-agent.service", "loaded", "active")]),
                             listening_ports=[ListeningPort("tcp", tcp)])}
+    assert rr.plan_probes(inv, facts, False).listeners() == {"a": [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1"),
+                                                                   ("tcp", busy, "127.0.0.1")]}
+    k3s_on_b = socket.socket()
+    k3s_on_b.bind(("127.0.0.2", tcp))
+    k3s_on_b.listen()
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("0.0.0.0", busy))  # taken after the facts were read: the listener says so
@@ -216,6 +228,7 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
         report = hr.check(session, inv, facts, False)
     finally:
         holder.close()
+        k3s_on_b.close()
     assert session.calls == report.round_trips == 3
     assert not [f for f in report.findings if f.severity == "error"], report.findings
     assert [f.message for f in report.findings] == [f"TCP {busy} from b not tested: could not listen: "
@@ -226,6 +239,33 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
         with socket.socket(socket.AF_INET, kind) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT is no listener
             s.bind(("0.0.0.0", port))
+    # No secret on any command line: the run secret, the MACs and the control secrets
+    # travelled on stdin only.
+    plan = rr.plan_probes(inv, facts, False)
+    secret_words = [FixedSecrets.SECRET.hex(), rr.control_secret(FixedSecrets.SECRET, "a")] + \
+        [FIXED_PROOF.mac(p) for p in plan.probes]
+    assert session.commands and not [w for w in secret_words for c in session.commands if w in c]
+
+
+class FixedSecrets:
+    SECRET = bytes(range(32))
+
+    @staticmethod
+    def token_hex(n):
+        return "0123456789abcdef"[: 2 * n]
+
+    @staticmethod
+    def token_bytes(n):
+        return FixedSecrets.SECRET[:n]
+
+
+FIXED_PROOF = rr.Proof("0123456789abcdef", FixedSecrets.SECRET)
+
+
+def run(command, timeout=30):
+    """A host's command, here: its line through the shell, its stdin given."""
+    return subprocess.run(command.line, shell=True, input=command.stdin, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_the_listener_hears_every_node_when_all_connect_at_once():
@@ -238,19 +278,20 @@ def test_the_listener_hears_every_node_when_all_connect_at_once():
     import time
 
     tcp, other = free_ports(2)
-    token = "t0k3n"
-    started = subprocess.run(hr.listener_command(token, 4, [("tcp", tcp), ("tcp", other)]), shell=True,
-                             capture_output=True, text=True, timeout=30)
+    proof = FIXED_PROOF
+    port_of = {i: tcp if i % 2 else other for i in range(300)}
+    mac = {i: rr.probe_mac(proof.secret, proof.run_id, f"n{i}", "srv", "tcp", port_of[i]) for i in range(300)}
+    started = run(hr.listener_command(proof, "srv", [("tcp", tcp, "127.0.0.1"), ("tcp", other, "127.0.0.1")],
+                                      [("tcp", port_of[i], f"n{i}", mac[i]) for i in range(300)]))
     assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("tcp", other): "ok"}
     failures = []
 
     def node(i):
-        port = tcp if i % 2 else other
         try:
-            with socket.create_connection(("127.0.0.1", port), 3) as s:
+            with socket.create_connection(("127.0.0.1", port_of[i]), 3) as s:
                 if i % 10 == 0:
                     time.sleep(1.5)  # a slow sender must not hold up the others
-                s.sendall(f"bootstrap-reach {token} n{i}\n".encode())
+                s.sendall((rr.hello(proof.run_id, f"n{i}", mac[i]) + "\n").encode())
                 time.sleep(0.1)
         except OSError as exc:
             failures.append((i, exc))
@@ -262,9 +303,136 @@ def test_the_listener_hears_every_node_when_all_connect_at_once():
     for t in threads:
         t.join()
     assert failures == [] and time.monotonic() - begun < 10
-    heard = hr.parse_received(subprocess.run(hr.collect_command(token), shell=True, capture_output=True,
-                                             text=True, timeout=30).stdout)
-    assert heard == {(f"n{i}", "tcp", tcp if i % 2 else other) for i in range(300)}
+    heard = hr.parse_received(run(hr.collect_command(proof, "srv")).stdout)
+    assert heard == {(f"n{i}", "tcp", port_of[i], mac[i]) for i in range(300)}
+
+
+def listener_gone(ports, address="127.0.0.1"):
+    import socket
+
+    for proto, port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, port))
+            except OSError:
+                return False
+    return True
+
+
+def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pairs_mac():
+    """b's listener binds 127.0.0.1 (not 127.0.0.2, not the wildcard), and of what arrives it
+    keeps only the probe whose MAC it was told: c, which knows its own key only, can neither
+    pass as a (its MAC is for c->b, a's name with it is refused) nor bring a stale or
+    made-up MAC; a probe for another port does not count on this one. The tool checks again."""
+    import socket
+    import time
+
+    tcp, udp = free_ports(2)
+    proof = FIXED_PROOF
+    plan = rr.ProbePlan([rr.Probe(s, "b", "127.0.0.1", proto, port, True, "127.0.0.1")
+                         for s in ("a", "c") for proto, port in (("tcp", tcp), ("udp", udp))], [], {})
+    expected = rr.expected_by_receiver(plan, proof)["b"]
+    expected_a = [e for e in expected if e[2] == "a"]  # b hears from a only, in this run
+    started = run(hr.listener_command(proof, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
+                                      expected_a, seconds=20))
+    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("udp", udp): "ok"}
+    with pytest.raises(ConnectionRefusedError):  # nothing listens on another address of the host
+        socket.create_connection(("127.0.0.2", tcp), 2).close()
+
+    other = rr.Proof("fedcba9876543210", bytes(32))
+    c_key_mac = rr.probe_mac(proof.secret, proof.run_id, "c", "b", "udp", udp)  # all c could know
+    forged = [rr.hello(proof.run_id, "a", c_key_mac),  # c's MAC under a's name
+              rr.hello(proof.run_id, "c", c_key_mac),  # c's own, genuine, but b was not told to expect it
+              rr.hello(proof.run_id, "a", "0" * 64),  # made up
+              rr.hello(other.run_id, "a", rr.probe_mac(other.secret, other.run_id, "a", "b", "udp", udp)),  # stale run
+              rr.hello(proof.run_id, "a", rr.probe_mac(proof.secret, proof.run_id, "a", "b", "tcp", tcp))]  # tcp's
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for line in forged:
+            s.sendto((line + "\n").encode(), ("127.0.0.1", udp))
+    good_tcp = next(e for e in expected_a if e[0] == "tcp")
+    with socket.create_connection(("127.0.0.1", tcp), 2) as s:
+        s.sendall((rr.hello(proof.run_id, "a", good_tcp[3]) + "\n").encode())
+    time.sleep(0.3)
+    answer = run(hr.collect_command(proof, "b"))
+    heard = hr.parse_received(answer.stdout)
+    assert heard == {("a", "tcp", tcp, good_tcp[3])}  # the UDP lines were all refused
+    assert rr.verified(plan, proof, "b", heard) == {("a", "tcp", tcp)}
+    # The tool recomputes: a report of a pair with a MAC it did not make is dropped.
+    lied = heard | {("c", "udp", udp, "1" * 64), ("a", "udp", udp, c_key_mac)}
+    assert rr.verified(plan, proof, "b", lied) == {("a", "tcp", tcp)}
+    assert rr.verified(plan, other, "b", heard) == set()  # another run's secret: nothing
+    deadline = time.monotonic() + 5
+    while not listener_gone([("tcp", tcp), ("udp", udp)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert listener_gone([("tcp", tcp), ("udp", udp)])
+
+
+def test_a_question_without_the_control_secret_neither_ends_the_listener_nor_reads_it():
+    """The listener's socket name is listed in /proc/net/unix for every local user: a
+    question must carry the control secret (which came on stdin)."""
+    tcp, = free_ports(1)
+    proof = FIXED_PROOF
+    run(hr.listener_command(proof, "b", [("tcp", tcp, "127.0.0.1")], [], seconds=20))
+    wrong = hr.Command(hr.collect_command(proof, "b").line,
+                       hr.collect_command(rr.Proof(proof.run_id, bytes(32)), "b").stdin)
+    assert hr.parse_received(run(wrong).stdout) is None  # no answer
+    assert not listener_gone([("tcp", tcp)])  # and still listening
+    assert hr.parse_received(run(hr.collect_command(proof, "b")).stdout) == set()
+    assert listener_gone([("tcp", tcp)])
+
+
+def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_deadline():
+    """While threads flood its UDP port with datagrams and its TCP port with connections
+    (some silent, some sending junk), a listener given 2 seconds is gone within about 2."""
+    import socket
+    import threading
+    import time
+
+    tcp, udp = free_ports(2)
+    started_at = time.monotonic()
+    started = run(hr.listener_command(FIXED_PROOF, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
+                                      [("udp", udp, "a", "0" * 64)], seconds=2))
+    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("udp", udp): "ok"}
+    stop = threading.Event()
+
+    def datagrams():
+        junk = b"bootstrap-reach x " * 28
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            while not stop.is_set():
+                try:
+                    s.sendto(junk, ("127.0.0.1", udp))
+                except OSError:
+                    pass
+
+    def connections():
+        held = []
+        while not stop.is_set():
+            try:
+                c = socket.create_connection(("127.0.0.1", tcp), 1)
+                c.sendall(b"x")  # a line that never ends
+                held.append(c)
+            except OSError:
+                time.sleep(0.01)
+            if len(held) > 200:
+                for c in held[:100]:
+                    c.close()
+                del held[:100]
+        for c in held:
+            c.close()
+
+    threads = [threading.Thread(target=datagrams) for _ in range(2)] + [threading.Thread(target=connections)]
+    for t in threads:
+        t.start()
+    try:
+        while not listener_gone([("tcp", tcp), ("udp", udp)]) and time.monotonic() - started_at < 15:
+            time.sleep(0.1)
+        lived = time.monotonic() - started_at
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert listener_gone([("tcp", tcp), ("udp", udp)]) and lived < 4.5, lived
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -279,6 +447,119 @@ def test_listener_output_parses(text, parsed):
 def test_prober_and_collector_output_parse_and_a_cut_answer_is_no_answer():
     assert hr.parse_sent("sent tcp 10.0.0.1 6443 ok\nsent udp fd00::1 8472 sent\njunk\n") == {
         ("10.0.0.1", "tcp", 6443): "ok", ("fd00::1", "udp", 8472): "sent"}
-    assert hr.parse_received("got udp 8472 cp-1\ngot tcp 10250 gpu-1\nend\n") == {("cp-1", "udp", 8472),
-                                                                                  ("gpu-1", "tcp", 10250)}
-    assert hr.parse_received("got udp 8472 cp-1\n") is None  # the listener died mid-answer
+    mac = "ab" * 32
+    assert hr.parse_received(f"got udp 8472 cp-1 {mac}\ngot tcp 10250 gpu-1 {mac}\nend\n") == {
+        ("cp-1", "udp", 8472, mac), ("gpu-1", "tcp", 10250, mac)}
+    assert hr.parse_received(f"got udp 8472 cp-1 {mac}\n") is None  # the listener died mid-answer
+
+
+@pytest.mark.parametrize("parse", [hr.parse_bound, hr.parse_sent, hr.parse_received])
+@pytest.mark.parametrize("text", [
+    None, 42, b"bound tcp 6443\n", ["end"], "x" * (hr.MAX_ANSWER + 1),
+    "bound tcp 99999999999999999999\nbusy udp -1 x\nbound tcp \u0664\u0664\u0663\nsent tcp 10.0.0.1 0 ok\n"
+    "sent tcp not-an-ip 6443 ok\ngot udp 8472 CP_1 zz\ngot udp 8472 cp-1 " + "a" * 63 + "\nend\n",
+    "\x1b]52;c;AAAA\x07\nbusy tcp 6443 \x1b[2J\nsent tcp 10.0.0.1 6443 \x1b[2Jok\nend\n",
+])
+def test_what_a_host_prints_back_never_raises_and_keeps_only_checked_fields(parse, text):
+    """A lying host's answer: wrong types, huge, non-ASCII digits, bad addresses and names,
+    escape sequences. Each parser gives None (that host did not report) or only fields
+    that passed their check; no exception reaches the other hosts' results."""
+    got = parse(text)
+    if got is None:
+        return
+    keys = got if isinstance(got, set) else got.keys()
+    for key in keys:
+        assert all(isinstance(x, str) and x.isascii() and x.isprintable() or isinstance(x, int) and 0 < x < 65536
+                   for x in key), key
+    if isinstance(got, dict):
+        assert all(v.isascii() and v.isprintable() for v in got.values()), got
+
+
+def test_a_host_that_hangs_or_drops_its_connection_is_one_host_not_reporting():
+    """session.run_each's contract, which the check relies on: a host whose command raised
+    (a dropped connection, a time-out) is None; the others' answers stand."""
+    from bootstrap.hosts.session import HostSession
+    from bootstrap.progress import Reporter
+
+    class Host:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def run_shell_command(self, command, print_output, print_input, _timeout=None, _stdin=None):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return True, type("Output", (), {"stdout": self.answer + _stdin})()
+
+    hosts = {"a": Host("a:"), "b": Host(TimeoutError())}
+    session = HostSession.__new__(HostSession)
+    session.failures, session.reporter = {}, Reporter()
+    session._state = type("State", (), {"inventory": type("Inv", (), {"get_host": staticmethod(hosts.get)})()})()
+    assert session.run_each({"a": "true", "b": "true"}, "x", stdin={"a": "in", "b": "in"}, timeout=1) == \
+        {"a": "a:in", "b": None}
+
+
+def test_in_public_mode_a_natd_listener_binds_the_address_the_public_one_is_translated_to():
+    """The probes go to the public (inventory) address; a host that does not hold it (1:1
+    NAT) listens on its own node-ip, where the translated packets arrive; a host that holds
+    its public address listens on that one."""
+    from test_public_network import PUBLIC, facts as natd
+
+    inventory = parse_inventory(PUBLIC)
+    hosts = natd()
+    hosts["gpu-2"] = replace(hosts["gpu-2"], addresses=hosts["gpu-2"].addresses
+                             + [InterfaceAddress("eth1", "192.0.2.31", 24)])  # holds its public address
+    plan = rr.plan_probes(inventory, hosts, embedded_mirror=False)
+    assert {(p.address, p.bind) for p in plan.probes if p.receiver == "gpu-1"} == {("203.0.113.21", "10.0.2.21")}
+    assert {(p.address, p.bind) for p in plan.probes if p.receiver == "gpu-2"} == {("192.0.2.31", "192.0.2.31")}
+    assert {b for ports in plan.listeners().values() for _, _, b in ports} == {"10.0.1.10", "10.0.2.21", "192.0.2.31"}
+
+
+def every_input(plan, proof):
+    """What each host is given in one run: {node: [command line and stdin, ...]}."""
+    listeners, expected = plan.listeners(), rr.expected_by_receiver(plan, proof)
+    out = {}
+    for n, ports in listeners.items():
+        out.setdefault(n, []).append(hr.listener_command(proof, n, ports, expected.get(n, [])))
+        out[n].append(hr.collect_command(proof, n))
+    for n, hellos in rr.hellos_by_sender(plan, proof).items():
+        out.setdefault(n, []).append(hr.prober_command(hellos))
+    return out
+
+
+def test_each_node_is_given_only_the_macs_of_its_own_pairs_and_no_secret_on_a_command_line():
+    """Three fresh nodes: cp-3 sends to and hears from cp-1 and cp-2, but what it is given
+    holds neither the key nor any MAC of cp-1 -> cp-2 (or back), and no host gets the run
+    secret or any pair key. The command lines carry no secret at all."""
+    plan = rr.plan_probes(INV, fresh(), embedded_mirror=False)
+    proof = FIXED_PROOF
+    given = every_input(plan, proof)
+    names = list(PRIVATE)
+    for third in names:
+        text = "".join(c.line + c.stdin for c in given[third])
+        for a in names:
+            for b in names:
+                if a == b:
+                    continue
+                assert rr.pair_key(proof.secret, a, b).hex() not in text  # no key ever leaves the tool
+                macs = [proof.mac(p) for p in plan.probes if (p.sender, p.receiver) == (a, b)]
+                assert macs
+                if third in (a, b):
+                    assert all(m in text for m in macs), (third, a, b)  # what it needs
+                else:
+                    assert not [m for m in macs if m in text], (third, a, b)
+        assert proof.secret.hex() not in text
+        assert not [c for c in given[third] for word in (proof.secret.hex(), *(proof.mac(p) for p in plan.probes),
+                                                         *(rr.control_secret(proof.secret, n) for n in names))
+                    if word in c.line]
+    # Another node's control secret is not given either: only the tool asks a listener.
+    assert rr.control_secret(proof.secret, "cp-1") not in "".join(c.stdin for c in given["cp-2"])
+
+
+def test_pair_keys_and_macs_depend_on_direction_port_run_and_secret():
+    base = rr.probe_mac(b"s" * 32, "run", "a", "b", "udp", 8472)
+    assert rr.pair_key(b"s" * 32, "a", "b") != rr.pair_key(b"s" * 32, "b", "a")
+    assert len({base, rr.probe_mac(b"s" * 32, "run", "b", "a", "udp", 8472),
+                rr.probe_mac(b"s" * 32, "run", "a", "b", "udp", 8473), rr.probe_mac(b"s" * 32, "run", "a", "b", "tcp", 8472),
+                rr.probe_mac(b"s" * 32, "run2", "a", "b", "udp", 8472), rr.probe_mac(b"t" * 32, "run", "a", "b", "udp", 8472),
+                rr.probe_mac(b"s" * 32, "run", "a", "c", "udp", 8472)}) == 7
+    assert rr.MAC_RE.fullmatch(base)

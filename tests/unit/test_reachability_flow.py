@@ -2,6 +2,7 @@
 `plan`, `rebuild` and `check --hosts` share), in-process: a fake network answers the
 listener, prober and collector commands the way hosts behind a firewall would."""
 
+import json
 import shlex
 from dataclasses import replace
 
@@ -29,25 +30,27 @@ class FirewalledSession(FakeSession):
 
     def __init__(self, inventory, facts, dropped=()):
         super().__init__(inventory, facts)
-        self.dropped, self.calls, self.heard = set(dropped), [], {}
+        self.dropped, self.calls, self.heard, self.expect = set(dropped), [], {}, {}
         self.by_address = {a: n for n, a in ADDRESSES.items()}
 
-    def run_each(self, commands, what="command"):
+    def run_each(self, commands, what="command", stdin=None, timeout=None):
         self.calls.append(sorted(commands))
         out = {}
         for name, command in commands.items():
-            script, *args = shlex.split(command)[2:]
+            (script,) = shlex.split(command)[2:]  # the script only: what it needs is on its stdin
+            given = json.loads(stdin[name])
             if "control.bind" in script:  # a listener: binds every port it is given
                 self.heard[name] = set()
-                out[name] = "".join(f"bound {spec.replace('/', ' ')}\n" for spec in args[3:])
+                self.expect[name] = {(p, n, line): line.split()[-1] for p, n, _, line in given["expect"]}
+                out[name] = "".join(f"bound {proto} {port}\n" for proto, port, _ in given["listen"])
             elif "create_connection" in script:  # a prober
                 lines = []
-                for target in args[3:]:
-                    proto, address, port, _ = target.split(",")
+                for proto, address, port, line in given["probes"]:
                     receiver = self.by_address[address]
-                    lost = (name, receiver, proto, int(port)) in self.dropped
-                    if not lost and receiver in self.heard:
-                        self.heard[receiver].add(f"got {proto} {port} {name}\n")
+                    lost = (name, receiver, proto, port) in self.dropped
+                    mac = self.expect.get(receiver, {}).get((proto, port, line))
+                    if not lost and receiver in self.heard and mac:
+                        self.heard[receiver].add(f"got {proto} {port} {name} {mac}\n")
                     lines.append(f"sent {proto} {address} {port} {'sent' if proto == 'udp' else 'timeout' if lost else 'ok'}\n")
                 out[name] = "".join(lines)
             else:  # the collector
