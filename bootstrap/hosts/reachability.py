@@ -47,7 +47,8 @@ LISTENER = r"""
 import hmac, json, os, selectors, socket, sys, time
 cfg = json.loads(sys.stdin.buffer.read(16 << 20))
 deadline = time.monotonic() + float(cfg["seconds"])
-BATCH, MAXCONN, LINE = 256, 1024, 512
+BATCH, LINE = 256, 512
+CAP = {"probe": 1024, "question": 16}  # open connections of each kind; more are closed at once
 expect = {(p, int(n), line.encode()): (sender, line.split()[-1]) for p, n, sender, line in cfg["expect"]}
 control_word = cfg["control"].encode()
 socks = {}
@@ -82,6 +83,7 @@ watch = selectors.DefaultSelector()
 for s in list(socks) + [control]:
     watch.register(s, selectors.EVENT_READ)
 conns = {}  # a probe's connection, or a question on the control socket: [kind, proto, port, data, until]
+count = {"probe": 0, "question": 0}
 def note(data, proto, port):
     hit = expect.get((proto, port, data.strip()))
     if hit:
@@ -96,11 +98,13 @@ def drain(s):
             conn, _ = s.accept()
         except OSError:
             return
-        if len(conns) >= MAXCONN:
+        kind = "question" if s is control else "probe"
+        if count[kind] >= CAP[kind]:
             conn.close()
             continue
+        count[kind] += 1
         conn.setblocking(False)  # its line is read when it arrives: no wait per connection
-        conns[conn] = ["question" if s is control else "probe", proto, port, b"", min(deadline, time.monotonic() + 5)]
+        conns[conn] = [kind, proto, port, b"", min(deadline, time.monotonic() + 5)]
         watch.register(conn, selectors.EVENT_READ)
 def hear(conn, last=False):
     # Read what is there; once the line is complete (or its time is up) the connection is
@@ -116,6 +120,7 @@ def hear(conn, last=False):
     if not (last or chunk == b"" or b"\n" in data or len(data) >= LINE):
         return None
     del conns[conn]
+    count[kind] -= 1
     watch.unregister(conn)
     if kind == "question" and hmac.compare_digest(data.strip(), control_word):
         return conn

@@ -312,7 +312,9 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
 #   its own TCP connects succeeded: a lying party to a pair can only misreport that pair;
 # - someone on the path between A and B (or C relaying A's datagram by another route) can
 #   replay A's probe: the MAC says who sent it, not which way it travelled;
-# - a flood can still drown real probes (a false "nothing arrived"), never fake one.
+# - a flood can still drown real probes (a false "nothing arrived"), and a local user of the
+#   receiving host can keep its listener from answering (its probes then read "not tested"):
+#   either can hide a pair that works, neither can show one that does not.
 
 MAGIC = "bootstrap-reach"
 MAC_RE = re.compile(r"[0-9a-f]{64}")
