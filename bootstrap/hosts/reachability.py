@@ -26,7 +26,7 @@ import json
 import re
 import secrets
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
@@ -210,7 +210,7 @@ for key, value in sorted(results.items()):
     print("sent", key, value)
 """
 
-# stdin: {"socket", "control"}; the whole answer within ANSWER_SECONDS, at most 16 MiB.
+# stdin: {"socket", "control"}; the whole answer within 20 s, at most 16 MiB.
 COLLECT = r"""
 import json, socket, sys, time
 cfg = json.loads(sys.stdin.buffer.read(1 << 16))
@@ -251,7 +251,7 @@ def socket_name(run_id: str, node: str) -> str:
 class Command:
     """A host's command line and the secret-bearing stdin that goes with it."""
     line: str
-    stdin: str
+    stdin: str = field(repr=False)  # secrets: never in a repr, a log or a traceback's locals
 
 
 def listener_command(proof: rr.Proof, node: str, listen: list[tuple[str, int, str]],

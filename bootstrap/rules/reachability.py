@@ -344,7 +344,7 @@ def control_secret(run_secret: bytes, receiver: str) -> str:
 @dataclass(frozen=True)
 class Proof:
     run_id: str  # public: it names the listeners' sockets and is in every probe
-    secret: bytes  # never leaves the tool
+    secret: bytes = field(repr=False)  # never leaves the tool, nor shows in a repr or a log
 
     def mac(self, p: Probe) -> str:
         return probe_mac(self.secret, self.run_id, p.sender, p.receiver, p.proto, p.port)
