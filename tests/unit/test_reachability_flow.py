@@ -97,3 +97,30 @@ def test_open_ports_pass_and_a_converged_cluster_costs_no_round_trip(cluster, ca
     converged = FirewalledSession(inventory, running)
     plan(inventory, state, converged)
     assert converged.calls == [] and "reachability" not in capsys.readouterr().out
+
+
+class LyingSession(FirewalledSession):
+    """a2's listener claims to have heard cp on the dropped port, with a made-up MAC and with
+    the MAC of another of its pairs; a1's prober prints escape sequences and junk."""
+
+    def run_each(self, commands, what="command", stdin=None, timeout=None):
+        out = super().run_each(commands, what, stdin, timeout)
+        if what == "reachability answers":
+            a2_mac = next(iter(self.expect["a2"].values()))  # what a1 could only have stolen
+            out["a2"] = out["a2"].replace("end\n", f"got udp 8472 cp {'0' * 64}\ngot udp 8472 cp {a2_mac}\nend\n")
+        if what == "reachability probes":
+            out["a1"] = "sent tcp 10.0.0.1 \x1b[2J6443 ok\n" * 10 + "sent tcp 10.0.0.1 99999999999999999999 ok\n"
+        return out
+
+
+def test_a_reported_probe_counts_only_with_the_tools_own_mac_and_junk_stops_nothing(cluster, capsys):
+    """a2's listener reports cp's probe it never got: the tool recomputes each MAC and still
+    finds UDP 8472 from cp blocked. a1's junk raises nothing and reaches no terminal."""
+    inventory, state = cluster
+    session = LyingSession(inventory, {n: host(n) for n in ADDRESSES}, dropped={("cp", "a2", "udp", 8472)})
+    with pytest.raises(PreflightFailed):
+        plan(inventory, state, session)
+    out = capsys.readouterr().out
+    assert "FAIL a2: reachability: UDP 8472 (flannel VXLAN) on 10.0.0.3 is not reachable from cp" in out
+    assert "\x1b" not in out
+    assert session.calls == [["a1", "a2", "cp"]] * 3
