@@ -107,12 +107,6 @@ class ProbePlan:
                 out[p.receiver].append((p.proto, p.port, p.bind))
         return out
 
-    def targets(self) -> dict[str, list[Probe]]:
-        out: dict[str, list[Probe]] = {}
-        for p in self.probes:
-            out.setdefault(p.sender, []).append(p)
-        return out
-
 
 def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> ProbePlan:
     from bootstrap.rules.node_addresses import choose, on_host
@@ -292,7 +286,6 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
             out.append(Finding(receiver, "reachability", f"{label} from {', '.join(u.sender for u in us)} not tested: "
                                f"{why}", "install python3 on the host to have it checked", severity="warning"))
     return out
-
 
 
 # --- proof of origin: a MAC per ordered pair ----------------------------------------------------

@@ -556,10 +556,11 @@ def test_each_node_is_given_only_the_macs_of_its_own_pairs_and_no_secret_on_a_co
 
 
 def test_pair_keys_and_macs_depend_on_direction_port_run_and_secret():
-    base = rr.probe_mac(b"s" * 32, "run", "a", "b", "udp", 8472)
+    def mac(secret=b"s" * 32, run="run", sender="a", receiver="b", proto="udp", port=8472):
+        return rr.probe_mac(secret, run, sender, receiver, proto, port)
+
     assert rr.pair_key(b"s" * 32, "a", "b") != rr.pair_key(b"s" * 32, "b", "a")
-    assert len({base, rr.probe_mac(b"s" * 32, "run", "b", "a", "udp", 8472),
-                rr.probe_mac(b"s" * 32, "run", "a", "b", "udp", 8473), rr.probe_mac(b"s" * 32, "run", "a", "b", "tcp", 8472),
-                rr.probe_mac(b"s" * 32, "run2", "a", "b", "udp", 8472), rr.probe_mac(b"t" * 32, "run", "a", "b", "udp", 8472),
-                rr.probe_mac(b"s" * 32, "run", "a", "c", "udp", 8472)}) == 7
-    assert rr.MAC_RE.fullmatch(base)
+    variants = [mac(), mac(sender="b", receiver="a"), mac(port=8473), mac(proto="tcp"), mac(run="run2"),
+                mac(secret=b"t" * 32), mac(receiver="c")]
+    assert len(set(variants)) == len(variants)
+    assert rr.MAC_RE.fullmatch(mac())
