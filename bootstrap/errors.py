@@ -36,12 +36,21 @@ class BootstrapError(Exception):
         self.hint = hint
 
     def render(self) -> str:
-        # Messages quote remote output and input values: escaped, line by line.
-        return printable_lines(self.text())
+        """The block stderr shows: messages quote remote output (Helm's and the API's words, a
+        host's error line) and input values, so each line is printable, and a line after the
+        first of the message or hint is indented: only the tool's own `error:` and `hint:`
+        start at the left edge."""
+        lines = _labelled("error: ", self.message)
+        return "\n".join(lines + (_labelled("hint: ", self.hint) if self.hint else []))
 
     def text(self) -> str:
         """The message and hint as they are, for JSON (which escapes them itself)."""
         return f"error: {self.message}" + (f"\nhint: {self.hint}" if self.hint else "")
+
+
+def _labelled(label: str, text: str) -> list[str]:
+    first, *rest = printable_lines(text).split("\n")
+    return [label + first] + ["  " + line for line in rest]
 
 
 class UsageError(BootstrapError):
