@@ -59,8 +59,7 @@ def control_plane_lost(inventory, state, facts, api_error: str, console, port_ch
             f"{', '.join(s.node for s in alive)}: the control plane is not lost; nothing was changed",
             "if the saved kubeconfig is stale, `bootstrap kubeconfig INVENTORY` fetches it again; "
             "otherwise fix the API error above and run rebuild again")
-    for server in liveness:
-        console.say(f"{server.node}: {server.reason}")
+    console.say_lines(f"{server.node}: {server.reason}" for server in liveness)
     return liveness
 
 
@@ -215,8 +214,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "
           f"unchanged {', '.join(healthy) or 'none'}"
           + (f"; not answering {', '.join(plan.unreachable)}" if plan.unreachable else ""))
-    for line in to_do:
-        console.say(line)
+    console.say_lines(to_do)  # each names a host's failure: one line each
 
 
 def next_step_for_unreachable(inventory, name: str, why) -> str:
