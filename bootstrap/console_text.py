@@ -63,10 +63,14 @@ def _escaped(char: str) -> str:
 
 
 def _capped(line: str) -> str:
+    """At most MAX_LINE_BYTES, the mark included, so a line cut once is never cut again."""
     if len(line) <= MAX_LINE_BYTES // 4:  # no UTF-8 character is longer than 4 bytes
         return line
     data = line.encode()
     if len(data) <= MAX_LINE_BYTES:
         return line
-    kept = data[:MAX_LINE_BYTES].decode(errors="ignore")  # never half a character
+    kept = data[:MAX_LINE_BYTES - _MARK_ROOM].decode(errors="ignore")  # never half a character
     return f"{kept}…({len(data) - len(kept.encode())} more bytes)"
+
+
+_MARK_ROOM = len("…( more bytes)".encode()) + 20  # room for the mark and any count
