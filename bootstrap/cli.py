@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 from bootstrap import __version__
+from bootstrap.console_text import PrintableFormatter
 from bootstrap.errors import EXIT_USAGE, run_command
 
 # name -> (module in bootstrap.commands, one-line summary)
@@ -137,6 +139,9 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A library's warning with no handler of its own (paramiko quoting an SSH server's
+    # banner) goes to stderr through logging's last resort: printable too.
+    logging.lastResort.setFormatter(PrintableFormatter())
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     try:

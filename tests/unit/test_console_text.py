@@ -305,3 +305,12 @@ def test_the_check_finds_a_print():
     assert list(terminal_writes(ast.parse("import sys\nprint('x')\nsys.stderr.write('y')\n"))) == [
         (2, "print()"), (3, "sys.stderr")]
     assert list(terminal_writes(ast.parse("write_text(sys.stderr, 'x')"))) == []
+
+
+def test_a_librarys_unhandled_warning_reaches_stderr_printable(monkeypatch):
+    from bootstrap.cli import main
+
+    monkeypatch.setattr(logging.lastResort, "formatter", logging.lastResort.formatter)  # put back after
+    main(["check", "/nonexistent/inventory.yaml"])
+    record = logging.LogRecord("paramiko.transport", logging.WARNING, __file__, 1, "banner: %s", (ATTACK,), None)
+    assert_no_fake_line(logging.lastResort.format(record))
