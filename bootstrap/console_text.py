@@ -19,6 +19,7 @@ a \\u escape, so the text inside stays exact.
 from __future__ import annotations
 
 import logging
+import sys
 
 MAX_LINE_BYTES = 4096
 
@@ -44,6 +45,18 @@ def write_text(stream, text: object, end: str = "\n") -> None:
     """Write the tool's own text (line breaks kept, each line printable) and flush."""
     stream.write(printable_lines(text) + end)
     stream.flush()
+
+
+class PrintableStream:
+    """Stderr for what others write there (gevent's report of a greenlet that failed, which
+    quotes its exception): every chunk printable on its way, line breaks kept."""
+
+    def write(self, text: str) -> int:
+        sys.stderr.write(printable_lines(text))
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 class PrintableFormatter(logging.Formatter):

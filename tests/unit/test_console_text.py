@@ -314,3 +314,22 @@ def test_a_librarys_unhandled_warning_reaches_stderr_printable(monkeypatch):
     main(["check", "/nonexistent/inventory.yaml"])
     record = logging.LogRecord("paramiko.transport", logging.WARNING, __file__, 1, "banner: %s", (ATTACK,), None)
     assert_no_fake_line(logging.lastResort.format(record))
+
+
+def test_a_greenlet_that_fails_is_reported_printable(capsys):
+    import gevent
+
+    from bootstrap.cli import report_failed_greenlets_printable
+
+    def fails():
+        raise ValueError(ATTACK)
+
+    hub = gevent.get_hub()
+    report_failed_greenlets_printable()
+    try:
+        gevent.joinall([gevent.spawn(fails)])
+    finally:
+        del hub.exception_stream  # back to gevent's own default
+    err = capsys.readouterr().err
+    assert "ValueError: \\x1b]52;c;" in err
+    assert_no_fake_line(err)
