@@ -17,7 +17,8 @@ def run(args, console) -> int:
     state = StateDir(inventory)
     with cluster_lock(state, "kubeconfig"):  # it may pin the server's host key
         path = kubeconfig_file.fetch_over_ssh(inventory, state)
-    console.say(f"kubeconfig for cluster {inventory.cluster}: {path} (context {kubeconfig_file.context_name(inventory)})")
+    console.say(f"kubeconfig for cluster {inventory.cluster}: {path} "
+                f"(context {kubeconfig_file.context_name(inventory)})")
     if args.merge and not args.tunnel:
         target = kubeconfig_file.default_target()
         kubeconfig_file.merge_into(target, yaml.safe_load(path.read_text()))

@@ -88,7 +88,8 @@ def render_status(report: dict) -> list[str]:
             alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
             # The cells are what hosts and the API said (kubeletVersion, GPU names): one printable
             # line each, whatever type or text they hold.
-            cell = {key: printable(r.get(key, "-")) for key in ("node", "role", "k3s", "gpus", "driver", "cuda", "health")}
+            cell = {key: printable(r.get(key, "-"))
+                    for key in ("node", "role", "k3s", "gpus", "driver", "cuda", "health")}
             lines.append(f"{cell['node']:<14} {cell['role']:<7} {state_word:<18} {cell['k3s']:<14} {cell['gpus']:<22} "
                          f"{cell['driver']:<12} {cell['cuda']:<5} {cell['health']:<8} {printable(alloc)}")
     lines += [f"component {name}: {info['version']} ({info['state']})" for name, info in report["components"].items()]

@@ -62,8 +62,8 @@ def find_replaced(inventory, state, facts, console, connect=connect_to_cluster) 
         return Replaced()
     nodes, error = cluster_nodes(inventory, state, connect)
     if nodes is None:
-        console.say(f"cannot ask the cluster whether a host without k3s replaces one of its machines ({printable(error)}); "
-                    "a machine re-created under an old name is refused by k3s until its Node is gone: "
+        console.say("cannot ask the cluster whether a host without k3s replaces one of its machines "
+                    f"({printable(error)}); a machine re-created under an old name is refused by k3s until its Node is gone: "
                     "`bootstrap rebuild INVENTORY` removes it")
         return Replaced()
     names = replaced_machines(inventory, nodes, facts)
