@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 from bootstrap import __version__
+from bootstrap.console_text import PrintableFormatter, PrintableStream
 from bootstrap.errors import EXIT_USAGE, run_command
 
 # name -> (module in bootstrap.commands, one-line summary)
@@ -136,7 +138,18 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def report_failed_greenlets_printable() -> None:
+    """gevent writes a greenlet's uncaught exception (a host's words in it, maybe) to stderr
+    itself: through the console's rule too."""
+    from gevent import get_hub
+
+    get_hub().exception_stream = PrintableStream()
+
+
 def main(argv: list[str] | None = None) -> int:
+    # A library's warning with no handler of its own (paramiko quoting an SSH server's
+    # banner) goes to stderr through logging's last resort: printable too.
+    logging.lastResort.setFormatter(PrintableFormatter())
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -151,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         from gevent import monkey
 
         monkey.patch_all()
+        report_failed_greenlets_printable()
     from bootstrap import progress
 
     console = progress.make_console(json_events=args.command in EVENT_STREAMS and args.json)

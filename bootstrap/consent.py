@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from bootstrap.console_text import write_text
 from bootstrap.errors import UsageError
 
 
@@ -16,6 +17,6 @@ def ask_for_cluster_name(inventory, question: str, refused: str, assume_yes: boo
         return
     if not sys.stdin.isatty():
         raise UsageError(refused, hint)
-    print(f"{question} Type the cluster name to confirm: ", end="", file=sys.stderr, flush=True)
+    write_text(sys.stderr, f"{question} Type the cluster name to confirm: ", end="")
     if sys.stdin.readline().strip() != inventory.cluster:
         raise UsageError("not confirmed; nothing was changed")

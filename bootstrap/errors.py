@@ -7,9 +7,10 @@ full traceback went.
 
 from __future__ import annotations
 
-import sys
 import traceback
 from dataclasses import dataclass, field
+
+from bootstrap.console_text import printable, printable_lines
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a host or a check failed
@@ -18,26 +19,10 @@ EXIT_USAGE = 2  # bad input or usage: nothing was touched
 MAX_PROBLEMS_SHOWN = 100
 
 
-_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def escape(text: str) -> str:
-    """`text` with every character a terminal could act on written as a Python escape
-    (\\x1b, \\u202e): controls, line separators, bidi overrides, zero-width characters. Anything
-    read from an input file passes through here before it is printed, so a hostile key can
-    neither clear the screen nor fake a line of output."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _escaped(c) for c in text)
-
-
-def _escaped(char: str) -> str:
-    if char in _SHORT_ESCAPES:
-        return _SHORT_ESCAPES[char]
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+# Anything read from an input file or a host is printed through these (bootstrap.console_text):
+# a hostile value can neither clear the screen nor fake a line of output.
+escape = printable
+escape_lines = printable_lines
 
 
 class BootstrapError(Exception):
@@ -51,16 +36,21 @@ class BootstrapError(Exception):
         self.hint = hint
 
     def render(self) -> str:
-        text = f"error: {self.message}"
-        if self.hint:
-            text += f"\nhint: {self.hint}"
-        # Messages quote remote output and input values: escaped, line by line.
-        return escape_lines(text)
+        """The block stderr shows: messages quote remote output (Helm's and the API's words, a
+        host's error line) and input values, so each line is printable, and a line after the
+        first of the message or hint is indented: only the tool's own `error:` and `hint:`
+        start at the left edge."""
+        lines = _labelled("error: ", self.message)
+        return "\n".join(lines + (_labelled("hint: ", self.hint) if self.hint else []))
+
+    def text(self) -> str:
+        """The message and hint as they are, for JSON (which escapes them itself)."""
+        return f"error: {self.message}" + (f"\nhint: {self.hint}" if self.hint else "")
 
 
-def escape_lines(text: str) -> str:
-    """`escape` for text whose own line breaks are layout."""
-    return "\n".join(escape(line) for line in text.split("\n"))
+def _labelled(label: str, text: str) -> list[str]:
+    first, *rest = printable_lines(text).split("\n")
+    return [label + first] + ["  " + line for line in rest]
 
 
 class UsageError(BootstrapError):
@@ -106,6 +96,9 @@ class InvalidInput(UsageError):
         lines.append(f"error: {self.message}; nothing was changed on any host")
         return "\n".join(lines)
 
+    def text(self) -> str:
+        return self.render()  # each problem is escaped field by field already
+
 
 class HostsFailed(BootstrapError):
     """Some hosts failed; each has already been reported on its own line."""
@@ -115,25 +108,27 @@ class HostsFailed(BootstrapError):
 
 def run_command(func, args, console, *, debug: bool = False) -> int:
     """Run one CLI command, `func(args, console)`, and turn whatever it raises into an exit
-    code; under --json the error also goes into the console's event stream."""
+    code; the message goes to stderr through the console (escaped, as everything it writes),
+    and under --json also into its event stream."""
     try:
         result = func(args, console)
         return EXIT_OK if result is None else int(result)
     except BootstrapError as exc:
         if debug:
             traceback.print_exc()
-        print(exc.render(), file=sys.stderr)
-        console.reporter.error(exc.render(), exc.exit_code)
+        console.warn(exc.render())
+        console.reporter.error(exc.text(), exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; a re-run converges from wherever this stopped", file=sys.stderr)
+        console.warn("error: interrupted; a re-run converges from wherever this stopped")
         return 130
     except BrokenPipeError:
         return EXIT_FAILED
     except Exception as exc:  # a bug: say so, keep the details out of the user's way
         if debug:
             raise
-        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print("hint: re-run with --debug for the traceback, and report it", file=sys.stderr)
+        # Its text may quote a host's answer: one line, whatever it holds.
+        console.warn(f"error: internal error: {type(exc).__name__}: {printable(exc)}\n"
+                     "hint: re-run with --debug for the traceback, and report it")
         console.reporter.error(f"internal error: {type(exc).__name__}: {exc}", EXIT_FAILED)
         return EXIT_FAILED

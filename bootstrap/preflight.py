@@ -10,6 +10,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from bootstrap.console_text import printable
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES
 from bootstrap.inventory.model import Inventory, Node, Role
@@ -35,7 +36,10 @@ class Finding:
 
     def render(self) -> str:
         tag = {"error": "FAIL", "warning": "WARN", "info": "ok  ", "health-error": "FAIL"}[self.severity]
-        return f"{tag} {self.node}: {self.check}: {self.message}" + (f"\n       fix: {self.fix}" if self.fix else "")
+        # Messages quote hosts (os name, hostname, sudo and GPU errors, listeners): each field
+        # is one printable line, so a host cannot start a line of its own.
+        text = f"{tag} {printable(self.node)}: {printable(self.check)}: {printable(self.message)}"
+        return text + (f"\n       fix: {printable(self.fix)}" if self.fix else "")
 
 
 def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts | None) -> bool:

@@ -4,7 +4,13 @@ Three reporters share one interface: a live view on a terminal (one row per host
 current step and its elapsed time, finished steps with their times, failures in red and
 redrawn in place), plain lines in logs and pipes, and with `--json` one JSON event per line
 on stdout (a command's own lines, said through its `Console`, become `message` events, so
-stdout stays machine-readable). The CLI picks one per run with `configure`.
+stdout stays machine-readable). The CLI picks one per run with `make_console`.
+
+Everything the reporters and the console write for people is made printable on the way out
+(bootstrap.console_text): host names, step errors and whatever a command says may quote a
+host or the cluster, so no call site has to remember to escape. The live view's own colour
+and cursor codes are the only control characters it writes; JSON events carry the text
+exactly, JSON-escaped.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+
+from bootstrap.console_text import printable, write_text
 
 RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"
 
@@ -38,7 +46,7 @@ class Reporter:
 
     def step_finished(self, host: str, step: str, status: str, seconds: float, error: str | None = None) -> None:
         """`status`: ok or failed. (Hosts with nothing to do in a step are not reported.)"""
-        print(step_line(host, step, status == "ok", seconds, error), file=self.out, flush=True)
+        write_text(self.out, step_line(host, step, status == "ok", seconds, error))
 
     def run_finished(self) -> None:
         pass
@@ -51,8 +59,9 @@ class Reporter:
 
 
 def step_line(host: str, step: str, ok: bool, seconds: float, error: str | None = None) -> str:
-    line = f"{'✓' if ok else '✗'} {host:<14} {step} {seconds:.1f}s"
-    return f"{line}: {error}" if error else line
+    """One line, whatever the host's error line holds (a line break in it is escaped too)."""
+    line = f"{'✓' if ok else '✗'} {printable(host):<14} {printable(step)} {seconds:.1f}s"
+    return f"{line}: {printable(error)}" if error else line
 
 
 @dataclass
@@ -66,15 +75,16 @@ class HostRow:
 
 def render_row(row: HostRow, now: float, name_width: int, columns: int, color: bool) -> str:
     """One host's line, cut to the terminal's width (a wrapped line would break the redraw):
-    the newest steps are kept, older ones become '…'."""
-    parts = [(f"{'✓' if ok else '✗'} {step} {secs:.1f}s", ok) for step, ok, secs in row.done]
+    the newest steps are kept, older ones become '…'. Every part is made printable before
+    the row's own colour codes are added: the only control characters in it are those."""
+    parts = [(f"{'✓' if ok else '✗'} {printable(step)} {secs:.1f}s", ok) for step, ok, secs in row.done]
     if row.current:
-        parts.append((f"▸ {row.current} {now - row.since:.1f}s", True))
+        parts.append((f"▸ {printable(row.current)} {now - row.since:.1f}s", True))
     if row.error:
-        parts[-1] = (f"{parts[-1][0]}: {row.error}", False)
+        parts[-1] = (f"{parts[-1][0]}: {printable(row.error)}", False)
     if not parts:
         parts = [("waiting", True)]
-    head = f"{row.host:<{name_width}}  "
+    head = f"{printable(row.host):<{name_width}}  "
     room = max(columns - 1 - len(head), 10)
     shown: list[tuple[str, bool]] = []
     used = 0
@@ -142,7 +152,7 @@ class LiveReporter(Reporter):
 
     def redraw(self):
         columns = shutil.get_terminal_size((100, 24)).columns
-        width = max((len(h) for h in self.rows), default=0)
+        width = max((len(printable(h)) for h in self.rows), default=0)
         now = time.monotonic()
         lines = [render_row(r, now, width, columns, color=True) for r in self.rows.values()]
         text = f"\033[{self.drawn}F" if self.drawn else ""
@@ -159,7 +169,9 @@ class JsonReporter(Reporter):
         super().__init__(stream)
 
     def _emit(self, kind, **fields):
-        self.stream.write(json.dumps({"event": kind, "time": round(time.time(), 3), **fields}) + "\n")
+        # ensure_ascii: every control character in a host's text is a \u escape, never a raw byte.
+        self.stream.write(json.dumps({"event": kind, "time": round(time.time(), 3), **fields},
+                                     ensure_ascii=True) + "\n")
         self.stream.flush()
 
     def run_started(self, hosts):
@@ -184,21 +196,52 @@ class JsonReporter(Reporter):
 
 class Console:
     """Where a command's own lines go: stdout, or under --json `message` events, so that
-    stdout stays one JSON object per line. Flows are given one; nothing replaces sys.stdout."""
+    stdout stays one JSON object per line; warnings, failures and questions go to stderr.
+    Flows are given one; nothing replaces sys.stdout. Every line it writes for people is
+    made printable (bootstrap.console_text): the tool's own line breaks are kept, anything
+    a terminal would act on is shown escaped."""
 
-    def __init__(self, reporter: Reporter):
+    def __init__(self, reporter: Reporter, err=None):
         self.reporter = reporter
+        self.err_stream = err
+
+    @property
+    def err(self):
+        return self.err_stream or sys.stderr
 
     @property
     def json(self) -> bool:
         return isinstance(self.reporter, JsonReporter)
 
     def say(self, text: str = "") -> None:
+        """The tool's own text: its line breaks are layout (a value from a host that may
+        hold one goes through `printable` where it is put in, or through `say_lines`)."""
+        self.say_lines(str(text).split("\n"))
+
+    def say_lines(self, lines) -> None:
+        """Each item is exactly one line: a line break inside one is shown escaped."""
         if self.json:
-            for line in str(text).split("\n"):
+            for line in lines:
                 self.reporter.event("message", text=line)
         else:
-            print(text, file=self.reporter.out, flush=True)
+            for line in lines:
+                write_text(self.reporter.out, printable(line))
+
+    def warn(self, text: str) -> None:
+        """A warning, failure or error line on stderr (under --json too: stdout is events)."""
+        write_text(self.err, text)
+
+    def ask(self, question: str) -> None:
+        """A question on stderr; the answer is typed on the same line."""
+        write_text(self.err, question, end="")
+
+    def document(self, data, **options) -> None:
+        """A command's --json answer: one JSON document on stdout, written as json.dumps
+        makes it (every control and non-ASCII character a \\u escape, so nothing to escape
+        and nothing cut: a cut line would break the document)."""
+        out = self.reporter.out
+        out.write(json.dumps(data, indent=2, ensure_ascii=True, **options) + "\n")
+        out.flush()
 
     def event(self, kind: str, **fields) -> None:
         self.reporter.event(kind, **fields)

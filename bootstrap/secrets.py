@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from bootstrap.console_text import write_text
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.inventory.model import SecretRef
 
@@ -36,8 +37,8 @@ def warn_if_readable_by_others(path: Path, what: str) -> None:
     mode = path.stat().st_mode & 0o777
     if mode & 0o077 and str(path) not in _warned:
         _warned.add(str(path))
-        print(f"warning: {what}: {path} can be read by other users (mode {mode:04o}); "
-              f"run: chmod 600 {path}", file=sys.stderr)
+        write_text(sys.stderr, f"warning: {what}: {path} can be read by other users (mode {mode:04o}); "
+                               f"run: chmod 600 {path}")
 
 
 def with_secret_values(inventory):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request, wait_for
 from bootstrap.components import gpu_sharing
+from bootstrap.console_text import printable
 from bootstrap.components.rdma import resource_key
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.images import BUSYBOX, NCCL_IMAGE
@@ -333,5 +334,6 @@ def render_table(results: list[CheckResult]) -> str:
     lines = []
     for r in results:
         label = f"{r.check}:{r.node}" if r.node else r.check
-        lines.append(f"{r.status:<4}  {label:<{width}}  {r.reason}")
+        # A reason may quote a pod's log or the API: one printable line.
+        lines.append(f"{r.status:<4}  {label:<{width}}  {printable(r.reason)}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ def run(args, console) -> int:
     check_archives(inventory)
     if not args.quiet:
         gpu_nodes = [n.name for n in inventory.nodes if n.gpu.enabled is not False]
-        print(f"{inventory.source}: valid: cluster {inventory.cluster}, "
+        console.say(f"{inventory.source}: valid: cluster {inventory.cluster}, "
               f"{len(inventory.servers)} server(s), {len(inventory.agents)} agent(s)"
               f"{'' if gpu_nodes else ', no GPU nodes'}")
     if getattr(args, "hosts", False):

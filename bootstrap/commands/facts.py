@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from bootstrap.commands.common import select_nodes
 from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.loader import load_inventory
@@ -23,18 +21,18 @@ def run(args, console) -> int:
         if node.name not in facts and node.name not in session.failures:
             session.failures[node.name] = _no_output(node.name)
     if args.json:
-        print(json.dumps({
+        console.document({
             "cluster": inventory.cluster,
             "hosts": {name: value.to_dict() for name, value in sorted(facts.items())},
             "failed": {f.node: f.message + (f"; {f.hint}" if f.hint else "")
                        for f in session.failures.values()},
-        }, indent=2, sort_keys=True))
+        }, sort_keys=True)
     else:
         from bootstrap.facts.render import render_host
 
         blocks = [render_host(n.name, n.address, facts[n.name]) for n in nodes if n.name in facts]
-        print("\n\n".join(blocks))
-    report_failures(session.failures)
+        console.say("\n\n".join(blocks))
+    report_failures(session.failures, console)
     return 0
 
 

@@ -17,15 +17,15 @@ def run(args, console) -> int:
                          f"nodes are: {', '.join(sorted(names))}")
     with cluster_lock(state, "forget-host"):
         for name in args.node:
-            forget_one(state, inventory, name)
+            forget_one(state, inventory, name, console)
     return 0
 
 
-def forget_one(state, inventory, name) -> None:
+def forget_one(state, inventory, name, console) -> None:
     node = inventory.node(name)
     port = inventory.ssh_for(node).port
     entry = hostkeys.known_hosts_entry(node.address, port)
     if hostkeys.forget(state.known_hosts, node.address, port):
-        print(f"{name}: forgot the pinned host key of {entry}; the next contact pins the new machine's key")
+        console.say(f"{name}: forgot the pinned host key of {entry}; the next contact pins the new machine's key")
     else:
-        print(f"{name}: no pinned host key for {entry}")
+        console.say(f"{name}: no pinned host key for {entry}")

@@ -17,17 +17,18 @@ def run(args, console) -> int:
     state = StateDir(inventory)
     with cluster_lock(state, "kubeconfig"):  # it may pin the server's host key
         path = kubeconfig_file.fetch_over_ssh(inventory, state)
-    print(f"kubeconfig for cluster {inventory.cluster}: {path} (context {kubeconfig_file.context_name(inventory)})")
+    console.say(f"kubeconfig for cluster {inventory.cluster}: {path} "
+                f"(context {kubeconfig_file.context_name(inventory)})")
     if args.merge and not args.tunnel:
         target = kubeconfig_file.default_target()
         kubeconfig_file.merge_into(target, yaml.safe_load(path.read_text()))
-        print(f"merged into {target} as context {kubeconfig_file.context_name(inventory)}")
+        console.say(f"merged into {target} as context {kubeconfig_file.context_name(inventory)}")
     if args.tunnel:
-        hold_tunnel(inventory, state, path, args.port, args.merge)
+        hold_tunnel(inventory, state, path, args.port, args.merge, console)
     return 0
 
 
-def hold_tunnel(inventory, state, path, port: int, merge: bool) -> None:
+def hold_tunnel(inventory, state, path, port: int, merge: bool, console) -> None:
     """127.0.0.1:port -> the first server that answers, until Ctrl-C. k3s's serving
     certificate carries 127.0.0.1, so kubectl verifies TLS through it as it does direct."""
     import signal
@@ -51,19 +52,19 @@ def hold_tunnel(inventory, state, path, port: int, merge: bool) -> None:
             if merge:
                 target = kubeconfig_file.default_target()
                 kubeconfig_file.merge_into(target, yaml.safe_load(tunneled.read_text()))
-                print(f"merged into {target} as context {context}, through the tunnel")
+                console.say(f"merged into {target} as context {context}, through the tunnel")
                 use = f"kubectl --context {context} get nodes"
             else:
                 use = f"KUBECONFIG={tunneled} kubectl get nodes"
-            print(f"tunnel open: 127.0.0.1:{local} -> {server.name}:6443 over SSH; try: {use}", flush=True)
-            print("Ctrl-C closes it", flush=True)
+            console.say(f"tunnel open: 127.0.0.1:{local} -> {server.name}:6443 over SSH; try: {use}")
+            console.say("Ctrl-C closes it")
             done = threading.Event()
             signal.signal(signal.SIGTERM, lambda *_: done.set())
             try:
                 done.wait()
             except KeyboardInterrupt:
                 pass
-            print("tunnel closed")
+            console.say("tunnel closed")
             return
         finally:
             tunnel.__exit__(None, None, None)

@@ -10,7 +10,6 @@ from bootstrap.statedir import StateDir
 
 def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
-    for line in planned_changes(inventory, StateDir(inventory), console,
-                                max_unavailable=getattr(args, "max_unavailable", 1)):
-        print(line)
+    console.say_lines(planned_changes(inventory, StateDir(inventory), console,
+                                      max_unavailable=getattr(args, "max_unavailable", 1)))
     return 0

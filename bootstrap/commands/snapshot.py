@@ -11,5 +11,5 @@ def run(args, console) -> int:
     state = StateDir(inventory)
     with cluster_lock(state, "snapshot"):
         path = take(inventory, state)
-    print(f"snapshot saved: {path} (with its token beside it, 0600)")
+    console.say(f"snapshot saved: {path} (with its token beside it, 0600)")
     return 0

@@ -3,8 +3,6 @@ snapshots (bootstrap.flows.inspection)."""
 
 from __future__ import annotations
 
-import json
-
 from bootstrap.flows.inspection import cluster_status, render_status
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
@@ -13,5 +11,8 @@ from bootstrap.statedir import StateDir
 def run(args, console) -> int:
     inventory = load_inventory(args.inventory)
     report = cluster_status(inventory, StateDir(inventory), console)
-    print(json.dumps(report, indent=2) if args.json else "\n".join(render_status(report)))
+    if args.json:
+        console.document(report)
+    else:
+        console.say_lines(render_status(report))
     return 0

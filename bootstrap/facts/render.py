@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from bootstrap.console_text import printable
 from bootstrap.facts.host_facts import HostFacts
 
 
@@ -89,6 +90,7 @@ def render_host(name: str, address: str, facts: HostFacts) -> str:
     if facts.sudo_ok is False:
         rows.append(("sudo", f"not usable without a password: {facts.sudo_error}"))
     width = max(len(label) for label, _ in rows)
-    lines = [f"{name} ({address}) hostname {facts.hostname or '?'}"]
-    lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
+    # Every value is what the host answered: one printable line each, whatever it holds.
+    lines = [f"{name} ({address}) hostname {printable(facts.hostname or '?')}"]
+    lines += [f"  {label.ljust(width)}  {printable(value)}" for label, value in rows]
     return "\n".join(lines)

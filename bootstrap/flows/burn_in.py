@@ -19,7 +19,6 @@ def burn_in(inventory, state, nodes_gpus: dict[str, int], seconds: int, console,
     for node, per_gpu in verdict["gpus"].items():
         for gpu, value in sorted(per_gpu.items()):
             console.say(f"burn-in {node} GPU {gpu}: {value:.0f} GFLOP/s")
-    for line in verdict["failed"]:
-        console.say(f"burn-in FAIL {line}")
+    console.say_lines(f"burn-in FAIL {line}" for line in verdict["failed"])
     return {"gpus": {n: {str(g): v for g, v in p.items()} for n, p in verdict["gpus"].items()},
             "median": verdict.get("median"), "failed": verdict["failed"]}

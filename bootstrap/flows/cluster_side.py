@@ -7,7 +7,6 @@ A converged cluster stays untouched: the checks run when anything changed (or on
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 
 from bootstrap.cluster.client import connect as connect_to_cluster
@@ -63,7 +62,7 @@ def validate_cluster(inventory, state, facts, console, *, as_json: bool = False,
     if console.json:  # inside `up --json`: one event, not a document
         console.event("validate", checks=[r.to_dict() for r in results])
     elif as_json:
-        console.say(json.dumps({"cluster": inventory.cluster, "checks": [r.to_dict() for r in results]}, indent=2))
+        console.document({"cluster": inventory.cluster, "checks": [r.to_dict() for r in results]})
     else:
         console.say(render_table(results))
     failed = [r for r in results if r.status == "FAIL"]

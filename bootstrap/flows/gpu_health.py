@@ -93,7 +93,7 @@ def cordon_unhealthy(inventory, state, unhealthy: list[NodeHealth], console, con
             merge_patch(cluster, f"/api/v1/nodes/{result.node}", {"metadata": {
                 "labels": {HEALTH_LABEL: "error"},
                 "annotations": {HEALTH_REASON: first.message[:1000]}}})
-            console.say(f"{result.node}: cordoned (label {HEALTH_LABEL}=error): {first.message}")
+            console.say_lines([f"{result.node}: cordoned (label {HEALTH_LABEL}=error): {first.message}"])
 
 
 def render(results: list[NodeHealth]) -> list[str]:

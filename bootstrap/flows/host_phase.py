@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import secrets
-import sys
 import time
 from dataclasses import dataclass
 
@@ -118,7 +117,7 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
     errors = [f for f in findings if f.severity == "error"]
     if errors or unreachable:
         for failure in sorted(session.failures.values(), key=lambda f: f.node):
-            print(f"FAILED {failure.render()}", file=sys.stderr)
+            console.warn(f"FAILED {failure.render()}")
         problems = len(errors) + len(session.failures)
         raise PreflightFailed(f"preflight found {problems} problem(s); no host was changed",
                                    "fix the problems above and run the command again")
@@ -221,7 +220,7 @@ def _converge_hosts(session, inventory, state, options: UpOptions, console, conn
     else:
         converge_rest()
     summarise(results, started, console)
-    report_failures(session.failures)
+    report_failures(session.failures, console)
     if not options.hosts_only:
         # What k3s and the installs just created (the CNI bin dir in containerd's
         # config, a freshly installed driver) decides the cluster side: look again, while

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.node_status import ready_word
+from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.lock import cluster_lock
@@ -85,8 +86,12 @@ def render_status(report: dict) -> list[str]:
         for r in rows:
             state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
             alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
-            lines.append(f"{r['node']:<14} {r['role']:<7} {state_word:<18} {r['k3s']:<14} {r['gpus']:<22} "
-                         f"{r['driver']:<12} {r['cuda']:<5} {r.get('health', '-'):<8} {alloc}")
+            # The cells are what hosts and the API said (kubeletVersion, GPU names): one printable
+            # line each, whatever type or text they hold.
+            cell = {key: printable(r.get(key, "-"))
+                    for key in ("node", "role", "k3s", "gpus", "driver", "cuda", "health")}
+            lines.append(f"{cell['node']:<14} {cell['role']:<7} {state_word:<18} {cell['k3s']:<14} {cell['gpus']:<22} "
+                         f"{cell['driver']:<12} {cell['cuda']:<5} {cell['health']:<8} {printable(alloc)}")
     lines += [f"component {name}: {info['version']} ({info['state']})" for name, info in report["components"].items()]
     if report["inventory_as_applied"] is not None:
         lines.append("inventory: " + ("as last applied by `up`" if report["inventory_as_applied"]

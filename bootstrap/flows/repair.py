@@ -59,8 +59,7 @@ def control_plane_lost(inventory, state, facts, api_error: str, console, port_ch
             f"{', '.join(s.node for s in alive)}: the control plane is not lost; nothing was changed",
             "if the saved kubeconfig is stale, `bootstrap kubeconfig INVENTORY` fetches it again; "
             "otherwise fix the API error above and run rebuild again")
-    for server in liveness:
-        console.say(f"{server.node}: {server.reason}")
+    console.say_lines(f"{server.node}: {server.reason}" for server in liveness)
     return liveness
 
 
@@ -75,18 +74,17 @@ def choose_snapshot(state, name: str | None):
     return snapshots.newest(state)
 
 
-def confirm_restore(inventory, target: str, snapshot, assume_yes: bool) -> None:
+def confirm_restore(inventory, target: str, snapshot, assume_yes: bool, console) -> None:
     taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.taken))
-    print(f"restore: the control plane of {inventory.cluster} is restored onto {target} from {snapshot.name}, "
-          f"taken {taken} ({snapshot.age()} ago). Lost: everything the cluster recorded after it (objects "
-          f"created or changed, Helm releases upgraded, nodes joined since); {target}'s own datastore is reset "
-          "and the other servers' etcd data is deleted (they join the restored one).",
-          file=sys.stderr)
+    console.warn(f"restore: the control plane of {inventory.cluster} is restored onto {target} from {snapshot.name}, "
+                 f"taken {taken} ({snapshot.age()} ago). Lost: everything the cluster recorded after it (objects "
+                 f"created or changed, Helm releases upgraded, nodes joined since); {target}'s own datastore is "
+                 "reset and the other servers' etcd data is deleted (they join the restored one).")
     if assume_yes:
         return
     if not sys.stdin.isatty():
         raise UsageError("refusing to restore the control plane without confirmation", "add --yes to confirm")
-    print("Type the cluster name to restore: ", end="", file=sys.stderr, flush=True)
+    console.ask("Type the cluster name to restore: ")
     if sys.stdin.readline().strip() != inventory.cluster:
         raise UsageError("not confirmed; nothing was changed")
 
@@ -151,7 +149,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                         "no server's k3s answers: the control plane is lost; nothing was changed",
                         f"to restore it onto {plan.restore_on} from {snapshot.name} (taken {snapshot.age()} ago; "
                         f"everything recorded after it is lost), run: bootstrap rebuild {inventory.source} --restore")
-                confirm_restore(inventory, plan.restore_on, snapshot, options.assume_yes)
+                confirm_restore(inventory, plan.restore_on, snapshot, options.assume_yes, console)
                 restore = (plan.restore_on, snapshot.path)
                 report["restored"] = f"{plan.restore_on} from {snapshot.name}"
             else:
@@ -216,8 +214,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
           f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "
           f"unchanged {', '.join(healthy) or 'none'}"
           + (f"; not answering {', '.join(plan.unreachable)}" if plan.unreachable else ""))
-    for line in to_do:
-        console.say(line)
+    console.say_lines(to_do)  # each names a host's failure: one line each
 
 
 def next_step_for_unreachable(inventory, name: str, why) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.node_status import is_server, node_ready
+from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
 from bootstrap.rules.lost_nodes import fresh, replaced_machines
 
@@ -61,8 +62,8 @@ def find_replaced(inventory, state, facts, console, connect=connect_to_cluster) 
         return Replaced()
     nodes, error = cluster_nodes(inventory, state, connect)
     if nodes is None:
-        console.say(f"cannot ask the cluster whether a host without k3s replaces one of its machines ({error}); "
-                    "a machine re-created under an old name is refused by k3s until its Node is gone: "
+        console.say("cannot ask the cluster whether a host without k3s replaces one of its machines "
+                    f"({printable(error)}); a machine re-created under an old name is refused by k3s until its Node is gone: "
                     "`bootstrap rebuild INVENTORY` removes it")
         return Replaced()
     names = replaced_machines(inventory, nodes, facts)

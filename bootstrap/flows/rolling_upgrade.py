@@ -190,8 +190,7 @@ def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_betwee
     by batch. `take_snapshot(inventory, state)`: bootstrap.snapshots.take (a fake in tests)."""
     from bootstrap.cluster.client import connect
 
-    for line in rollout.describe():
-        console.say(line)
+    console.say_lines(rollout.describe())
     started = time.monotonic()
     before = snapshot_before(inventory, state, rollout, console, take_snapshot)
     with connect(inventory, state) as cluster:

@@ -16,10 +16,10 @@ edit to make, so the next `up` does not bring the node back.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.console_text import printable
 from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.model import Role
@@ -82,11 +82,13 @@ def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=
             console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
     if blocked:
         for failure in sorted(failures.values(), key=lambda f: f.node):
-            print(f"FAILED {failure.render()}", file=sys.stderr)
-        lines = [f"{name}: {pod} ({why})" for name, pods in blocked.items() for pod, why in pods.items()]
+            console.warn(f"FAILED {failure.render()}")
+        # Pod names and reasons are the API's words: one printable line each.
+        lines = [f"{name}: {printable(pod)} ({printable(why)})" for name, pods in blocked.items()
+                 for pod, why in pods.items()]
         raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
                           "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
-    report_failures(failures)
+    report_failures(failures, console)
 
 
 def drain_all(cluster, nodes, options: ScaleDownOptions, console):

@@ -9,9 +9,9 @@ while a server may still run k3s, they are what reaches it.
 
 from __future__ import annotations
 
-import sys
 import time
 
+from bootstrap.console_text import printable
 from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.errors import HostsFailed
 from bootstrap.lock import cluster_lock
@@ -42,7 +42,7 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
     if foreign and not force:
         for name, reason in sorted(foreign.items()):
-            print(f"REFUSED {name}: {reason}", file=sys.stderr)
+            console.warn(f"REFUSED {name}: {printable(reason)}")
         raise HostsFailed(f"not removing k3s from {', '.join(sorted(foreign))}: not set up by this cluster; "
                           "nothing was changed on any host",
                           "remove those nodes from the inventory, or add --force to wipe k3s from them anyway")
@@ -75,16 +75,16 @@ def tear_down(inventory, state, console, *, purge_drivers: bool, force: bool, op
         servers_left = [n.name for n in inventory.servers if n.name in session.failures]
         if servers_left:
             # The token and kubeconfig are the only way back into a server still running k3s.
-            print(f"kept the join token and kubeconfig in {state.path}: k3s may still run on "
-                  f"{', '.join(left)} (not reached or not removed); run `bootstrap down` again once they answer",
-                  file=sys.stderr)
+            console.warn(f"kept the join token and kubeconfig in {state.path}: k3s may still run on "
+                         f"{', '.join(left)} (not reached or not removed); run `bootstrap down` again once they "
+                         "answer")
         else:
             for name in ("token", "kubeconfig"):
                 (state.path / name).unlink(missing_ok=True)
             if not left:
                 state.renew_identity()  # the next `up` builds a new cluster, with its own id
             else:
-                print(f"k3s may still run on {', '.join(left)} (not reached): its server is gone, so it can "
-                      "never rejoin; remove k3s from it by hand or run `bootstrap down` again once it answers",
-                      file=sys.stderr)
-    report_failures(session.failures)
+                console.warn(f"k3s may still run on {', '.join(left)} (not reached): its server is gone, so it "
+                             "can never rejoin; remove k3s from it by hand or run `bootstrap down` again once it "
+                             "answers")
+    report_failures(session.failures, console)

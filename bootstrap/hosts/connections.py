@@ -4,7 +4,6 @@ folder, and the one way host failures end a command."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 
 from bootstrap.errors import HostsFailed
@@ -26,12 +25,12 @@ def open_hosts(inventory: Inventory, nodes: list[Node], command: str, console: C
             yield session
     finally:
         if log_file.exists():
-            print(f"full log: {log_file}", file=sys.stderr)
+            console.warn(f"full log: {log_file}")
 
 
-def report_failures(failures) -> None:
+def report_failures(failures, console: Console) -> None:
     for failure in sorted(failures.values(), key=lambda f: f.node):
-        print(f"FAILED {failure.render()}", file=sys.stderr)
+        console.warn(f"FAILED {failure.render()}")
     if failures:
         raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
                           f"{', '.join(sorted(failures))}")

@@ -353,8 +353,7 @@ def check_reachability(session, inventory: Inventory, facts: dict[str, HostFacts
     from bootstrap.preflight import gpu_nodes
 
     report = check(session, inventory, facts, embedded_mirror_on(inventory, bool(gpu_nodes(inventory, facts))))
-    for line in report.lines:
-        console.say(line)
+    console.say_lines(report.lines)
     return report.findings
 
 

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap.console_text import PrintableFormatter, printable
 from bootstrap.hosts import hostkeys, sshlink
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.secrets import resolve
@@ -24,9 +25,8 @@ class HostFailure:
     machine_answers: bool = False  # something answered at the address (a new host key, a refused login)
 
     def render(self) -> str:
-        from bootstrap.errors import escape_lines
-
-        return escape_lines(f"{self.node}: {self.message}" + (f" ({self.hint})" if self.hint else ""))
+        # The message quotes the host (its error line): one printable line, whatever it holds.
+        return printable(f"{self.node}: {self.message}" + (f" ({self.hint})" if self.hint else ""))
 
 
 def explain_connect_error(node: Node, address: str, port: int, error: str, inventory: Inventory) -> HostFailure:
@@ -257,7 +257,8 @@ class HostSession:
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             handler = logging.FileHandler(self.log_file)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+            # The run log quotes hosts' output and is read with `cat` or `less`: printable too.
+            handler.setFormatter(PrintableFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         for name in ("pyinfra", "paramiko"):
             logger = logging.getLogger(name)
             logger.propagate = False

@@ -219,5 +219,5 @@ def test_host_and_usage_errors_escape_what_a_terminal_would_act_on():
 
     error = BootstrapError("k3s said: \x1b[2Jall checks passed", "line one\nline two \u202e")
     assert "\x1b" not in error.render() and "\\x1b[2J" in error.render()
-    assert error.render().splitlines()[1:] == ["hint: line one", "line two \\u202e"]
+    assert error.render().splitlines()[1:] == ["hint: line one", "  line two \\u202e"]
     assert "\x1b" not in HostFailure("gpu-1", "apt: \x1b]0;owned\x07").render()
