@@ -564,17 +564,6 @@ def parse_containerd(lines: Iterable[str] | None) -> ContainerdConfig | None:
     return ContainerdConfig(runtimes=runtimes, cni_bin_dir=bin_dir)
 
 
-def parse_json_object(lines: Iterable[str] | None) -> dict:
-    """A JSON object the tool wrote earlier (its host manifest); {} when absent or damaged."""
-    import json
-
-    try:
-        value = json.loads("\n".join(_clean(lines)) or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def parse_crictl_images(lines: Iterable[str] | None) -> tuple:
     """`crictl images --digests`: IMAGE TAG DIGEST IMAGE-ID SIZE under a header line.
     One reference per image: name:tag, or name@sha256:<short digest> for untagged ones."""

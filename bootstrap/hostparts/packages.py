@@ -108,10 +108,11 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
     remove = [p for p in installed if purge_drivers or not is_driver_package(p)]
     unhold = [p for p in held if p in remove or p not in installed]  # keep holds on drivers we keep
     lines = []
+    # The names were read back from the host: quoted like any host string.
     if unhold:
-        lines.append(f"apt-mark unhold {' '.join(unhold)} >/dev/null")
+        lines.append(f"apt-mark unhold {' '.join(shlex.quote(p) for p in unhold)} >/dev/null")
     if remove:
-        lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(remove)} >/dev/null")
+        lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(shlex.quote(p) for p in remove)} >/dev/null")
     prefix = apt_lists_prefix(toolkit_source) if toolkit_source else None
     if prefix and TOOLKIT in remove:
         lines.append(f"rm -f /var/lib/apt/lists/{shlex.quote(prefix)}_*")
