@@ -31,7 +31,7 @@ def ownership(facts: HostFacts, cluster_id: str) -> Ownership:
     if facts.manifest_error:
         return Ownership("unknown", f"its {facts.manifest_error}")
     try:
-        manifest = read(facts.manifest or {})
+        manifest = read({} if facts.manifest is None else facts.manifest)
     except RemoteDataError as exc:
         return Ownership("unknown", f"its {exc}")
     if manifest:

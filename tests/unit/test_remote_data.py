@@ -1,0 +1,375 @@
+"""Remote data cannot stop other hosts: every parser of what a host (or the cluster) returns
+gives data or that host's failure with its reason, whatever the host sends.
+
+Property-based (hypothesis): probe output built from the real recordings
+(tests/fixtures/gpu-vm-h200, the golden manifest) and mutated with hostile pieces (random
+bytes, terminal escapes, wrong JSON types, nulls, 10 000-deep nesting, multi-MB input), each
+parser asserted to return its data or raise exactly RemoteDataError. Then the flows: with one
+hostile host, `down` and `up` still build and run every other host's script, and the hostile
+one fails with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from fakes import FakeSession
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_facts_parsers import h200_probe_output, recorded, section
+
+from bootstrap import progress, remote_data
+from bootstrap.cluster import client
+from bootstrap.errors import HostsFailed
+from bootstrap.facts import gpu_health
+from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.facts.probe import SECTIONS, parse_host_facts, split_sections
+from bootstrap.flows.host_phase import UpOptions, bring_up
+from bootstrap.flows.uninstall import tear_down
+from bootstrap.hostparts import manifest
+from bootstrap.hostplan.all_hosts import make_plans
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.remote_data import RemoteDataError
+from bootstrap.rules.ownership import ownership
+from bootstrap.statedir import StateDir, new_cluster_id
+from bootstrap.teardown import teardown_script
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GOLDEN_MANIFEST = json.loads((FIXTURES / "golden" / "teardown-manifest.json").read_text())
+OUR_ID = GOLDEN_MANIFEST["cluster_id"]
+H200_XML = recorded("nvidia-smi-q-x.txt")[1]
+XID_LINES = (FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid79.txt").read_text().splitlines()
+HOSTILE_MANIFEST = '{"cluster_id": null, "files": [{}]}'
+FAST = settings(max_examples=150, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# --- what a hostile host sends ------------------------------------------------------------------
+
+ESCAPES = ["\x1b]52;c;aGVsbG8=\x07", "\x1b[2J\x1b[H", "\x1b\\", "\r", "\x00", "\u202e", "\ufeff", "\udcff"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+    | st.sampled_from(ESCAPES),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12)
+
+
+def deep(depth: int, opener: str = "[") -> str:
+    closer = {"[": "]", "{": "}"}[opener]
+    if opener == "{":
+        return '{"a":' * depth + "1" + closer * depth
+    return opener * depth + closer * depth
+
+
+# Multi-MB and 10k-deep inputs are built from a size, so hypothesis keeps them cheap to draw.
+huge = st.integers(min_value=1, max_value=6).map(lambda mib: "x" * (mib * 1024 * 1024))
+nested = st.sampled_from(["[", "{"]).flatmap(lambda o: st.integers(10_000, 20_000).map(lambda d: deep(d, o)))
+hostile_text = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+    st.lists(st.sampled_from(ESCAPES), max_size=8).map("".join),
+    json_values.map(json.dumps),
+    nested,
+    huge,
+)
+hostile_bytes = st.one_of(st.binary(max_size=400), hostile_text.map(lambda t: t.encode("utf-8", "surrogatepass")))
+
+
+@st.composite
+def mutated_manifests(draw) -> dict:
+    """The golden manifest with keys replaced, removed or added: wrong types, nulls, escapes."""
+    data = dict(GOLDEN_MANIFEST)
+    for _ in range(draw(st.integers(1, 4))):
+        key = draw(st.sampled_from([*GOLDEN_MANIFEST, "extra"]))
+        if draw(st.booleans()):
+            data.pop(key, None)
+        else:
+            data[key] = draw(json_values)
+    return data
+
+
+def assert_refused_or_data(call, *args, **kwargs):
+    """`call` returns (its data) or raises RemoteDataError: nothing else escapes."""
+    try:
+        return call(*args, **kwargs)
+    except RemoteDataError as exc:
+        assert str(exc)
+        return None
+
+
+# --- the strict reader --------------------------------------------------------------------------
+
+
+@FAST
+@given(hostile_text | hostile_bytes)
+def test_loads_returns_json_or_refuses(data):
+    assert_refused_or_data(remote_data.loads, data, what="test data")
+
+
+def test_deep_nesting_is_refused_before_the_decoder_recurses():
+    for text in (deep(10_000), deep(10_000, "{"), "[" * 100_000, '["\\"[[[[' + "]" * 3 + '"]'):
+        try:
+            remote_data.loads(text, what="x")
+        except RemoteDataError as exc:
+            assert "deeper" in str(exc) or "not valid JSON" in str(exc)
+    assert remote_data.json_depth('["[[[[", {"a": "]]]{"}]') == 2  # brackets in strings do not count
+    assert remote_data.loads('{"a": [1, {"b": null}]}', what="x") == {"a": [1, {"b": None}]}
+
+
+def test_size_and_constants_are_refused():
+    with pytest.raises(RemoteDataError, match="more than"):
+        remote_data.loads(b"[" + b"1," * 600_000 + b"1]", what="x")
+    with pytest.raises(RemoteDataError, match="not valid JSON"):
+        remote_data.loads("[NaN]", what="x")
+    assert remote_data.loads(b'"\xff"', what="x") == "\ufffd"  # invalid UTF-8: replaced, not fatal
+
+
+# --- the host manifest --------------------------------------------------------------------------
+
+
+@FAST
+@given(st.one_of(mutated_manifests(), json_values))
+def test_manifest_read_and_teardown_give_data_or_the_hosts_failure(value):
+    record = assert_refused_or_data(manifest.read, value)
+    script = assert_refused_or_data(teardown_script, value, purge_drivers=False)
+    assert (record is None) == (script is None)
+    if record is not None:
+        assert isinstance(script, str) and script.endswith("exit 0\n")
+        assert not any(c in script for c in "\x1b\x00\r\u202e")
+        verdict = ownership(HostFacts(manifest=value), OUR_ID).verdict
+        assert verdict in ("ours", "foreign", "empty")
+        if record.get(manifest.ID_KEY) != OUR_ID and manifest.ID_KEY in record:
+            assert verdict == "foreign"
+    elif value is not None:  # None: no manifest at all
+        assert ownership(HostFacts(manifest=value), OUR_ID).verdict == "unknown"
+
+
+@FAST
+@given(st.one_of(mutated_manifests().map(json.dumps), hostile_text, hostile_bytes))
+def test_manifest_parse_gives_data_or_the_hosts_failure(text):
+    assert_refused_or_data(manifest.parse, text)
+
+
+def test_golden_manifest_reads_back_as_it_was_written():
+    assert manifest.read(GOLDEN_MANIFEST) == GOLDEN_MANIFEST
+    assert manifest.CLUSTER_ID.fullmatch(new_cluster_id())
+
+
+@pytest.mark.parametrize("value, reason", [
+    ({"cluster_id": None, "files": [{}]}, "cluster_id is null, not a string"),
+    ({"cluster_id": OUR_ID, "files": [{}]}, r"files\[0\] is an object, not a string"),
+    ({"cluster_id": OUR_ID, "files": ["relative/path"]}, r"files\[0\] is not of the form"),
+    ({"cluster_id": OUR_ID, "files": ["/etc/../etc/passwd"]}, "not a normalised absolute path"),
+    ({"cluster_id": OUR_ID, "packages_installed": ["x; reboot"]}, "packages_installed"),
+    ({"cluster_id": OUR_ID, "sysctl_before": {"a=1 $(reboot)": "1"}}, "sysctl_before key"),
+    ({"cluster_id": OUR_ID, "swap_disabled": "yes"}, "swap_disabled is a string"),
+    ({"cluster_id": "\x1b[2J" + OUR_ID}, "cluster_id is not of the form"),
+    ([], "is a list, not an object"),
+])
+def test_manifests_the_tool_never_writes_are_refused_with_the_reason(value, reason):
+    with pytest.raises(RemoteDataError, match=reason):
+        manifest.read(value)
+    with pytest.raises(RemoteDataError, match=reason):
+        teardown_script(value, purge_drivers=False)
+
+
+def test_a_null_cluster_id_is_never_ours():
+    facts = parse_host_facts(h200_probe_output() + section("manifest", HOSTILE_MANIFEST))
+    assert facts.manifest == {} and "cluster_id is null" in facts.manifest_error
+    owner = ownership(facts, OUR_ID)
+    assert owner.verdict == "unknown" and "cluster_id is null" in owner.reason
+    # Built by hand (not through the probe) it is refused all the same.
+    assert ownership(HostFacts(manifest={"cluster_id": None}), OUR_ID).verdict == "unknown"
+    # A manifest from before ids existed (no key at all) is still adopted.
+    assert ownership(HostFacts(manifest={"files": []}), OUR_ID).verdict == "ours"
+
+
+# --- the whole probe output ---------------------------------------------------------------------
+
+BASE_OUTPUTS = [
+    h200_probe_output(),
+    h200_probe_output() + section("manifest", json.dumps(GOLDEN_MANIFEST, indent=1)),
+    h200_probe_output() + section("nvidia-smi-xml", H200_XML) + section("xid", ["boot_id x", *XID_LINES]),
+]
+
+
+@st.composite
+def hostile_probe_output(draw) -> list[str] | str | bytes:
+    """A recorded probe output with sections added, replaced or cut, lines made hostile."""
+    lines = list(draw(st.sampled_from(BASE_OUTPUTS)))
+    for _ in range(draw(st.integers(0, 6))):
+        name = draw(st.sampled_from(SECTIONS))
+        body = draw(st.one_of(hostile_text, mutated_manifests().map(json.dumps)))
+        at = draw(st.integers(0, len(lines)))
+        lines[at:at] = section(name, body, draw(st.sampled_from([0, 1, 124, 127, 255])))
+    if lines and draw(st.booleans()):
+        at = draw(st.integers(0, len(lines) - 1))
+        lines[at] = draw(hostile_text)
+    form = draw(st.sampled_from(["lines", "text", "bytes"]))
+    if form == "lines":
+        return lines
+    text = "\n".join(lines)
+    if form == "text":
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    return data + draw(st.binary(max_size=64))  # and bytes that are not UTF-8 at all
+
+
+@FAST
+@given(hostile_probe_output())
+def test_parse_host_facts_always_gives_facts(output):
+    facts = parse_host_facts(output)
+    assert isinstance(facts, HostFacts)
+    json.dumps(facts.to_dict())  # JSON-able, as `facts --json` prints it
+    assert isinstance(facts.manifest, dict)
+    if facts.manifest_error:
+        assert facts.manifest == {} and ownership(facts, OUR_ID).verdict == "unknown"
+    else:
+        manifest.read(facts.manifest)  # what was kept is a manifest the tool would write
+    # The planners take the facts as they are: a script or that host's failure.
+    assert_refused_or_data(teardown_script, facts.manifest, purge_drivers=True)
+
+
+@FAST
+@given(hostile_bytes | hostile_text)
+def test_split_sections_takes_any_bytes(data):
+    assert isinstance(split_sections(data), dict)
+
+
+def test_probe_output_is_capped_and_decoded_on_the_tools_side():
+    flood = b"\xff\xfe" * (20 * 1024 * 1024)
+    facts = parse_host_facts(b"\n".join(l.encode() for l in h200_probe_output()) + b"\n" + flood)
+    assert facts.gpus and facts.gpus[0].name == "NVIDIA H200"
+    long_line = section("os-release", ["PRETTY_NAME=" + "A" * 1_000_000])
+    assert len(parse_host_facts(long_line).os_pretty) <= 64 * 1024
+
+
+# --- GPU health and the kernel log --------------------------------------------------------------
+
+
+@FAST
+@given(st.one_of(hostile_text, hostile_bytes.map(lambda b: b.decode("utf-8", "replace")),
+                 st.lists(hostile_text, max_size=5).map(lambda extra: H200_XML + extra)))
+def test_nvidia_smi_xml_and_the_kernel_log_give_data(text):
+    assert isinstance(gpu_health.parse_nvsmi_xml(text), list)
+    assert isinstance(gpu_health.gpu_health(text, text, text), list)
+    events = gpu_health.parse_xid(text if isinstance(text, list) else [*XID_LINES, *text.splitlines()])
+    assert all(isinstance(e, gpu_health.XidEvent) and e.text.isprintable() for e in events)
+    assert isinstance(gpu_health.parse_nvlink_status(text), dict)
+    assert isinstance(gpu_health.parse_topo_nvlinks(text), dict)
+
+
+# --- JSON from the cluster ----------------------------------------------------------------------
+
+
+@FAST
+@given(hostile_text | hostile_bytes)
+def test_cluster_api_bodies_give_data(body):
+    parsed = client._parse(body)
+    assert isinstance(parsed, dict)
+
+
+def test_cluster_api_body_too_deep_is_a_message_not_a_recursion_error():
+    assert "message" in client._parse(deep(50_000))
+    assert client._parse(b'{"kind": "Node"}') == {"kind": "Node"}
+
+
+# --- one hostile host, the others go on ---------------------------------------------------------
+
+K3S = K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [SystemdUnit("k3s.service", "loaded", "active")])
+
+
+def three_hosts(tmp_path, extra: str = ""):
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "t", "state_dir": "state", "nodes": [
+        {"name": "cp", "address": "10.0.0.1", "role": "server"}, {"name": "a1", "address": "10.0.0.2"},
+        {"name": "a2", "address": "10.0.0.3"}]}) + extra)
+    inventory = load_inventory(path)
+    return inventory, StateDir(inventory)
+
+
+def hostile_host() -> HostFacts:
+    return replace(parse_host_facts(h200_probe_output() + section("manifest", HOSTILE_MANIFEST)), k3s=K3S)
+
+
+def test_down_removes_the_others_and_names_the_hostile_hosts_reason(tmp_path, capsys):
+    inventory, state = three_hosts(tmp_path)
+    state.write_secret("token", "secret\n")
+    ours = {"cluster_id": state.cluster_id, "files": []}
+    facts = {"cp": HostFacts(manifest=ours, k3s=K3S), "a1": hostile_host(), "a2": HostFacts(manifest=ours, k3s=K3S)}
+    session = FakeSession(inventory, facts)
+    with pytest.raises(HostsFailed, match="1 host failed: a1"):
+        tear_down(inventory, state, progress.Console(progress.Reporter()), purge_drivers=False, force=False,
+                  open_session=lambda *a: contextlib.nullcontext(session))
+    assert session.executed == [("remove agent", "a2"), ("remove server", "cp")]
+    assert "cluster_id is null" in session.failures["a1"].message
+    assert "nothing was removed" in session.failures["a1"].message
+    assert "FAILED a1: its /var/lib/bootstrap/manifest.json: cluster_id is null" in capsys.readouterr().err
+
+
+def test_down_force_wipes_k3s_from_a_host_whose_manifest_cannot_be_read(tmp_path):
+    inventory, state = three_hosts(tmp_path)
+    ours = {"cluster_id": state.cluster_id, "files": []}
+    facts = {"cp": HostFacts(manifest=ours, k3s=K3S), "a1": hostile_host(), "a2": HostFacts(manifest=ours, k3s=K3S)}
+    session = FakeSession(inventory, facts)
+    tear_down(inventory, state, progress.Console(progress.Reporter()), purge_drivers=False, force=True,
+              open_session=lambda *a: contextlib.nullcontext(session))
+    assert ("remove agent", "a1") in session.executed and not session.failures
+
+
+def test_down_with_a_raw_manifest_fact_still_tears_the_others_down(tmp_path):
+    # Facts not from the probe (as tests and other callers build them) holding the raw value.
+    inventory, state = three_hosts(tmp_path)
+    ours = {"cluster_id": state.cluster_id, "files": []}
+    facts = {"cp": HostFacts(manifest=ours, k3s=K3S), "a1": HostFacts(manifest={"cluster_id": None, "files": [{}]}),
+             "a2": HostFacts(manifest=ours, k3s=K3S)}
+    session = FakeSession(inventory, facts)
+    with pytest.raises(HostsFailed):
+        tear_down(inventory, state, progress.Console(progress.Reporter()), purge_drivers=False, force=False,
+                  open_session=lambda *a: contextlib.nullcontext(session))
+    assert session.executed == [("remove agent", "a2"), ("remove server", "cp")]
+
+
+def test_every_other_hosts_plan_is_built(tmp_path):
+    from test_hostparts import airgap_inventory
+
+    inventory = airgap_inventory(tmp_path)
+    from bootstrap.artifacts import k3s_artifacts
+
+    artifacts = k3s_artifacts(inventory, {"amd64"})
+    facts = {"cp-1": HostFacts(arch="amd64"), "gpu-1": HostFacts(arch="amd64", manifest={"cluster_id": None,
+                                                                                         "files": [{}]})}
+    plans = make_plans(inventory, facts, "tok", artifacts, OUR_ID)
+    assert set(plans.plans) == {"cp-1"}
+    assert "cluster_id is null" in plans.failures["gpu-1"]
+
+
+class KubeconfigSession(FakeSession):
+    def read_root_file(self, name, path):
+        return None  # the hosts' half only: no kubeconfig to read here
+
+
+def test_up_converges_the_others_and_names_the_hostile_hosts_reason(tmp_path, capsys):
+    folder = tmp_path / "air"
+    folder.mkdir()
+    (folder / "k3s").write_bytes(b"k3s")
+    (folder / "k3s-airgap-images-amd64.tar.zst").write_bytes(b"images")
+    inventory, state = three_hosts(tmp_path, f"k3s: {{airgap: {folder}, version: v1.33.5+k3s1}}\n")
+    healthy = replace(parse_host_facts(h200_probe_output()), init_process="systemd", has_systemd=True, gpus=[],
+                      nvidia_pci=[])
+    facts = {"cp": replace(healthy, hostname="cp"), "a1": replace(hostile_host(), init_process="systemd",
+                                                                   has_systemd=True, gpus=[], nvidia_pci=[],
+                                                                   hostname="a1", k3s=None),
+             "a2": replace(healthy, hostname="a2")}
+    session = KubeconfigSession(inventory, facts)
+    with pytest.raises(HostsFailed, match="a1"):
+        bring_up(inventory, state, UpOptions(hosts_only=True), progress.Console(progress.Reporter()),
+                 open_session=lambda *a: contextlib.nullcontext(session))
+    ran = {host for _, host in session.executed}
+    assert {"cp", "a2"} <= ran and "a1" not in ran
+    assert "cluster_id is null" in session.failures["a1"].message
+    out = capsys.readouterr()
+    assert "a1: owner: its /var/lib/bootstrap/manifest.json: cluster_id is null" in out.out
