@@ -220,8 +220,9 @@ probe() {
   if [ "$BOOTSTRAP_HEALTH" = 1 ] && { has nvidia-smi || [ -n "$nvidia_pci" ]; }; then sec xid p_xid; fi
 }
 probe_clock() { sec clock p_clock; }
-# pyinfra decodes output as strict UTF-8: make every byte printable ASCII first.
-if has tr; then { probe; probe_clock; } 2>&1 | tr -c '\11\12\40-\176' '?'; else { probe; probe_clock; } 2>&1; fi
+# No filter here: the host decides what runs on it. The tool reads the output as bytes and
+# decodes and caps it itself (bootstrap.hosts.remote_output, probe.output_lines).
+{ probe; probe_clock; } 2>&1
 exit 0
 """
 # The host parts' own sections and what they name (their kernel settings, packages, unit

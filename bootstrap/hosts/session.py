@@ -10,8 +10,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
+
 from bootstrap.hosts import hostkeys, sshlink
+from bootstrap.hosts.remote_output import read_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
+from bootstrap.remote_data import RemoteDataError
 from bootstrap.secrets import resolve
 from bootstrap.statedir import StateDir
 
@@ -340,5 +344,36 @@ class HostSession:
 
         if not self._state.active_hosts:
             return {}
+        if getattr(fact_cls, "untrusted_output", False):
+            return self._gather_untrusted(fact_cls(), fact_kwargs)
         results = get_facts(self._state, fact_cls, kwargs={"_sudo": False, **fact_kwargs})
         return {host.name: value for host, value in results.items() if host.name not in self.failures}
+
+    def _gather_untrusted(self, fact, fact_kwargs: dict) -> dict:
+        """A fact parsed from its output's bytes (fact.process_bytes), read by
+        bootstrap.hosts.remote_output on every active host in parallel. A host whose output is
+        refused (too much, too slow) or whose connection fails is that host's failure."""
+        import gevent
+
+        command = sh_command(str(fact.command(**fact_kwargs)))
+        what = "the facts probe"
+
+        def run(name: str):
+            client = self.ssh_client(name)
+            if client is None:
+                self.fail(name, f"{what}: no SSH connection to run it on")
+                return None
+            try:
+                output = read_command(client, command, max_bytes=fact.max_output_bytes, timeout=fact.timeout_s,
+                                      what=what)
+            except RemoteDataError as exc:
+                self.fail(name, str(exc))
+                return None
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                self.fail(name, f"{what}: SSH error: {_reason(str(exc))}")
+                return None
+            return fact.process_bytes(output)
+
+        jobs = {node.name: gevent.spawn(run, node.name) for node in self.active_nodes()}
+        gevent.joinall(list(jobs.values()))
+        return {name: job.value for name, job in jobs.items() if job.value is not None and name not in self.failures}

@@ -373,3 +373,123 @@ def test_up_converges_the_others_and_names_the_hostile_hosts_reason(tmp_path, ca
     assert "cluster_id is null" in session.failures["a1"].message
     out = capsys.readouterr()
     assert "a1: owner: its /var/lib/bootstrap/manifest.json: cluster_id is null" in out.out
+
+
+# --- the probe's output is read as bytes, on the tool's side ------------------------------------
+
+
+class FakeChannel:
+    """A paramiko channel that hands out `chunks` (None: a silent poll, socket.timeout)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.closed, self.combined, self.command = list(chunks), False, False, None
+
+    def set_combine_stderr(self, combine):
+        self.combined = combine
+
+    def settimeout(self, seconds):
+        pass
+
+    def exec_command(self, command):
+        self.command = command
+
+    def shutdown_write(self):
+        pass
+
+    def recv(self, size):
+        import socket
+
+        if not self.chunks:
+            return b""
+        chunk = self.chunks.pop(0)
+        if chunk is None:
+            self.chunks.insert(0, None)  # silent for ever
+            raise socket.timeout()
+        return chunk
+
+    def close(self):
+        self.closed = True
+
+
+class FakeClient:
+    def __init__(self, channel):
+        self.channel = channel
+
+    def get_transport(self):
+        client = self
+
+        class Transport:
+            def is_active(self):
+                return True
+
+            def open_session(self, timeout=None):
+                return client.channel
+
+        return Transport()
+
+
+def test_read_command_keeps_bytes_and_refuses_floods_and_silence():
+    from bootstrap.hosts.remote_output import read_command, sh_command
+
+    channel = FakeChannel([b"ok \xff\x1b[2J", b"\n"])
+    assert read_command(FakeClient(channel), sh_command("echo 'x'"), max_bytes=100, timeout=5, what="p") \
+        == b"ok \xff\x1b[2J\n"
+    assert channel.combined and channel.closed and channel.command == "sh -c 'echo '\"'\"'x'\"'\"''"
+    flood = FakeChannel([b"x" * 65536] * 40)
+    with pytest.raises(RemoteDataError, match="printed more than 1 MiB"):
+        read_command(FakeClient(flood), "probe", max_bytes=1024 * 1024, timeout=5, what="p")
+    assert flood.closed
+    silent = FakeChannel([b"start", None])
+    with pytest.raises(RemoteDataError, match="did not finish in 0 s"):
+        read_command(FakeClient(silent), "probe", max_bytes=100, timeout=0, what="p")
+    assert silent.closed
+
+
+def test_the_probe_filters_nothing_on_the_host():
+    from bootstrap.facts.probe import PROBE_SCRIPT
+
+    assert "tr -c" not in PROBE_SCRIPT  # a filter on the host runs as the host decides
+
+
+def test_gather_reads_each_host_as_bytes_and_fails_only_the_flooding_one(tmp_path):
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.hosts.session import HostSession
+
+    inventory, _ = three_hosts(tmp_path)
+    probe = "\n".join(h200_probe_output()).encode() + b"\n"
+    channels = {"cp": FakeChannel([probe]),
+                "a1": FakeChannel([b"\xff\xfe\x1b]52;c;eA==\x07" * 6000] * 300),  # 19 MiB
+                "a2": FakeChannel([probe.replace(b"Ubuntu 24.04.3 LTS", b"Ubuntu \xff\x1b[2J")])}
+
+    class State:
+        failed_hosts, active_hosts = set(), {"cp", "a1", "a2"}
+
+        class inventory:
+            get_host = staticmethod(lambda name: name)
+
+    session = HostSession.__new__(HostSession)
+    session.nodes, session.failures, session._state = list(inventory.nodes), {}, State()
+    session.ssh_client = lambda name: FakeClient(channels[name])
+    facts = session.gather(HostFactsFact, paths=("/etc/rancher/k3s/config.yaml",))
+    assert set(facts) == {"cp", "a2"} and "printed more than 16 MiB" in session.failures["a1"].message
+    assert facts["cp"].gpus[0].name == "NVIDIA H200"
+    assert facts["a2"].os_pretty == "Ubuntu \ufffd\x1b[2J"  # decoded here; printing escapes it
+    assert channels["cp"].command.startswith("sh -c ") and "BOOTSTRAP_FILES=" in channels["cp"].command
+
+
+# --- the reachability scripts' answers ------------------------------------------------------------
+
+REACH_WORDS = st.sampled_from(["bound", "busy", "sent", "got", "end", "tcp", "udp", "6443", "x", "-1", "99999999",
+                               "\u0661\u0662", "10.0.0.1", "cp-1", "\x1b[2J", ""])
+reach_lines = st.lists(st.lists(REACH_WORDS, max_size=6).map(" ".join), max_size=20).map("\n".join)
+
+
+@FAST
+@given(st.one_of(reach_lines, hostile_text, reach_lines.map(lambda t: t + "\nend")))
+def test_reachability_answers_give_data_whatever_a_host_prints(text):
+    from bootstrap.hosts.reachability import parse_bound, parse_received, parse_sent
+
+    for parse in (parse_bound, parse_sent, parse_received):
+        result = parse(text)
+        assert result is None or isinstance(result, (dict, set))
+    assert parse_bound("bound tcp 6443\nbound tcp x\nbusy udp ١٢ in_use") == {("tcp", 6443): "ok"}
