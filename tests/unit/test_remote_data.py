@@ -493,3 +493,30 @@ def test_reachability_answers_give_data_whatever_a_host_prints(text):
         result = parse(text)
         assert result is None or isinstance(result, (dict, set))
     assert parse_bound("bound tcp 6443\nbound tcp x\nbusy udp ١٢ in_use") == {("tcp", 6443): "ok"}
+
+
+# --- whatever one host answers, preflight and the plans of the others are made ---------------------
+
+def _golden_inventory():
+    from test_golden import INVENTORY
+
+    return INVENTORY
+
+
+@FAST
+@given(hostile_probe_output(), hostile_probe_output())
+def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, second):
+    from collections import defaultdict
+
+    from bootstrap.artifacts import online_artifacts
+    from bootstrap.preflight import ownership_findings, preflight
+
+    inventory = _golden_inventory()
+    honest = replace(parse_host_facts(h200_probe_output()), manifest=GOLDEN_MANIFEST)
+    facts = {"cp-1": parse_host_facts(first), "gpu-1": parse_host_facts(second), "cpu-1": honest}
+    findings = preflight(inventory, facts) + ownership_findings(inventory, facts, OUR_ID)
+    assert all(f.node in facts for f in findings)
+    artifacts = defaultdict(lambda: online_artifacts("v1.33.5+k3s1", "amd64"))
+    plans = make_plans(inventory, facts, "tok", artifacts, OUR_ID)
+    assert "cpu-1" in plans.plans  # the honest host's plan, whatever the others said
+    assert set(plans.plans) | set(plans.failures) == set(facts)
