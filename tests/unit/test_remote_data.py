@@ -28,6 +28,7 @@ from bootstrap.errors import HostsFailed
 from bootstrap.facts import gpu_health
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import SECTIONS, parse_host_facts, split_sections
+from bootstrap.facts.render import render_host
 from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.uninstall import tear_down
 from bootstrap.hostparts import manifest
@@ -179,6 +180,7 @@ def test_manifests_the_tool_never_writes_are_refused_with_the_reason(value, reas
 def test_a_null_cluster_id_is_never_ours():
     facts = parse_host_facts(h200_probe_output() + section("manifest", HOSTILE_MANIFEST))
     assert facts.manifest == {} and "cluster_id is null" in facts.manifest_error
+    assert "refused: /var/lib/bootstrap/manifest.json: cluster_id is null" in render_host("n", "a", facts)
     owner = ownership(facts, OUR_ID)
     assert owner.verdict == "unknown" and "cluster_id is null" in owner.reason
     # Built by hand (not through the probe) it is refused all the same.
@@ -231,6 +233,7 @@ def test_parse_host_facts_always_gives_facts(output):
         manifest.read(facts.manifest)  # what was kept is a manifest the tool would write
     # The planners take the facts as they are: a script or that host's failure.
     assert_refused_or_data(teardown_script, facts.manifest, purge_drivers=True)
+    assert isinstance(render_host("n", "10.0.0.1", facts), str)  # `bootstrap facts`
 
 
 @FAST
