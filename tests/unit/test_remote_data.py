@@ -512,7 +512,9 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
     from collections import defaultdict
 
     from bootstrap.artifacts import online_artifacts
+    from bootstrap.hostplan.rollout import plan_rollout, version_findings
     from bootstrap.preflight import ownership_findings, preflight
+    from bootstrap.rules import reachability as rr
 
     inventory = _golden_inventory()
     honest = replace(parse_host_facts(h200_probe_output()), manifest=GOLDEN_MANIFEST)
@@ -520,6 +522,10 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
     findings = preflight(inventory, facts) + ownership_findings(inventory, facts, OUR_ID)
     assert all(f.node in facts for f in findings)
     artifacts = defaultdict(lambda: online_artifacts("v1.33.5+k3s1", "amd64"))
+    findings += version_findings(inventory, facts, "v1.34.1+k3s1", {})
+    probes = rr.plan_probes(inventory, facts, embedded_mirror=True)
+    assert isinstance(rr.findings(inventory, probes, []), list)
     plans = make_plans(inventory, facts, "tok", artifacts, OUR_ID)
     assert "cpu-1" in plans.plans  # the honest host's plan, whatever the others said
     assert set(plans.plans) | set(plans.failures) == set(facts)
+    plan_rollout(inventory, facts, plans.plans, "v1.34.1+k3s1")
