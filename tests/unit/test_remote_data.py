@@ -529,3 +529,20 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
     assert "cpu-1" in plans.plans  # the honest host's plan, whatever the others said
     assert set(plans.plans) | set(plans.failures) == set(facts)
     plan_rollout(inventory, facts, plans.plans, "v1.34.1+k3s1")
+
+
+# --- pod logs (served by the pod's node) ----------------------------------------------------------
+
+LOG_PIECES = st.sampled_from(["# Avg bus bandwidth : ", "1.2.3", ".", "12.5", "gpu 0: ", "gpu ١: ", "x = ",
+                              " single-precision GFLOP/s", "\n", "\x1b[2J", "99999999999999999999"])
+
+
+@FAST
+@given(st.one_of(hostile_text, st.lists(LOG_PIECES, max_size=30).map("".join)))
+def test_pod_logs_give_numbers_or_nothing(log):
+    from bootstrap.cluster.burn_in import throughputs
+    from bootstrap.cluster.checks import parse_busbw
+
+    assert parse_busbw(log) is None or isinstance(parse_busbw(log), float)
+    assert all(isinstance(v, float) for v in throughputs(log).values())
+    assert parse_busbw("# Avg bus bandwidth : 1.2.3") == 1.2
