@@ -527,14 +527,25 @@ def parse_key_values(lines: Iterable[str] | None) -> dict[str, str]:
     return dict(line.split("=", 1) for line in _clean(lines) if "=" in line)
 
 
+# A Debian package name (policy 5.6.1) and version (5.6.12): the names go into apt command
+# lines, so a line that does not fit is not a package.
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]{0,127}")
+_PACKAGE_VERSION = re.compile(r"[A-Za-z0-9.+~:-]{1,128}")
+
+
+def _package(parts: list[str]) -> str | None:
+    name = parts[1].split(":")[0]
+    return name if _PACKAGE_NAME.fullmatch(name) and _PACKAGE_VERSION.fullmatch(parts[2]) else None
+
+
 def parse_packages(lines: Iterable[str] | None) -> dict[str, str]:
     """dpkg-query `${db:Status-Abbrev} name version` lines -> {name: version} of installed
     packages ("ii", or "hi" when held: the second letter is the installed state)."""
     installed = {}
     for line in _clean(lines):
         parts = line.split()
-        if len(parts) >= 3 and len(parts[0]) >= 2 and parts[0][1] == "i":
-            installed[parts[1].split(":")[0]] = parts[2]
+        if len(parts) >= 3 and len(parts[0]) >= 2 and parts[0][1] == "i" and (name := _package(parts)):
+            installed[name] = parts[2]
     return installed
 
 
@@ -543,8 +554,8 @@ def parse_held(lines: Iterable[str] | None) -> list[str]:
     held = []
     for line in _clean(lines):
         parts = line.split()
-        if len(parts) >= 3 and parts[0][:2] == "hi":
-            held.append(parts[1].split(":")[0])
+        if len(parts) >= 3 and parts[0][:2] == "hi" and (name := _package(parts)):
+            held.append(name)
     return sorted(held)
 
 

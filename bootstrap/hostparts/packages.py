@@ -86,7 +86,7 @@ def plan(draft: Draft, packages: list[str], toolkit_source: str | None, facts: H
     nvidia = [p for p in facts.packages if p.startswith(HOLD_PREFIXES)] + ([TOOLKIT] if new_toolkit else [])
     to_hold = sorted(set(nvidia) - set(facts.held_packages))
     if to_hold:
-        draft.add(Action.HOLD_PACKAGES, [f"apt-mark hold {' '.join(to_hold)} >/dev/null"],
+        draft.add(Action.HOLD_PACKAGES, [f"apt-mark hold {' '.join(shlex.quote(p) for p in to_hold)} >/dev/null"],
                   f"hold {', '.join(to_hold)} against unattended upgrades")
         draft.manifest["packages_held"] = sorted(set(draft.manifest.get("packages_held", [])) | set(to_hold))
 

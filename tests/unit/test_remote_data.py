@@ -546,3 +546,13 @@ def test_pod_logs_give_numbers_or_nothing(log):
     assert parse_busbw(log) is None or isinstance(parse_busbw(log), float)
     assert all(isinstance(v, float) for v in throughputs(log).values())
     assert parse_busbw("# Avg bus bandwidth : 1.2.3") == 1.2
+
+
+def test_package_names_a_host_prints_are_checked_before_they_reach_apt():
+    from bootstrap.facts import parsers as p
+
+    lines = ["hi nvidia-x;reboot 1.0", "ii nvidia-utils-580 580.159.04-0ubuntu1", "hi libnvidia-gl-580 $(id)",
+             "hi nvidia-kernel-common-580:amd64 1:580.159.04"]
+    assert p.parse_packages(lines) == {"nvidia-utils-580": "580.159.04-0ubuntu1",
+                                       "nvidia-kernel-common-580": "1:580.159.04"}
+    assert p.parse_held(lines) == ["nvidia-kernel-common-580"]
