@@ -480,24 +480,6 @@ def test_gather_reads_each_host_as_bytes_and_fails_only_the_flooding_one(tmp_pat
     assert channels["cp"].command.startswith("sh -c ") and "BOOTSTRAP_FILES=" in channels["cp"].command
 
 
-# --- the reachability scripts' answers ------------------------------------------------------------
-
-REACH_WORDS = st.sampled_from(["bound", "busy", "sent", "got", "end", "tcp", "udp", "6443", "x", "-1", "99999999",
-                               "\u0661\u0662", "10.0.0.1", "cp-1", "\x1b[2J", ""])
-reach_lines = st.lists(st.lists(REACH_WORDS, max_size=6).map(" ".join), max_size=20).map("\n".join)
-
-
-@FAST
-@given(st.one_of(reach_lines, hostile_text, reach_lines.map(lambda t: t + "\nend")))
-def test_reachability_answers_give_data_whatever_a_host_prints(text):
-    from bootstrap.hosts.reachability import parse_bound, parse_received, parse_sent
-
-    for parse in (parse_bound, parse_sent, parse_received):
-        result = parse(text)
-        assert result is None or isinstance(result, (dict, set))
-    assert parse_bound("bound tcp 6443\nbound tcp x\nbusy udp ١٢ in_use") == {("tcp", 6443): "ok"}
-
-
 # --- whatever one host answers, preflight and the plans of the others are made ---------------------
 
 def _golden_inventory():
