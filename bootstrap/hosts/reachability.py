@@ -13,7 +13,6 @@ port involved is above 1024.
 
 from __future__ import annotations
 
-import re
 import secrets
 import shlex
 from dataclasses import dataclass
@@ -186,11 +185,9 @@ def collect_command(token: str) -> str:
     return _python(COLLECT, token)
 
 
-def _records(text: str, kinds: tuple[str, ...], size: int, port_at: int) -> list[list[str]]:
-    """The lines of a script's output that start with one of `kinds`, as words; a line whose
-    word at `port_at` is not a port is not one of the script's (the host wrote it)."""
-    return [w for w in (line.split() for line in text.splitlines())
-            if len(w) >= size and w[0] in kinds and re.fullmatch(r"[0-9]{1,5}", w[port_at])]
+def _records(text: str, kinds: tuple[str, ...], size: int) -> list[list[str]]:
+    """The lines of a script's output that start with one of `kinds`, as words."""
+    return [w for w in (line.split() for line in text.splitlines()) if len(w) >= size and w[0] in kinds]
 
 
 def parse_bound(text: str | None) -> dict[tuple, str] | None:
@@ -198,21 +195,21 @@ def parse_bound(text: str | None) -> dict[tuple, str] | None:
     if text is None:
         return None
     return {(w[1], int(w[2])): "ok" if w[0] == "bound" else " ".join(w[3:]).replace("_", " ")
-            for w in _records(text, ("bound", "busy"), 3, 2)}
+            for w in _records(text, ("bound", "busy"), 3)}
 
 
 def parse_sent(text: str | None) -> dict[tuple, str] | None:
     """The prober's "sent tcp 10.0.0.5 6443 ok" lines: {(address, proto, port): word}."""
     if text is None:
         return None
-    return {(w[2], w[1], int(w[3])): w[4].replace("_", " ") for w in _records(text, ("sent",), 5, 3)}
+    return {(w[2], w[1], int(w[3])): w[4].replace("_", " ") for w in _records(text, ("sent",), 5)}
 
 
 def parse_received(text: str | None) -> set[tuple] | None:
     """The listener's answer, "got udp 8472 cp-1" lines and "end"; cut short: no answer."""
     if text is None or not text.rstrip().endswith("end"):
         return None
-    return {(w[3], w[1], int(w[2])) for w in _records(text, ("got",), 4, 2)}
+    return {(w[3], w[1], int(w[2])) for w in _records(text, ("got",), 4)}
 
 
 @dataclass
