@@ -496,7 +496,9 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
     from bootstrap.artifacts import online_artifacts
     from bootstrap.hostplan.rollout import plan_rollout, version_findings
     from bootstrap.preflight import ownership_findings, preflight
+    from bootstrap.cluster.liveness import service_verdict
     from bootstrap.rules import reachability as rr
+    from bootstrap.rules.lost_nodes import classify
 
     inventory = _golden_inventory()
     honest = replace(parse_host_facts(h200_probe_output()), manifest=GOLDEN_MANIFEST)
@@ -511,6 +513,9 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
     assert "cpu-1" in plans.plans  # the honest host's plan, whatever the others said
     assert set(plans.plans) | set(plans.failures) == set(facts)
     plan_rollout(inventory, facts, plans.plans, "v1.34.1+k3s1")
+    classify(inventory, {}, facts)  # rebuild: what is lost, from the same answers
+    for server in inventory.servers:  # whether a server's k3s runs, from its answers alone
+        service_verdict(server, facts.get(server.name))
 
 
 # --- pod logs (served by the pod's node) ----------------------------------------------------------
