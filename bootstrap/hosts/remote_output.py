@@ -27,8 +27,14 @@ def sh_command(script: str) -> str:
 
 def read_command(client, command: str, *, max_bytes: int, timeout: float, what: str) -> bytes:
     """Run `command` on the host behind paramiko `client` and return its output (stdout and
-    stderr together) as bytes. RemoteDataError when it prints more than `max_bytes` or has
-    not finished after `timeout` seconds: that host's failure, with the reason."""
+    stderr together) as bytes, whatever its exit status. RemoteDataError when it prints more
+    than `max_bytes` or has not finished after `timeout` seconds: that host's failure, with
+    the reason."""
+    return run_command(client, command, max_bytes=max_bytes, timeout=timeout, what=what)[1]
+
+
+def run_command(client, command: str, *, max_bytes: int, timeout: float, what: str) -> tuple[int, bytes]:
+    """As read_command, with the command's exit status: (status, output)."""
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise RemoteDataError(f"{what}: the SSH connection is closed")
@@ -38,7 +44,13 @@ def read_command(client, command: str, *, max_bytes: int, timeout: float, what: 
         channel.settimeout(POLL_S)
         channel.exec_command(command)
         channel.shutdown_write()
-        return _read_all(channel, max_bytes, time.monotonic() + timeout, timeout, what)
+        deadline = time.monotonic() + timeout
+        output = _read_all(channel, max_bytes, deadline, timeout, what)
+        # The status follows the output's end; a host that withholds it is as late as one
+        # that keeps printing.
+        if not channel.status_event.wait(max(deadline - time.monotonic(), 0)):
+            raise RemoteDataError(f"{what} did not finish in {timeout:.0f} s")
+        return channel.recv_exit_status(), output
     finally:
         channel.close()
 
@@ -57,5 +69,9 @@ def _read_all(channel, max_bytes: int, deadline: float, timeout: float, what: st
             return b"".join(chunks)
         size += len(data)
         if size > max_bytes:
-            raise RemoteDataError(f"{what} printed more than {max_bytes // (1024 * 1024)} MiB")
+            raise RemoteDataError(f"{what} printed more than {_size(max_bytes)}")
         chunks.append(data)
+
+
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count // 1024} KiB"

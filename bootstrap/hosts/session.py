@@ -13,11 +13,15 @@ from pathlib import Path
 import paramiko
 
 from bootstrap.hosts import hostkeys, sshlink
-from bootstrap.hosts.remote_output import read_command, sh_command
+from bootstrap.hosts.remote_output import read_command, run_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.remote_data import RemoteDataError
 from bootstrap.secrets import resolve
 from bootstrap.statedir import StateDir
+
+
+# A file the tool reads back as root (k3s.yaml, the server token) is a few KiB.
+MAX_ROOT_FILE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -306,13 +310,23 @@ class HostSession:
         return execute(self, steps, after)
 
     def read_root_file(self, name: str, path: str) -> str | None:
-        """A root-only file's text from one host (never logged), or None when it cannot be read."""
+        """A root-only file's text from one host (never logged), or None when it cannot be read.
+        Read as bytes over the session's connection (bootstrap.hosts.remote_output): at most
+        MAX_ROOT_FILE_BYTES, within a minute; bytes that are not UTF-8 are replaced."""
         import shlex
 
+        client = self.ssh_client(name)
+        if client is None:
+            return None
         host = self._state.inventory.get_host(name)
-        ok, output = host.run_shell_command(f"cat {shlex.quote(path)}", _sudo=bool(host.data.get("_sudo", False)),
-                                            print_output=False, print_input=False)
-        return output.stdout if ok else None
+        # As pyinfra's _sudo runs it; sudo's own messages are not the file's text.
+        sudo = "sudo -H -n " if host.data.get("_sudo", False) else ""
+        try:
+            status, data = run_command(client, f"{sudo}cat {shlex.quote(path)} 2>/dev/null",
+                                       max_bytes=MAX_ROOT_FILE_BYTES, timeout=60, what=path)
+        except (RemoteDataError, OSError, EOFError, paramiko.SSHException):
+            return None
+        return data.decode("utf-8", "replace") if status == 0 else None
 
     def run_each(self, commands: dict[str, str], what: str = "command") -> dict[str, str | None]:
         """One shell command per host (its own), all in parallel, as the login user:

@@ -384,8 +384,15 @@ def test_up_converges_the_others_and_names_the_hostile_hosts_reason(tmp_path, ca
 class FakeChannel:
     """A paramiko channel that hands out `chunks` (None: a silent poll, socket.timeout)."""
 
-    def __init__(self, chunks):
+    def __init__(self, chunks, status: int = 0):
+        import threading
+
         self.chunks, self.closed, self.combined, self.command = list(chunks), False, False, None
+        self.status, self.status_event = status, threading.Event()
+        self.status_event.set()
+
+    def recv_exit_status(self):
+        return self.status
 
     def set_combine_stderr(self, combine):
         self.combined = combine
@@ -448,6 +455,37 @@ def test_read_command_keeps_bytes_and_refuses_floods_and_silence():
     assert silent.closed
 
 
+def session_over(inventory, channels, sudo=True):
+    """A HostSession whose hosts' SSH connections are FakeClients over `channels`."""
+    from bootstrap.hosts.session import HostSession
+
+    class Host:
+        data = {"_sudo": sudo}
+
+    class State:
+        failed_hosts, active_hosts = set(), set(channels)
+
+        class inventory:
+            get_host = staticmethod(lambda name: Host())
+
+    session = HostSession.__new__(HostSession)
+    session.nodes, session.failures, session._state = list(inventory.nodes), {}, State()
+    session.ssh_client = lambda name: FakeClient(channels[name])
+    return session
+
+
+def test_root_files_are_read_as_capped_bytes(tmp_path):
+    inventory, _ = three_hosts(tmp_path)
+    channels = {"cp": FakeChannel([b"apiVersion: v1\n", b"\xff\x1b[2J\n"]), "a1": FakeChannel([b"x"], status=1),
+                "a2": FakeChannel([b"y" * 65536] * 20)}
+    session = session_over(inventory, channels)
+    assert session.read_root_file("cp", "/etc/rancher/k3s/k3s.yaml") == "apiVersion: v1\n\ufffd\x1b[2J\n"
+    assert channels["cp"].command == "sudo -H -n cat /etc/rancher/k3s/k3s.yaml 2>/dev/null"
+    assert session.read_root_file("a1", "/x") is None  # cat failed
+    assert session.read_root_file("a2", "/x") is None and channels["a2"].closed  # over 1 MiB: refused
+    assert not session.failures  # the caller decides what a missing file means
+
+
 def test_the_probe_filters_nothing_on_the_host():
     from bootstrap.facts.probe import PROBE_SCRIPT
 
@@ -456,23 +494,13 @@ def test_the_probe_filters_nothing_on_the_host():
 
 def test_gather_reads_each_host_as_bytes_and_fails_only_the_flooding_one(tmp_path):
     from bootstrap.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.hosts.session import HostSession
 
     inventory, _ = three_hosts(tmp_path)
     probe = "\n".join(h200_probe_output()).encode() + b"\n"
     channels = {"cp": FakeChannel([probe]),
                 "a1": FakeChannel([b"\xff\xfe\x1b]52;c;eA==\x07" * 6000] * 300),  # 19 MiB
                 "a2": FakeChannel([probe.replace(b"Ubuntu 24.04.3 LTS", b"Ubuntu \xff\x1b[2J")])}
-
-    class State:
-        failed_hosts, active_hosts = set(), {"cp", "a1", "a2"}
-
-        class inventory:
-            get_host = staticmethod(lambda name: name)
-
-    session = HostSession.__new__(HostSession)
-    session.nodes, session.failures, session._state = list(inventory.nodes), {}, State()
-    session.ssh_client = lambda name: FakeClient(channels[name])
+    session = session_over(inventory, channels)
     facts = session.gather(HostFactsFact, paths=("/etc/rancher/k3s/config.yaml",))
     assert set(facts) == {"cp", "a2"} and "printed more than 16 MiB" in session.failures["a1"].message
     assert facts["cp"].gpus[0].name == "NVIDIA H200"
