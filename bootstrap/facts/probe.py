@@ -411,11 +411,11 @@ def _manifest(sections: dict[str, Section]) -> dict:
 
 
 def _clock(sections: dict[str, Section]) -> float | None:
+    """Seconds since the epoch as `date +%s.%N` prints them; float() alone would also take
+    "nan", "inf" and "1e999", which compare as nothing and are not JSON."""
     for line in _ok(sections, "clock"):
-        try:
+        if re.fullmatch(r"[0-9]{1,12}(?:\.[0-9]{1,9})?", line.strip()):
             return float(line.strip())
-        except ValueError:
-            continue
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -191,6 +192,10 @@ def test_a_null_cluster_id_is_never_ours():
 
 # --- the whole probe output ---------------------------------------------------------------------
 
+# Past 4300 digits int() raises; '١٢' and '1_000' are numbers to int() and float(); 'nan' and
+# '1e999' are floats that are not JSON.
+NUMBERS = st.sampled_from(["9" * 5000, "1" * 25, "\u0661\u0662", "1_000", "nan", "inf", "1e999", "-1", "0x10",
+                           "\u00b2", "4294967296"])
 BASE_OUTPUTS = [
     h200_probe_output(),
     h200_probe_output() + section("manifest", json.dumps(GOLDEN_MANIFEST, indent=1)),
@@ -210,6 +215,11 @@ def hostile_probe_output(draw) -> list[str] | str | bytes:
     if lines and draw(st.booleans()):
         at = draw(st.integers(0, len(lines) - 1))
         lines[at] = draw(hostile_text)
+    numbered = [i for i, line in enumerate(lines) if re.search(r"[0-9]", line)]
+    for _ in range(draw(st.integers(0, 12)) if numbered else 0):  # numbers no parser expects, where numbers were
+        at = draw(st.sampled_from(numbered))
+        number = draw(NUMBERS)
+        lines[at] = re.sub(r"[0-9]+", lambda _: number, lines[at], count=draw(st.integers(0, 3)))
     form = draw(st.sampled_from(["lines", "text", "bytes"]))
     if form == "lines":
         return lines
@@ -225,7 +235,7 @@ def hostile_probe_output(draw) -> list[str] | str | bytes:
 def test_parse_host_facts_always_gives_facts(output):
     facts = parse_host_facts(output)
     assert isinstance(facts, HostFacts)
-    json.dumps(facts.to_dict())  # JSON-able, as `facts --json` prints it
+    json.dumps(facts.to_dict(), allow_nan=False)  # strict JSON, as `facts --json` prints it
     assert isinstance(facts.manifest, dict)
     if facts.manifest_error:
         assert facts.manifest == {} and ownership(facts, OUR_ID).verdict == "unknown"
