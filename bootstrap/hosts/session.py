@@ -386,7 +386,12 @@ class HostSession:
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 self.fail(name, f"{what}: SSH error: {_reason(str(exc))}")
                 return None
-            return fact.process_bytes(output)
+            try:
+                return fact.process_bytes(output)
+            except Exception:  # a parser's bug: this host's failure, never the others' (the trace goes to the log)
+                logging.getLogger("pyinfra.bootstrap").exception("%s: %s output could not be parsed", name, what)
+                self.fail(name, f"{what}: its output could not be parsed (the run log has the details)")
+                return None
 
         jobs = {node.name: gevent.spawn(run, node.name) for node in self.active_nodes()}
         gevent.joinall(list(jobs.values()))

@@ -581,3 +581,22 @@ def test_package_names_a_host_prints_are_checked_before_they_reach_apt():
     assert p.parse_packages(lines) == {"nvidia-utils-580": "580.159.04-0ubuntu1",
                                        "nvidia-kernel-common-580": "1:580.159.04"}
     assert p.parse_held(lines) == ["nvidia-kernel-common-580"]
+
+
+def test_a_parser_bug_on_one_hosts_output_fails_only_that_host(tmp_path, monkeypatch):
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
+
+    inventory, _ = three_hosts(tmp_path)
+    probe = "\n".join(h200_probe_output()).encode() + b"\n"
+    channels = {"cp": FakeChannel([probe]), "a1": FakeChannel([b"trigger\n"]), "a2": FakeChannel([probe])}
+    real = HostFactsFact.process_bytes
+
+    def buggy(self, output):
+        if output.startswith(b"trigger"):
+            raise KeyError("a bug no test found")
+        return real(self, output)
+
+    monkeypatch.setattr(HostFactsFact, "process_bytes", buggy)
+    session = session_over(inventory, channels)
+    facts = session.gather(HostFactsFact)
+    assert set(facts) == {"cp", "a2"} and "could not be parsed" in session.failures["a1"].message
