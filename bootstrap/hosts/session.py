@@ -133,6 +133,28 @@ def never_prompt_for_sudo() -> None:
     util.getpass = _no_sudo_password
 
 
+def _lenient_text(data, encoding: str = "utf8") -> str:
+    """paramiko.util.u, with bytes that are not UTF-8 replaced (U+FFFD) instead of raising."""
+    if isinstance(data, bytes):
+        return data.decode(encoding, "replace")
+    if isinstance(data, str):
+        return data
+    raise TypeError(f"Expected unicode or bytes, got {type(data)}")
+
+
+def decode_remote_output_leniently() -> None:
+    """pyinfra reads a command's output line by line from paramiko's text-mode channel
+    files, which decode each line as strict UTF-8 (paramiko/file.py, `u(line)`). One byte a
+    host prints that is not UTF-8 raised UnicodeDecodeError in pyinfra's reader greenlet:
+    the rest of the output was lost, gevent printed the traceback on the operator's terminal,
+    and the channel, no longer read, could stall the command until its window drained. A
+    host's output is untrusted bytes: they are replaced, as bootstrap.remote_data does.
+    (paramiko has no setting for this; the module imports `u` by name, so it is replaced there.)"""
+    import paramiko.file
+
+    paramiko.file.u = _lenient_text
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -166,6 +188,7 @@ class HostSession:
         self.state_dir.ensure()
         self._configure_logging()
         never_prompt_for_sudo()
+        decode_remote_output_leniently()
         # pyinfra appends first-contact keys to the file it is given, in place and in
         # parallel: give it a private copy and merge what it learnt afterwards, atomically.
         scratch = self._scratch_known_hosts()

@@ -600,3 +600,25 @@ def test_a_parser_bug_on_one_hosts_output_fails_only_that_host(tmp_path, monkeyp
     session = session_over(inventory, channels)
     facts = session.gather(HostFactsFact)
     assert set(facts) == {"cp", "a2"} and "could not be parsed" in session.failures["a1"].message
+
+
+def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
+    import io
+
+    import paramiko.file
+
+    from bootstrap.hosts.session import decode_remote_output_leniently
+
+    class Pipe(paramiko.file.BufferedFile):
+        """A text-mode paramiko file over fixed bytes, as exec_command's stdout is."""
+
+        def __init__(self, data: bytes):
+            super().__init__()
+            self._source = io.BytesIO(data)
+            self._set_mode("r")
+
+        def _read(self, size):
+            return self._source.read(size) or None
+
+    decode_remote_output_leniently()
+    assert list(Pipe(b"ok\n\xff\xfe \x1b[2J\nlast")) == ["ok\n", "\ufffd\ufffd \x1b[2J\n", "last"]
