@@ -32,10 +32,12 @@ class Finding:
     check: str
     message: str
     fix: str | None = None
-    severity: str = "error"  # error | warning | info | health-error (blocks its node only)
+    # error | warning | info | health-error, host-error (these two block their node only)
+    severity: str = "error"
 
     def render(self) -> str:
-        tag = {"error": "FAIL", "warning": "WARN", "info": "ok  ", "health-error": "FAIL"}[self.severity]
+        tag = {"error": "FAIL", "warning": "WARN", "info": "ok  ", "health-error": "FAIL",
+               "host-error": "FAIL"}[self.severity]
         # Messages quote hosts (os name, hostname, sudo and GPU errors, listeners): each field
         # is one printable line, so a host cannot start a line of its own.
         text = f"{tag} {printable(self.node)}: {printable(self.check)}: {printable(self.message)}"
@@ -56,13 +58,22 @@ def gpu_nodes(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Node]:
 
 
 def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluster_id: str) -> list[Finding]:
-    """A host another cluster (or a hand-made k3s) owns is never changed."""
+    """A host another cluster (or a hand-made k3s) owns is never changed. One whose manifest
+    cannot be read is not changed either, and blocks only itself: what a host returns
+    never stops the others."""
+    from bootstrap.hostparts.manifest import MANIFEST
     from bootstrap.rules.ownership import ownership
 
     findings = []
     for node in inventory.nodes:
         if node.name in facts:
             owner = ownership(facts[node.name], cluster_id)
+            if owner.verdict == "unknown":
+                findings.append(Finding(
+                    node.name, "owner", f"{owner.reason}; whose host this is cannot be told, bootstrap will "
+                                        "not change it", f"look at {MANIFEST} on the host: if the host is this "
+                                        "cluster's, remove that file and run the command again",
+                    "host-error"))
             if owner.verdict == "foreign":
                 findings.append(Finding(
                     node.name, "owner", f"{owner.reason}; bootstrap will not change it",
@@ -98,7 +109,7 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding
 
 def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts]) -> dict[str, list[Finding]]:
     """Each GPU node's health issues as findings. They never fail preflight as a whole: with
-    gpu.health strict, `up` leaves a node with an error out (health_blocked); otherwise an
+    gpu.health strict, `up` leaves a node with an error out (blocked_nodes); otherwise an
     error is reported as a warning that says strict would block."""
     from bootstrap.rules.gpu_health import health_issues
 
@@ -125,6 +136,16 @@ def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts]) -> di
                                   else "health-error")
                           for i in issues]
     return out
+
+
+def blocked_nodes(findings: list[Finding]) -> dict[str, list[Finding]]:
+    """The nodes a finding leaves out of `up` while the others go on (a GPU health error
+    under gpu.health strict, a host whose answers cannot be used), with those findings."""
+    blocked: dict[str, list[Finding]] = {}
+    for finding in findings:
+        if finding.severity in ("health-error", "host-error"):
+            blocked.setdefault(finding.node, []).append(finding)
+    return blocked
 
 
 def health_blocked(findings: list[Finding]) -> dict[str, list[Finding]]:

@@ -19,6 +19,9 @@ ALWAYS_REMOVED = (k3s_binary.PATH, k3s_binary.PREVIOUS, *k3s_service.UNIT_PATHS)
 
 
 def teardown_script(recorded: dict, *, purge_drivers: bool, toolkit_source: str | None = None) -> str:
+    """`recorded`: the host's manifest as read back; one the tool would not have written
+    raises RemoteDataError (that host's failure: the caller goes on with the others)."""
+    recorded = manifest.read(recorded)
     lines = k3s_service.teardown_stop()
     files = [f for f in recorded.get("files", []) if f != manifest.MANIFEST] + list(ALWAYS_REMOVED)
     lines.append("rm -f " + " ".join(shlex.quote(f) for f in sorted(set(files))))

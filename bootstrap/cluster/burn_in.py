@@ -17,7 +17,8 @@ from bootstrap.cluster.client import Cluster, request
 
 BURN_IN_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:nbody-cuda11.7.1"
 SLOW = 0.85  # below this share of its siblings' median throughput, a GPU is slow
-_LINE = re.compile(r"^gpu (\d+): .*?=\s*([0-9.]+)\s+single-precision GFLOP/s", re.M)
+# A pod's log is what its node serves: numbers are matched strictly so float() cannot fail.
+_LINE = re.compile(r"^gpu ([0-9]{1,3}): .*?=\s*([0-9]{1,12}(?:\.[0-9]{1,12})?)\s+single-precision GFLOP/s", re.M)
 
 
 def burn_in_pod(node: str, gpus: int, seconds: int) -> dict:

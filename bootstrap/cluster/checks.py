@@ -155,7 +155,9 @@ def check_rdma(cluster, inventory, gpu_nodes) -> list[CheckResult]:
     results = []
     for node in gpu_nodes:
         allocatable = (get(cluster, f"/api/v1/nodes/{node.name}") or {}).get("status", {}).get("allocatable", {})
-        count = int(str(allocatable.get(key, "0")) or 0)
+        # Written by the node's kubelet: a count, or any quantity ("1k"); not a count is none.
+        value = str(allocatable.get(key, "0"))
+        count = int(value) if re.fullmatch(r"[0-9]{1,9}", value) else 0
         results.append(CheckResult("rdma", "PASS" if count > 0 else "FAIL",
                                    f"{key}={count}" if count else f"{key} is not allocatable", node.name))
     return results
@@ -225,7 +227,8 @@ def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
         time.sleep(1)
 
 
-NCCL_BUSBW = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+)")
+# A pod's log is what its node serves: the number is matched strictly so float() cannot fail.
+NCCL_BUSBW = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9]{1,12}(?:\.[0-9]{1,12})?)")
 
 
 def parse_busbw(log: str) -> float | None:

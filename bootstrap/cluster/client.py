@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bootstrap.errors import BootstrapError
 from bootstrap.inventory.model import Inventory
+from bootstrap.remote_data import RemoteDataError, loads
 from bootstrap.statedir import StateDir
 
 
@@ -148,19 +149,27 @@ def request(cluster: Cluster, method: str, path: str, body=None, *, query: list 
         return exc.status, _parse(exc.body)
     except Exception as exc:  # connection trouble through the tunnel
         raise ClusterError(f"API request {method} {path} failed: {exc}") from None
-    text = data.decode() if isinstance(data, bytes) else data
+    # What the API serves was written by nodes too (a kubelet's status, a pod's log): bytes
+    # that are not UTF-8 are replaced, never fatal.
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     return status, text if raw else _parse(text)
 
 
-def _parse(text):
-    import json
+# An API list of every pod of a large cluster is tens of MiB; objects nest a few dozen deep.
+MAX_BODY_CHARS = 256 * 1024 * 1024
+MAX_BODY_DEPTH = 128
 
+
+def _parse(text):
+    """An API body as a JSON object; anything else (too deep, too large) is a message."""
     if not text:
         return {}
     try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return {"message": str(text)[:300]}
+        body = loads(text, what="the API's answer", max_chars=MAX_BODY_CHARS, max_depth=MAX_BODY_DEPTH)
+    except RemoteDataError as exc:
+        return {"message": str(exc) if str(text).lstrip()[:1] in ("[", "{") else str(text)[:300]}
+    # Every Kubernetes API body is an object (an item, a list, a Status): callers .get() it.
+    return body if isinstance(body, dict) else {"message": "the API's answer is not a JSON object"}
 
 
 def get(cluster: Cluster, path: str) -> dict | None:

@@ -194,6 +194,9 @@ class HostFacts(_ToDict):
     held_packages: list[str] = field(default_factory=list)
     containerd: ContainerdConfig | None = None
     manifest: dict = field(default_factory=dict)  # what the tool recorded installing here
+    # Why the host's manifest was refused (wrong types, a null cluster id, not JSON, too big or
+    # too deep); `manifest` is then {} and whose host this is cannot be told (rules.ownership).
+    manifest_error: str | None = None
     images: tuple | None = None  # image references in k3s's containerd; None: k3s not running
     k3s: K3sInstall | None = None
     listening_ports: list[ListeningPort] = field(default_factory=list)

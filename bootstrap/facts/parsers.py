@@ -22,11 +22,14 @@ from .host_facts import (ContainerdConfig, FileState, Gpu, InterfaceAddress, Lis
 _NA = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
 
 
+# A number a host prints: ASCII digits, at most 20 (int() would take '١٢', '1_000' and, past
+# 4300 digits, raise ValueError).
+_INT = re.compile(r"[+-]?[0-9]{1,20}")
+
+
 def _int(text: str | None) -> int | None:
-    try:
-        return int(str(text).strip())
-    except (TypeError, ValueError):
-        return None
+    text = str(text).strip() if text is not None else ""
+    return int(text) if _INT.fullmatch(text) else None
 
 
 def _clean(lines: Iterable[str] | None) -> list[str]:
@@ -35,7 +38,9 @@ def _clean(lines: Iterable[str] | None) -> list[str]:
 
 def _natural_key(text: str) -> list:
     # mlx5_2 before mlx5_10
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+    # (kind, value) pairs: a digit run the host made too long stays text and still compares.
+    return [(0, int(part)) if re.fullmatch(r"[0-9]{1,18}", part) else (1, part)
+            for part in re.split(r"([0-9]+)", text)]
 
 
 def first_meaningful_line(lines: Iterable[str] | None) -> str | None:
@@ -122,7 +127,7 @@ def parse_meminfo(lines: Iterable[str] | None) -> dict[str, int]:
     """/proc/meminfo: {"MemTotal": kB, "SwapTotal": kB, ...}."""
     result: dict[str, int] = {}
     for line in _clean(lines):
-        match = re.match(r"^(\w+(?:\(\w+\))?):\s+(\d+)(?:\s+kB)?\s*$", line)
+        match = re.match(r"^(\w+(?:\(\w+\))?):\s+([0-9]{1,20})(?:\s+kB)?\s*$", line)
         if match:
             result[match[1]] = int(match[2])
     return result
@@ -237,7 +242,8 @@ def parse_gpu_query(lines: Iterable[str] | None) -> list[Gpu]:
 
 
 # "|   0  MIG 1g.18gb+me      20     1/1        16.00      No     16     1     0   |"
-_LGIP_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+(?:\.\d+)?)\s")
+_LGIP_ROW = re.compile(r"^\|\s*([0-9]{1,9})\s+MIG\s+(\S+)\s+([0-9]{1,9})\s+([0-9]{1,9})/([0-9]{1,9})\s+"
+                       r"([0-9]{1,9}(?:\.[0-9]{1,9})?)\s")
 
 
 def parse_mig_profiles(lines: Iterable[str] | None) -> list[MigProfile]:
@@ -260,7 +266,8 @@ def parse_mig_profiles(lines: Iterable[str] | None) -> list[MigProfile]:
 
 
 # "GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1" / "GPU  0 Profile ID  5 Placement : {0}:4"
-_LGIPP_ROW = re.compile(r"^GPU\s+(\d+)\s+Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,\s]*)\}:(\d+)")
+_LGIPP_ROW = re.compile(r"^GPU\s+([0-9]{1,9})\s+Profile ID\s+([0-9]{1,9})\s+Placements?\s*:\s*"
+                        r"\{((?:\s*[0-9]{1,9}\s*,)*\s*[0-9]{0,9}\s*)\}:([0-9]{1,9})")
 
 
 def parse_mig_placements(lines: Iterable[str] | None) -> dict[tuple[int, int], list[tuple[int, int]]]:
@@ -285,7 +292,7 @@ def with_placements(
 
 # Anchored on ".../infiniband/" rather than "/sys/class/" so tests can point the probe's
 # listing at a fake sysfs tree.
-_IB_PORT_FILE = re.compile(r"^/\S*/infiniband/([^/]+)/ports/(\d+)/(link_layer|state):(.*)$")
+_IB_PORT_FILE = re.compile(r"^/\S*/infiniband/([^/]+)/ports/([0-9]{1,5})/(link_layer|state):(.*)$")
 _IB_NETDEV = re.compile(r"^/\S*/infiniband/([^/]+)/device/net/([^/\s]+)$")
 
 
@@ -388,7 +395,7 @@ def parse_ss(lines: Iterable[str] | None) -> list[ListeningPort]:
         port = _int(port_text)
         if port is None:
             continue
-        owner = re.search(r'\(\("([^"]*)",pid=(\d+)', " ".join(fields[6:]))
+        owner = re.search(r'\(\("([^"]*)",pid=([0-9]{1,10})', " ".join(fields[6:]))
         result.append(
             ListeningPort(
                 proto=fields[0],
@@ -527,14 +534,25 @@ def parse_key_values(lines: Iterable[str] | None) -> dict[str, str]:
     return dict(line.split("=", 1) for line in _clean(lines) if "=" in line)
 
 
+# A Debian package name (policy 5.6.1) and version (5.6.12): the names go into apt command
+# lines, so a line that does not fit is not a package.
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]{0,127}")
+_PACKAGE_VERSION = re.compile(r"[A-Za-z0-9.+~:-]{1,128}")
+
+
+def _package(parts: list[str]) -> str | None:
+    name = parts[1].split(":")[0]
+    return name if _PACKAGE_NAME.fullmatch(name) and _PACKAGE_VERSION.fullmatch(parts[2]) else None
+
+
 def parse_packages(lines: Iterable[str] | None) -> dict[str, str]:
     """dpkg-query `${db:Status-Abbrev} name version` lines -> {name: version} of installed
     packages ("ii", or "hi" when held: the second letter is the installed state)."""
     installed = {}
     for line in _clean(lines):
         parts = line.split()
-        if len(parts) >= 3 and len(parts[0]) >= 2 and parts[0][1] == "i":
-            installed[parts[1].split(":")[0]] = parts[2]
+        if len(parts) >= 3 and len(parts[0]) >= 2 and parts[0][1] == "i" and (name := _package(parts)):
+            installed[name] = parts[2]
     return installed
 
 
@@ -543,8 +561,8 @@ def parse_held(lines: Iterable[str] | None) -> list[str]:
     held = []
     for line in _clean(lines):
         parts = line.split()
-        if len(parts) >= 3 and parts[0][:2] == "hi":
-            held.append(parts[1].split(":")[0])
+        if len(parts) >= 3 and parts[0][:2] == "hi" and (name := _package(parts)):
+            held.append(name)
     return sorted(held)
 
 
@@ -562,17 +580,6 @@ def parse_containerd(lines: Iterable[str] | None) -> ContainerdConfig | None:
         if found and bin_dir is None:
             bin_dir = found.group(1)
     return ContainerdConfig(runtimes=runtimes, cni_bin_dir=bin_dir)
-
-
-def parse_json_object(lines: Iterable[str] | None) -> dict:
-    """A JSON object the tool wrote earlier (its host manifest); {} when absent or damaged."""
-    import json
-
-    try:
-        value = json.loads("\n".join(_clean(lines)) or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def parse_crictl_images(lines: Iterable[str] | None) -> tuple:

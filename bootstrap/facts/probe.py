@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bootstrap.hostparts import k3s_service, kernel, manifest, packages
+from bootstrap.remote_data import RemoteDataError
 
 from . import parsers as p
 from .host_facts import HostFacts, K3sInstall
@@ -219,8 +220,9 @@ probe() {
   if [ "$BOOTSTRAP_HEALTH" = 1 ] && { has nvidia-smi || [ -n "$nvidia_pci" ]; }; then sec xid p_xid; fi
 }
 probe_clock() { sec clock p_clock; }
-# pyinfra decodes output as strict UTF-8: make every byte printable ASCII first.
-if has tr; then { probe; probe_clock; } 2>&1 | tr -c '\11\12\40-\176' '?'; else { probe; probe_clock; } 2>&1; fi
+# No filter here: the host decides what runs on it. The tool reads the output as bytes and
+# decodes and caps it itself (bootstrap.hosts.remote_output, probe.output_lines).
+{ probe; probe_clock; } 2>&1
 exit 0
 """
 # The host parts' own sections and what they name (their kernel settings, packages, unit
@@ -254,7 +256,33 @@ def probe_script(paths: Iterable[str] = (), health: bool = True) -> str:
     return f"BOOTSTRAP_FILES='{' '.join(paths)}'\nBOOTSTRAP_HEALTH={int(health)}\n" + PROBE_SCRIPT
 
 
-_DELIMITER_LINE = re.compile(r"^" + re.escape(DELIMITER) + r" (\S+) rc=(\d+)\s*$")
+_DELIMITER_LINE = re.compile(r"^" + re.escape(DELIMITER) + r" (\S{1,64}) rc=(\d{1,3})\s*$")
+
+# The most of a host's probe output the tool reads: the whole output, and one line. A GPU
+# node's probe prints ~100 KiB (with `nvidia-smi -q -x` of 8 GPUs, ~400 KiB); what a host
+# prints beyond is cut, so a hostile one cannot make the tool hold gigabytes.
+MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+MAX_LINE_CHARS = 64 * 1024
+
+
+def output_lines(output: Iterable[str] | str | bytes) -> list[str]:
+    """The probe's output, whatever form it arrived in, as at most MAX_OUTPUT_BYTES of text
+    lines, each at most MAX_LINE_CHARS: bytes that are not UTF-8 become U+FFFD. The host
+    cannot be trusted to filter its own output, so this is the only filter."""
+    if isinstance(output, (bytes, bytearray)):
+        output = bytes(output[:MAX_OUTPUT_BYTES]).decode("utf-8", "replace")
+    if isinstance(output, str):
+        output = output[:MAX_OUTPUT_BYTES].splitlines()
+    lines: list[str] = []
+    size = 0
+    for raw in output:
+        line = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        line = line.rstrip("\r\n")[:MAX_LINE_CHARS]
+        size += len(line) + 1
+        if size > MAX_OUTPUT_BYTES:
+            break
+        lines.append(line)
+    return lines
 
 
 @dataclass(frozen=True)
@@ -263,11 +291,10 @@ class Section:
     lines: tuple[str, ...]
 
 
-def split_sections(lines: Iterable[str] | str) -> dict[str, Section]:
+def split_sections(lines: Iterable[str] | str | bytes) -> dict[str, Section]:
     """Probe output -> {section name: Section}. Lines before the first delimiter (a chatty
     shell rc file) are dropped; a repeated section name keeps its first occurrence."""
-    if isinstance(lines, str):
-        lines = lines.splitlines()
+    lines = output_lines(lines)
     sections: dict[str, Section] = {}
     name: str | None = None
     rc = 0
@@ -277,8 +304,7 @@ def split_sections(lines: Iterable[str] | str) -> dict[str, Section]:
         if name is not None and name not in sections:
             sections[name] = Section(rc, tuple(body))
 
-    for raw in lines:
-        line = str(raw).rstrip("\r\n")
+    for line in lines:
         match = _DELIMITER_LINE.match(line)
         if match:
             close()
@@ -376,16 +402,24 @@ def _xid_facts(sections: dict[str, Section]) -> dict:
             "xids": gpu_health.parse_xid([line for line in lines if not line.startswith("boot_id ")])}
 
 
+def _manifest(sections: dict[str, Section]) -> dict:
+    """The host's manifest, checked (bootstrap.hostparts.manifest.read), or why it is refused."""
+    try:
+        return {"manifest": manifest.parse("\n".join(_ok(sections, "manifest")))}
+    except RemoteDataError as exc:
+        return {"manifest": {}, "manifest_error": str(exc)}
+
+
 def _clock(sections: dict[str, Section]) -> float | None:
+    """Seconds since the epoch as `date +%s.%N` prints them; float() alone would also take
+    "nan", "inf" and "1e999", which compare as nothing and are not JSON."""
     for line in _ok(sections, "clock"):
-        try:
+        if re.fullmatch(r"[0-9]{1,12}(?:\.[0-9]{1,9})?", line.strip()):
             return float(line.strip())
-        except ValueError:
-            continue
     return None
 
 
-def parse_host_facts(lines: Iterable[str] | str, received_at: float | None = None) -> HostFacts:
+def parse_host_facts(lines: Iterable[str] | str | bytes, received_at: float | None = None) -> HostFacts:
     """Probe output -> HostFacts. Missing or garbled sections leave their fields unknown.
     `received_at`: the tool's clock when the output arrived (for the host's clock offset)."""
     sections = split_sections(lines)
@@ -428,7 +462,7 @@ def parse_host_facts(lines: Iterable[str] | str, received_at: float | None = Non
         packages=p.parse_packages(_lines(sections, "packages")),
         held_packages=p.parse_held(_lines(sections, "packages")),
         containerd=p.parse_containerd(_ok(sections, "containerd")),
-        manifest=p.parse_json_object(_ok(sections, "manifest")),
+        **_manifest(sections),
         images=p.parse_crictl_images(_ok(sections, "images")) if _ok(sections, "images") else None,
         k3s=_k3s(sections),
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),

@@ -89,6 +89,8 @@ def render_host(name: str, address: str, facts: HostFacts) -> str:
     rows += [("addresses", describe_addresses(facts)), ("rdma", describe_rdma(facts)), ("k3s", describe_k3s(facts))]
     if facts.sudo_ok is False:
         rows.append(("sudo", f"not usable without a password: {facts.sudo_error}"))
+    if facts.manifest_error:
+        rows.append(("manifest", f"refused: {facts.manifest_error}"))
     width = max(len(label) for label, _ in rows)
     # Every value is what the host answered: one printable line each, whatever it holds.
     lines = [f"{name} ({address}) hostname {printable(facts.hostname or '?')}"]

@@ -108,12 +108,18 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
         with console.phase("reachability"):
             findings += check_reachability(session, inventory, facts, console)
     print_findings(findings, console)
-    from bootstrap.preflight import health_blocked
+    from bootstrap.preflight import blocked_nodes
 
-    for name, bad in health_blocked(findings).items():
-        # gpu.health strict: this node stays out of the run; the others go on.
-        session.fail(name, f"GPU health: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
-                     "replace the machine (ask the provider for another), or set gpu.health: warn to use it anyway")
+    for name, bad in blocked_nodes(findings).items():
+        # gpu.health strict, or a host whose answers cannot be used: this node stays out of
+        # the run; the others go on.
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        if bad[0].severity == "host-error":
+            session.fail(name, bad[0].message + more, bad[0].fix)
+        else:
+            session.fail(name, f"GPU health: {bad[0].message}" + more,
+                         "replace the machine (ask the provider for another), or set gpu.health: warn to use it "
+                         "anyway")
     errors = [f for f in findings if f.severity == "error"]
     if errors or unreachable:
         for failure in sorted(session.failures.values(), key=lambda f: f.node):
@@ -124,6 +130,8 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
     token = load_or_create_token(state, facts, inventory, create=create_token)
     # The secrets that go into host files are read here, once: the planners stay pure.
     plans = make_plans(with_secret_values(inventory), facts, token, artifacts, state.cluster_id, join_via)
+    for name, reason in plans.failures.items():
+        session.fail(name, reason)  # its answers could not be planned from: the others go on
     plans.target_version = target
     return facts, plans
 

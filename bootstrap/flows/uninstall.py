@@ -22,7 +22,8 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     """Remove k3s and what the tool installed from `nodes`: agents first, then servers.
     (`down` for the whole cluster, `scale-down` for a few hosts.) Hosts with nothing of
     anyone's on them are left alone; returns their names. A host another cluster owns
-    stops the whole command before anything changes, unless `force`. `before_teardown()`
+    stops the whole command before anything changes, unless `force`; a host whose manifest
+    cannot be read fails on its own (with `force`, k3s is wiped from it) and the others go on. `before_teardown()`
     runs once no host was refused, before any is torn down (scale-down: stop k3s, remove
     the members)."""
     from pyinfra.api import StringCommand
@@ -32,6 +33,8 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     from bootstrap.rules.ownership import ownership
     from bootstrap.teardown import teardown_script
     from bootstrap.hostparts.paths import managed_paths
+    from bootstrap.hostparts.manifest import MANIFEST
+    from bootstrap.remote_data import RemoteDataError
 
     names = {n.name for n in nodes}
     facts = {n: f for n, f in session.gather(HostFactsFact, paths=tuple(managed_paths(inventory))).items()
@@ -39,6 +42,14 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     for name in sorted(names - set(facts) - set(session.failures)):
         session.fail(name, "the facts probe returned no output; nothing was removed")
     owners = {name: ownership(f, state.cluster_id) for name, f in facts.items()}
+    for name, owner in sorted(owners.items()):
+        # A manifest the tool cannot read: that host's failure, the others go on. --force
+        # wipes k3s from it as from a foreign host, undoing nothing the manifest claims.
+        if owner.verdict == "unknown" and not force:
+            session.fail(name, f"{owner.reason}; nothing was removed from it",
+                         f"look at {MANIFEST} on the host: if it is this cluster's, remove that file and run "
+                         "`bootstrap down` again, or add --force to wipe k3s from it anyway")
+    facts = {name: f for name, f in facts.items() if name not in session.failures}
     foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
     if foreign and not force:
         for name, reason in sorted(foreign.items()):
@@ -47,11 +58,20 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
                           "nothing was changed on any host",
                           "remove those nodes from the inventory, or add --force to wipe k3s from them anyway")
     empty = sorted(name for name, o in owners.items() if o.verdict == "empty" and not force)
-    if before_teardown is not None:
-        before_teardown()
     source = inventory.gpu.container_toolkit.apt_source
-    scripts = {name: [StringCommand(teardown_script(f.manifest, purge_drivers=purge_drivers, toolkit_source=source))]
-               for name, f in facts.items() if name not in empty}
+    scripts = {}
+    for name, f in facts.items():
+        if name in empty:
+            continue
+        recorded = {} if owners[name].verdict == "unknown" else f.manifest
+        try:
+            script = teardown_script(recorded, purge_drivers=purge_drivers, toolkit_source=source)
+        except RemoteDataError as exc:  # one host's record: its failure, never the others'
+            session.fail(name, f"{exc}; nothing was removed from it")
+            continue
+        scripts[name] = [StringCommand(script)]
+    if before_teardown is not None:  # every script is built: nothing is half-done for one host's record
+        before_teardown()
     agents = Step("remove agent", {n.name: scripts[n.name] for n in inventory.agents if n.name in scripts})
     servers = Step("remove server", {n.name: scripts[n.name] for n in inventory.servers if n.name in scripts})
     session.execute([agents, servers])

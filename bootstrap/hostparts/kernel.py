@@ -90,7 +90,7 @@ def plan(draft: Draft, facts: HostFacts, wanted: dict[str, str]) -> None:
 
 def teardown(manifest: dict) -> list[str]:
     """Put back the sysctl values and the swap the manifest says the tool changed."""
-    lines = [f"sysctl -q -w {key}={shlex.quote(str(value))} 2>/dev/null"
+    lines = [f"sysctl -q -w {shlex.quote(f'{key}={value}')} 2>/dev/null"
              for key, value in sorted(manifest.get("sysctl_before", {}).items())]
     if manifest.get("swap_disabled"):
         lines.append(SWAP_ON)

@@ -86,7 +86,7 @@ def plan(draft: Draft, packages: list[str], toolkit_source: str | None, facts: H
     nvidia = [p for p in facts.packages if p.startswith(HOLD_PREFIXES)] + ([TOOLKIT] if new_toolkit else [])
     to_hold = sorted(set(nvidia) - set(facts.held_packages))
     if to_hold:
-        draft.add(Action.HOLD_PACKAGES, [f"apt-mark hold {' '.join(to_hold)} >/dev/null"],
+        draft.add(Action.HOLD_PACKAGES, [f"apt-mark hold {' '.join(shlex.quote(p) for p in to_hold)} >/dev/null"],
                   f"hold {', '.join(to_hold)} against unattended upgrades")
         draft.manifest["packages_held"] = sorted(set(draft.manifest.get("packages_held", [])) | set(to_hold))
 
@@ -108,10 +108,11 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
     remove = [p for p in installed if purge_drivers or not is_driver_package(p)]
     unhold = [p for p in held if p in remove or p not in installed]  # keep holds on drivers we keep
     lines = []
+    # The names were read back from the host: quoted like any host string.
     if unhold:
-        lines.append(f"apt-mark unhold {' '.join(unhold)} >/dev/null")
+        lines.append(f"apt-mark unhold {' '.join(shlex.quote(p) for p in unhold)} >/dev/null")
     if remove:
-        lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(remove)} >/dev/null")
+        lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(shlex.quote(p) for p in remove)} >/dev/null")
     prefix = apt_lists_prefix(toolkit_source) if toolkit_source else None
     if prefix and TOOLKIT in remove:
         lines.append(f"rm -f /var/lib/apt/lists/{shlex.quote(prefix)}_*")

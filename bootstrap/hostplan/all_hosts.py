@@ -3,7 +3,7 @@ compared with what each host holds. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bootstrap.artifacts import K3sArtifacts
 from bootstrap.facts.host_facts import HostFacts
@@ -12,6 +12,7 @@ from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
+from bootstrap.remote_data import RemoteDataError
 
 
 @dataclass
@@ -19,6 +20,8 @@ class Plans:
     plans: dict[str, HostPlan]
     gpu_nodes: set[str]
     target_version: str | None = None  # the k3s release being installed
+    # Hosts whose facts could not be planned from (bootstrap.remote_data): node -> why.
+    failures: dict[str, str] = field(default_factory=dict)
 
     def rollout(self, inventory: Inventory, facts: dict[str, HostFacts], max_unavailable: int = 1):
         """The rolling upgrade these plans imply (running nodes whose binary changes), or None."""
@@ -35,7 +38,7 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
     # node-ip is one of each host's own addresses (the public one is often only a NAT).
     inventory = with_node_ips(inventory, facts)
     join_via = inventory.node(join_via.name) if join_via is not None else None
-    plans = {}
+    plans, failures = {}, {}
     gpu_names = {n.name for n in gpu_nodes(inventory, facts)}
     mirror = embedded_mirror_on(inventory, bool(gpu_names))
     for node in inventory.nodes:
@@ -46,5 +49,8 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
         packages = driver_packages(inventory, host) if gpu else []
         want = desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
                                embedded_mirror=mirror)
-        plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
-    return Plans(plans, gpu_names)
+        try:
+            plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
+        except RemoteDataError as exc:  # one host's answer: its failure, never the others'
+            failures[node.name] = str(exc)
+    return Plans(plans, gpu_names, failures=failures)

@@ -10,11 +10,19 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
+
 from bootstrap.console_text import PrintableFormatter, printable
 from bootstrap.hosts import hostkeys, sshlink
+from bootstrap.hosts.remote_output import read_command, run_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
+from bootstrap.remote_data import RemoteDataError
 from bootstrap.secrets import resolve
 from bootstrap.statedir import StateDir
+
+
+# A file the tool reads back as root (k3s.yaml, the server token) is a few KiB.
+MAX_ROOT_FILE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,28 @@ def never_prompt_for_sudo() -> None:
     util.getpass = _no_sudo_password
 
 
+def _lenient_text(data, encoding: str = "utf8") -> str:
+    """paramiko.util.u, with bytes that are not UTF-8 replaced (U+FFFD) instead of raising."""
+    if isinstance(data, bytes):
+        return data.decode(encoding, "replace")
+    if isinstance(data, str):
+        return data
+    raise TypeError(f"Expected unicode or bytes, got {type(data)}")
+
+
+def decode_remote_output_leniently() -> None:
+    """pyinfra reads a command's output line by line from paramiko's text-mode channel
+    files, which decode each line as strict UTF-8 (paramiko/file.py, `u(line)`). One byte a
+    host prints that is not UTF-8 raised UnicodeDecodeError in pyinfra's reader greenlet:
+    the rest of the output was lost, gevent printed the traceback on the operator's terminal,
+    and the channel, no longer read, could stall the command until its window drained. A
+    host's output is untrusted bytes: they are replaced, as bootstrap.remote_data does.
+    (paramiko has no setting for this; the module imports `u` by name, so it is replaced there.)"""
+    import paramiko.file
+
+    paramiko.file.u = _lenient_text
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -158,6 +188,7 @@ class HostSession:
         self.state_dir.ensure()
         self._configure_logging()
         never_prompt_for_sudo()
+        decode_remote_output_leniently()
         # pyinfra appends first-contact keys to the file it is given, in place and in
         # parallel: give it a private copy and merge what it learnt afterwards, atomically.
         scratch = self._scratch_known_hosts()
@@ -303,13 +334,23 @@ class HostSession:
         return execute(self, steps, after)
 
     def read_root_file(self, name: str, path: str) -> str | None:
-        """A root-only file's text from one host (never logged), or None when it cannot be read."""
+        """A root-only file's text from one host (never logged), or None when it cannot be read.
+        Read as bytes over the session's connection (bootstrap.hosts.remote_output): at most
+        MAX_ROOT_FILE_BYTES, within a minute; bytes that are not UTF-8 are replaced."""
         import shlex
 
+        client = self.ssh_client(name)
+        if client is None:
+            return None
         host = self._state.inventory.get_host(name)
-        ok, output = host.run_shell_command(f"cat {shlex.quote(path)}", _sudo=bool(host.data.get("_sudo", False)),
-                                            print_output=False, print_input=False)
-        return output.stdout if ok else None
+        # As pyinfra's _sudo runs it; sudo's own messages are not the file's text.
+        sudo = "sudo -H -n " if host.data.get("_sudo", False) else ""
+        try:
+            status, data = run_command(client, f"{sudo}cat {shlex.quote(path)} 2>/dev/null",
+                                       max_bytes=MAX_ROOT_FILE_BYTES, timeout=60, what=path)
+        except (RemoteDataError, OSError, EOFError, paramiko.SSHException):
+            return None
+        return data.decode("utf-8", "replace") if status == 0 else None
 
     def run_each(self, commands: dict[str, str], what: str = "command", stdin: dict[str, str] | None = None,
                  timeout: float | None = None) -> dict[str, str | None]:
@@ -349,5 +390,41 @@ class HostSession:
 
         if not self._state.active_hosts:
             return {}
+        if getattr(fact_cls, "untrusted_output", False):
+            return self._gather_untrusted(fact_cls(), fact_kwargs)
         results = get_facts(self._state, fact_cls, kwargs={"_sudo": False, **fact_kwargs})
         return {host.name: value for host, value in results.items() if host.name not in self.failures}
+
+    def _gather_untrusted(self, fact, fact_kwargs: dict) -> dict:
+        """A fact parsed from its output's bytes (fact.process_bytes), read by
+        bootstrap.hosts.remote_output on every active host in parallel. A host whose output is
+        refused (too much, too slow) or whose connection fails is that host's failure."""
+        import gevent
+
+        command = sh_command(str(fact.command(**fact_kwargs)))
+        what = "the facts probe"
+
+        def run(name: str):
+            client = self.ssh_client(name)
+            if client is None:
+                self.fail(name, f"{what}: no SSH connection to run it on")
+                return None
+            try:
+                output = read_command(client, command, max_bytes=fact.max_output_bytes, timeout=fact.timeout_s,
+                                      what=what)
+            except RemoteDataError as exc:
+                self.fail(name, str(exc))
+                return None
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                self.fail(name, f"{what}: SSH error: {_reason(str(exc))}")
+                return None
+            try:
+                return fact.process_bytes(output)
+            except Exception:  # a parser's bug: this host's failure, never the others' (the trace goes to the log)
+                logging.getLogger("pyinfra.bootstrap").exception("%s: %s output could not be parsed", name, what)
+                self.fail(name, f"{what}: its output could not be parsed (the run log has the details)")
+                return None
+
+        jobs = {node.name: gevent.spawn(run, node.name) for node in self.active_nodes()}
+        gevent.joinall(list(jobs.values()))
+        return {name: job.value for name, job in jobs.items() if job.value is not None and name not in self.failures}

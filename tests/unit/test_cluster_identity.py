@@ -152,20 +152,20 @@ K3S = K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [SystemdUnit("k3s.s
 
 
 @pytest.mark.parametrize("facts, verdict", [
-    (HostFacts(manifest={"cluster_id": "aaaa", "files": []}), "ours"),
+    (HostFacts(manifest={"cluster_id": "aaaaaaaaaaaaaaaa", "files": []}), "ours"),
     (HostFacts(manifest={"files": ["/etc/rancher/k3s/config.yaml"]}, k3s=K3S), "ours"),  # before ids
-    (HostFacts(manifest={"cluster_id": "bbbb", "cluster": "other"}, k3s=K3S), "foreign"),
+    (HostFacts(manifest={"cluster_id": "bbbbbbbbbbbbbbbb", "cluster": "other"}, k3s=K3S), "foreign"),
     (HostFacts(k3s=K3S), "foreign"),  # a k3s installed by hand
     (HostFacts(), "empty"),
 ])
 def test_ownership(facts, verdict):
-    assert ownership(facts, "aaaa").verdict == verdict
+    assert ownership(facts, "aaaaaaaaaaaaaaaa").verdict == verdict
 
 
 def test_up_refuses_a_host_of_another_cluster_at_preflight(tmp_path):
     inventory = inventory_file(tmp_path / "a.yaml")
-    found = ownership_findings(inventory, {"box-1": HostFacts(manifest={"cluster_id": "bbbb", "cluster": "x"})},
-                               "aaaa")
+    found = ownership_findings(inventory, {"box-1": HostFacts(manifest={"cluster_id": "bbbbbbbbbbbbbbbb", "cluster": "x"})},
+                               "aaaaaaaaaaaaaaaa")
     assert [(f.node, f.severity) for f in found] == [("box-1", "error")]
     assert "another cluster" in found[0].message and "'x'" in found[0].message
 

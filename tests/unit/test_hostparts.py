@@ -56,7 +56,7 @@ nodes:
 def fresh_plan(inventory, node_name: str, gpu: bool, artifacts):
     node = inventory.node(node_name)
     want = d.desired_state(inventory, node, "tok", artifacts, gpu=gpu, driver_packages=[])
-    return want, plan_host(node, want, HostFacts(arch="amd64", swap_mib=1024), "id", inventory.cluster)
+    return want, plan_host(node, want, HostFacts(arch="amd64", swap_mib=1024), "0123456789abcdef", inventory.cluster)
 
 
 def test_every_managed_path_has_exactly_one_owner(tmp_path):
@@ -196,7 +196,7 @@ def test_the_rollout_reads_the_actions_not_the_text():
     plans = {}
     for node in INV.nodes:
         want = d.desired_state(INV, node, "tok", artifacts, gpu=False, driver_packages=[])
-        plans[node.name] = replace(plan_host(node, want, facts[node.name], "id", "t"), changes=[])
+        plans[node.name] = replace(plan_host(node, want, facts[node.name], "0123456789abcdef", "t"), changes=[])
     rollout = plan_rollout(INV, facts, plans, "v1.34.1+k3s1")
     assert rollout.servers == ["cp-1"] and rollout.agent_batches == [["gpu-1"]]
     # The same release already installed: no download, so nothing to roll.
