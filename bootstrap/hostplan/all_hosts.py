@@ -4,12 +4,14 @@ compared with what each host holds. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from bootstrap.artifacts import K3sArtifacts
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostplan.desired import desired_state
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host
+from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
 
@@ -19,6 +21,8 @@ class Plans:
     plans: dict[str, HostPlan]
     gpu_nodes: set[str]
     target_version: str | None = None  # the k3s release being installed
+    tokens: JoinTokens | None = None  # what the plans' config.yaml files carry
+    replan: Callable[..., "Plans"] | None = None  # make_plans with the same facts: replan(tokens=...)
 
     def rollout(self, inventory: Inventory, facts: dict[str, HostFacts], max_unavailable: int = 1):
         """The rolling upgrade these plans imply (running nodes whose binary changes), or None."""
@@ -27,7 +31,7 @@ class Plans:
         return plan_rollout(inventory, facts, self.plans, self.target_version, max_unavailable)
 
 
-def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
+def make_plans(inventory: Inventory, facts: dict[str, HostFacts], tokens: JoinTokens,
                artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
     from bootstrap.hostparts.registries import embedded_mirror_on
     from bootstrap.rules.node_addresses import with_node_ips
@@ -44,7 +48,7 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
             continue
         gpu = node.name in gpu_names
         packages = driver_packages(inventory, host) if gpu else []
-        want = desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
+        want = desired_state(inventory, node, tokens, artifacts[host.arch], gpu, packages, join_via,
                                embedded_mirror=mirror)
         plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
     return Plans(plans, gpu_names)
