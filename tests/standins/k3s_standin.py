@@ -2120,8 +2120,19 @@ def make_supervisor_handler(state):
                 error("Failed to authenticate request from %s: token CA hash does not match the Cluster CA certificate hash" % peer)
                 self.reply(401, {"error": "token CA hash does not match the Cluster CA certificate hash"})
                 return False
-            allowed = [state["password"]] + ([state["agent_password"]] if role == "agent" and state["agent_password"] else [])
-            if not password or not any(hmac.compare_digest(password, p) for p in allowed):
+            # The supervisor's users (k3s-io/k3s pkg/daemons/control/deps/deps.go, genUsers,
+            # commit 09ac65a6): "server" with the server token, "node" with the agent token
+            # (the server token's password while no agent-token is set). An agent always
+            # authenticates as "node" (pkg/agent/run.go: clientaccess.WithUser("node")), a
+            # joining server as "server" (pkg/cluster/bootstrap.go: WithUser("server")), and
+            # the password file checks the password of that user only
+            # (pkg/authenticator/passwordfile/passwordfile.go). So once agent-token is set,
+            # an agent holding only the server token is refused too.
+            if role == "agent":
+                allowed = state["agent_password"] or state["password"]
+            else:
+                allowed = state["password"]
+            if not password or not hmac.compare_digest(password, allowed):
                 error("Failed to authenticate request from %s: invalid username/password combination" % peer)
                 self.reply(401, {"error": "invalid username/password combination"})
                 return False
@@ -2285,8 +2296,21 @@ def join_cluster(server_url, token, body):
             if status != 200:
                 raise NotReady("%s/cacerts: %d" % (shown, status))
             if want_hash and ca_hash(ca) != want_hash:
-                fatal("Failed to validate connection to cluster at %s: token CA hash does not match the Cluster CA "
-                      "certificate hash: %s != %s" % (shown, ca_hash(ca), want_hash))
+                # k3s-io/k3s pkg/clientaccess/token.go (commit 0566d457), validateCAHash: the
+                # token's hash first, then the server's; nothing is sent to that server. A
+                # joining server returns the error and exits (pkg/cluster/bootstrap.go); an
+                # agent logs it and asks again every 2 s (pkg/agent/run.go,
+                # createProxyAndValidateToken, commit 9977f0e6), here until the join timeout.
+                mismatch = "token CA hash does not match the Cluster CA certificate hash: %s != %s" % (
+                    want_hash, ca_hash(ca))
+                if body.get("role") != "agent":
+                    fatal("starting kubernetes: preparing server: failed to validate token: %s" % mismatch)
+                error(mismatch)
+                if time.monotonic() > deadline:
+                    fatal("%s (the k3s stand-in gives up after K3S_STANDIN_JOIN_TIMEOUT seconds; real k3s keeps "
+                          "retrying)" % mismatch)
+                time.sleep(2)
+                continue
             trust_supervisor(ca)
             status, reply = http_call(base, "/v1-standin/join", shown, json.dumps(body).encode(),
                                       {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
