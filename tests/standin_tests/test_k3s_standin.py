@@ -838,7 +838,7 @@ def test_containerd_config_detects_the_nvidia_runtime(k3s, tmp_path, procs, airg
 def test_snapshot_and_restore_onto_a_new_host(k3s, tmp_path, procs, cluster):
     port, token, root1 = cluster
     a = tmp_path / "a1"
-    write_config(a, agent_config(port, token))
+    write_config(a, agent_config(port, "agent-only-9b2"))
     start(procs, k3s, ["agent", "--node-name", "gpu-1"], a)
     proc = run(k3s, "etcd-snapshot", "save", "--name", "before-upgrade", "--node-name", "cp-1", root=root1)
     assert proc.returncode == 0, proc.stderr
