@@ -18,6 +18,7 @@ from bootstrap import progress
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.facts.host_facts import FileState, K3sInstall, SystemdUnit
 from bootstrap.flows.host_phase import UpOptions, bring_up, gather_and_plan, load_or_create_tokens
+from bootstrap.flows.inspection import token_plan
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.k3s_service import CONFIG
 from bootstrap.hostplan import k3sconfig
@@ -220,6 +221,7 @@ def test_a_running_cluster_converges_to_the_agent_token_and_plan_says_so(k3s, tm
         assert f"update {CONFIG}" in plans.plans[name].changes
         assert f"restart {unit} (its configuration changed)" in plans.plans[name].changes
     assert not (state.path / "agent-token").exists()  # plan made nothing
+    assert "the agents join with it instead of the server token" in token_plan(plans.tokens)[0]
     up(inv, state, session)
     assert session.batches == [["a1", "cp-1"]]  # the CA exists: one batch
     agent_token = (state.path / "agent-token").read_text().strip()
