@@ -20,6 +20,7 @@ from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
 from bootstrap.hostplan.all_hosts import make_plans
+from bootstrap.hostplan.host_plan import after_the_ca, before_the_ca
 from bootstrap.hostplan.join_tokens import (PLACEHOLDER, SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token,
                                             is_secret)
 from bootstrap.hostplan.steps import converge_steps, first_server_step
@@ -278,10 +279,11 @@ def _converge_hosts(session, inventory, state, options: UpOptions, console, conn
             merge_results(results, session.execute(converge_steps(inventory, rest, set(session.failures)), after))
             return
         # A new cluster: its CA, which the joins' secure tokens name, exists once the first
-        # server has started. So that one goes first; the others are planned with the hash.
+        # server has started. Every host is prepared meanwhile; the joiners' config.yaml,
+        # planned with the CA's hash, and their starts come after.
         first = inventory.servers[0]
-        merge_results(results, session.execute(converge_steps(inventory, {first.name: rest[first.name]},
-                                                              set(session.failures)), after))
+        meanwhile = {n: before_the_ca(p) if n in joiners else p for n, p in rest.items()}
+        merge_results(results, session.execute(converge_steps(inventory, meanwhile, set(session.failures)), after))
         if first.name in session.failures:
             for name in joiners:
                 session.fail(name, f"not joining: the first server {first.name} failed")
@@ -290,7 +292,8 @@ def _converge_hosts(session, inventory, state, options: UpOptions, console, conn
         secured = {n: p for n, p in plans.replan(tokens=tokens).plans.items() if n in joiners}
         plans.plans.update(secured)
         plans.tokens = tokens
-        merge_results(results, session.execute(converge_steps(inventory, secured, set(session.failures))))
+        joins = {n: after_the_ca(p) for n, p in secured.items()}
+        merge_results(results, session.execute(converge_steps(inventory, joins, set(session.failures))))
 
     if rollout:
         from bootstrap.flows.rolling_upgrade import run_rollout

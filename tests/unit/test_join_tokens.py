@@ -23,6 +23,7 @@ from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.k3s_service import CONFIG
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.join_tokens import SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token
+from bootstrap.hosts import archive
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 
@@ -130,15 +131,20 @@ class JoinSession(FakeSession):
         self.state, self.token_file = state, token_file
         self.configs: dict[str, str] = {}
         self.batches: list[list[str]] = []  # the hosts of each execute() call
+        self.steps: list[dict] = []  # {step: its hosts} of each execute() call
         self.token_reads = 0
 
     def execute(self, steps, after=None):
         self.batches.append(sorted({n for s in steps for n in s.commands}))
+        self.steps.append({s.name: sorted(s.commands) for s in steps if s.commands})
         for step in steps:
             for name, commands in step.commands.items():
                 for command in commands:
-                    for source in (command.args[1] if getattr(command, "function", None) else []):
-                        if isinstance(source, io.BytesIO) and source.getvalue().startswith(b"# Managed by bootstrap"):
+                    if not getattr(command, "function", None):
+                        continue
+                    script, sources = command.args
+                    for index, source in enumerate(sources):
+                        if f"{archive.staged(index)} {CONFIG}" in script:
                             self.configs[name] = source.getvalue().decode()
         return super().execute(steps, after)
 
@@ -169,7 +175,9 @@ def test_a_new_cluster_starts_its_first_server_then_joins_with_secure_tokens(k3s
     server_token = (state.path / "token").read_text().strip()
     agent_token = (state.path / "agent-token").read_text().strip()
     assert agent_token != server_token and (state.path / "ca-hash").read_text().strip() == CA
-    assert session.batches == [["cp-1"], ["a1", "a2", "cp-2", "cp-3"]]
+    # Every host is prepared while the first server starts; the joins follow, with the hash.
+    assert session.batches == [["a1", "a2", "cp-1", "cp-2", "cp-3"], ["a1", "a2", "cp-2", "cp-3"]]
+    assert session.steps[1]["prepare host"] == ["a1", "a2", "cp-2", "cp-3"]  # just their config.yaml
     configs = {n: yaml.safe_load(text) for n, text in session.configs.items()}
     assert configs["cp-1"]["token"] == server_token and configs["cp-1"]["agent-token"] == agent_token
     for server in ("cp-2", "cp-3"):
@@ -191,7 +199,7 @@ def test_a_first_server_that_answers_another_token_file_stops_the_joins(k3s, tmp
     session = JoinSession(inv, fresh_facts(inv), state, token_file=f"K10{CA}::server:not-ours-at-all\n")
     with pytest.raises(BootstrapError, match="cannot learn the cluster CA's hash from cp-1: .* another cluster"):
         up(inv, state, session)
-    assert session.batches == [["cp-1"]] and "a1" not in session.configs
+    assert session.batches == [["a1", "cp-1"]] and "a1" not in session.configs  # prepared, never configured
     assert not (state.path / "ca-hash").exists()
 
 
