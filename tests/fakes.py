@@ -20,6 +20,10 @@ class FakeSession:
         "not tested")."""
         return {}
 
+    def read_root_file(self, name, path):
+        """No host file can be read here (subclasses answer the ones a test needs)."""
+        return None
+
     def fail(self, name, message, hint=None):
         self.failures.setdefault(name, HostFailure(name, message, hint))
 

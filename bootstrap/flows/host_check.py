@@ -18,6 +18,6 @@ def check_hosts(inventory, console, open_session=open_hosts) -> int:
             gather_and_plan(session, inventory, state, console, create_token=False)
     # A node left out on its own (gpu.health strict, answers that cannot be used): `up` would
     # go ahead without it, so the check fails naming it.
-    report_failures(session.failures)
+    report_failures(session.failures, console)
     console.say(f"hosts: every check passed on {len(inventory.nodes)} hosts; `up` would go ahead")
     return 0

@@ -137,10 +137,21 @@ def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open
             plan = plans.plans[node.name]
             lines += [f"{node.name}: no change"] if not plan.changed else \
                 [f"{node.name}:"] + [f"  - {change}" for change in plan.changes]
+        lines += token_plan(plans.tokens)
         rollout = plans.rollout(inventory, facts, max_unavailable)
         if rollout:
             lines += rollout.describe()
         return lines + network_plan(inventory, facts) + component_changes(inventory, state, facts, connect)
+
+
+def token_plan(tokens) -> list[str]:
+    """A cluster built before agent tokens: say why every node's config.yaml changes."""
+    from bootstrap.hostplan.join_tokens import PLACEHOLDER
+
+    if tokens is None or tokens is PLACEHOLDER or tokens.agent != PLACEHOLDER.agent:
+        return []
+    return ["tokens: `up` generates the agent token: the servers get agent-token, the agents join with it "
+            "instead of the server token, which then stays on the servers (k3s restarts once on every node)"]
 
 
 def network_plan(inventory, facts) -> list[str]:

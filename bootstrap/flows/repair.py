@@ -176,7 +176,7 @@ def repair(inventory, state, options: RepairOptions, console, edges: Edges = REA
                 join_via = next((s for s in inventory.servers if s.name in plan.healthy), None)
             with console.phase("preflight and plan"):
                 facts, plans = gather_and_plan(session, inventory, state, console, create_token=False, facts=facts,
-                                               tolerate_unreachable=True, join_via=join_via)
+                                               tolerate_unreachable=True, join_via=join_via, converging=True)
             rollout = plans.rollout(inventory, facts)
             if rollout:
                 # Restarting running nodes on a new k3s belongs to a rolling upgrade, not to

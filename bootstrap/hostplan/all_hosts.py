@@ -4,12 +4,14 @@ compared with what each host holds. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from bootstrap.artifacts import K3sArtifacts
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostplan.desired import desired_state
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host
+from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
 from bootstrap.remote_data import RemoteDataError
@@ -22,6 +24,8 @@ class Plans:
     target_version: str | None = None  # the k3s release being installed
     # Hosts whose facts could not be planned from (bootstrap.remote_data): node -> why.
     failures: dict[str, str] = field(default_factory=dict)
+    tokens: JoinTokens | None = None  # what the plans' config.yaml files carry
+    replan: Callable[..., "Plans"] | None = None  # make_plans with the same facts: replan(tokens=...)
 
     def rollout(self, inventory: Inventory, facts: dict[str, HostFacts], max_unavailable: int = 1):
         """The rolling upgrade these plans imply (running nodes whose binary changes), or None."""
@@ -30,7 +34,7 @@ class Plans:
         return plan_rollout(inventory, facts, self.plans, self.target_version, max_unavailable)
 
 
-def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
+def make_plans(inventory: Inventory, facts: dict[str, HostFacts], tokens: JoinTokens,
                artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
     from bootstrap.hostparts.registries import embedded_mirror_on
     from bootstrap.rules.node_addresses import with_node_ips
@@ -47,7 +51,7 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], token: str,
             continue
         gpu = node.name in gpu_names
         packages = driver_packages(inventory, host) if gpu else []
-        want = desired_state(inventory, node, token, artifacts[host.arch], gpu, packages, join_via,
+        want = desired_state(inventory, node, tokens, artifacts[host.arch], gpu, packages, join_via,
                                embedded_mirror=mirror)
         try:
             plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)

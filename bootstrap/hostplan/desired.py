@@ -13,6 +13,7 @@ from bootstrap.artifacts import K3sArtifacts
 from bootstrap.hostparts import k3s_binary, k3s_images, k3s_service, kernel, packages, registries
 from bootstrap.hostparts.base import FileSpec, text_file
 from bootstrap.hostplan import k3sconfig
+from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.images import prepull_images
 from bootstrap.inventory.model import Inventory, Node
 
@@ -31,12 +32,12 @@ class Desired:
         return [f.path for f in self.files]
 
 
-def desired_state(inventory: Inventory, node: Node, token: str, artifacts: K3sArtifacts,
+def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifacts: K3sArtifacts,
                   gpu: bool, driver_packages: list[str], join_via: Node | None = None,
                   embedded_mirror: bool = False) -> Desired:
     desired = Desired(gpu=gpu, sysctls=kernel.sysctls(ipv6_pods=pods_have_ipv6(inventory)))
     host_toolkit = gpu and packages.needs_host_toolkit(inventory)
-    config = k3sconfig.render(k3sconfig.node_config(inventory, node, token, join_via, embedded_mirror,
+    config = k3sconfig.render(k3sconfig.node_config(inventory, node, tokens, join_via, embedded_mirror,
                                                     nvidia_default_runtime=host_toolkit))
     desired.files += kernel.files(desired.sysctls) + k3s_service.files(inventory, node, config)
     desired.files += [f for f in [registries.file(inventory, embedded_mirror), k3s_binary.file(artifacts)] if f]

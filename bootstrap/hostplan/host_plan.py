@@ -9,7 +9,7 @@ actions (bootstrap.hostparts), in the order the root script runs them.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts import k3s_binary, k3s_images, k3s_service, kernel, manifest, packages
@@ -76,3 +76,16 @@ def place_files(draft: Draft, files: list[FileSpec], facts: HostFacts) -> None:
         else:
             continue
         plan.actions.add(Action.PLACE_FILES)
+
+
+def before_the_ca(plan: HostPlan) -> HostPlan:
+    """A joining node's plan without its config.yaml and its start: what it can do while
+    the first server of a new cluster starts (its config names the CA that server makes)."""
+    return replace(plan, uploads=[u for u in plan.uploads if u.path != k3s_service.CONFIG], service=None,
+                   prepull=[], verify_nvidia_runtime=False)
+
+
+def after_the_ca(plan: HostPlan) -> HostPlan:
+    """The rest of it, from its plan made with the CA's hash: the config.yaml, the start and
+    what follows a start."""
+    return replace(plan, uploads=[u for u in plan.uploads if u.path == k3s_service.CONFIG], prepare=[])

@@ -9,6 +9,7 @@ import ipaddress
 
 import yaml
 
+from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.rules.providers import topology_labels
 
@@ -42,9 +43,9 @@ def server_url(inventory: Inventory, via: Node | None = None) -> str:
     return f"https://{host}:{SUPERVISOR_PORT}"
 
 
-def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | None = None,
+def node_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via: Node | None = None,
                 embedded_mirror: bool = False, nvidia_default_runtime: bool = False) -> dict:
-    config: dict = {"token": token, "node-name": node.name}
+    config: dict = {"node-name": node.name}
     if nvidia_default_runtime:
         # k3s registers the `nvidia` runtime it finds (pkg/agent/containerd/nvidia.go) and
         # a RuntimeClass, but keeps runc the default: a pod without runtimeClassName gets
@@ -79,14 +80,28 @@ def node_config(inventory: Inventory, node: Node, token: str, join_via: Node | N
     first = inventory.servers[0]
     if node.role == Role.SERVER:
         config.update(server_settings(inventory, embedded_mirror))
+        if not inventory.network.public and "node-ip" in config:
+            # k3s advertises node-external-ip when it is set and advertise-address is not
+            # (k3s-io/k3s pkg/cli/server/server.go): the `kubernetes` Service's endpoint and
+            # the agents' load balancer would then go through the provider's NAT, which
+            # often neither allows 6443 in nor loops back (k3s-io/k3s#8813). In a private
+            # network the API is advertised on the address the nodes share.
+            config["advertise-address"] = config["node-ip"]
+        # Every server holds the agent token: any of them may be the one an agent asks.
+        config["agent-token"] = tokens.agent
         if node.name == first.name and join_via is None:
             # Embedded etcd even for one server: it is what makes snapshots, restore after a
-            # lost server, and growing to three servers possible.
+            # lost server, and growing to three servers possible. The short format: the CA
+            # that a secure token would name does not exist before this server first starts.
             config["cluster-init"] = True
+            config["token"] = tokens.server
         else:
             config["server"] = server_url(inventory, join_via)
+            config["token"] = tokens.for_joining_server()
     else:
+        # An agent gets what a kubelet needs: the agent token, never the server token.
         config["server"] = server_url(inventory, join_via)
+        config["token"] = tokens.for_agent()
     extra = inventory.k3s.server_config if node.role == Role.SERVER else inventory.k3s.agent_config
     for key, value in extra.items():
         # Repeatable flags the tool also sets (kubelet-arg, node-label, tls-san...) add up.

@@ -21,8 +21,8 @@ ROLES = tuple(role.value for role in Role)
 OWNED = {
     "token": "the tool generates the cluster token and keeps it in the state folder",
     "token-file": "the tool generates the cluster token and keeps it in the state folder",
-    "agent-token": "the tool joins agents with the cluster token",
-    "agent-token-file": "the tool joins agents with the cluster token",
+    "agent-token": "the tool generates the agent token agents join with and keeps it in the state folder",
+    "agent-token-file": "the tool generates the agent token agents join with and keeps it in the state folder",
     "server": "the tool joins every node to the first server",
     "node-name": "set nodes[].name",
     "with-node-id": "set nodes[].name (node names must stay what the inventory says)",

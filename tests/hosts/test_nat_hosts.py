@@ -3,11 +3,13 @@ interface of the host holds; the host has only its private address. `up` must gi
 private one as node-ip (k3s exits when no interface holds its node IP) and announce the
 public one as the node's ExternalIP."""
 
+import json
 import re
 import subprocess
 import time
 
 import pytest
+import yaml
 from clirun import run_bootstrap
 from labinv import write_inventory
 
@@ -46,6 +48,23 @@ def api_nodes(inventory_path):
         return {n["metadata"]["name"]: n for n in get(api, "/api/v1/nodes")["items"]}
 
 
+def api_get(inventory_path, path):
+    from bootstrap.cluster.client import connect, get
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
+    inv = load_inventory(inventory_path)
+    with connect(inv, StateDir(inv)) as api:
+        return get(api, path)
+
+
+def state_secret(inventory_path, name):
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
+    return (StateDir(load_inventory(inventory_path)).path / name).read_text().strip()
+
+
 def test_up_behind_nat_uses_the_private_address_as_node_ip_and_the_public_one_as_external(lab, tmp_path, airgap):
     hosts = lab.start([testhosts.HostSpec("nat-cp", nat=True), testhosts.HostSpec("nat-a1", nat=True)])
     cp, agent = hosts
@@ -66,6 +85,24 @@ def test_up_behind_nat_uses_the_private_address_as_node_ip_and_the_public_one_as
         addresses = {a["type"]: a["address"] for a in nodes[host.name]["status"]["addresses"]}
         assert addresses["InternalIP"] == host.address and addresses["ExternalIP"] == host.public_address
         assert any(c["type"] == "Ready" and c["status"] == "True" for c in nodes[host.name]["status"]["conditions"])
+    # The API is advertised on the private address (issue 23, item 11): with only
+    # node-external-ip, k3s would put the public one in the `kubernetes` Endpoints and the
+    # agents' load balancer, through a NAT that need not let them back in.
+    endpoints = api_get(inventory, "/api/v1/namespaces/default/endpoints/kubernetes")
+    assert [a["ip"] for s in endpoints["subsets"] for a in s["addresses"]] == [cp.address]
+    balancer = agent.ssh("sudo cat /var/lib/rancher/k3s/agent/etc/k3s-agent-load-balancer.json").stdout
+    assert json.loads(balancer)["ServerAddresses"] == [f"{cp.address}:6443"]
+    # The agent holds the agent token only, in k3s's secure format naming the cluster's CA
+    # (issue 23, items 2 and 3); the server token stays on the server.
+    server_token, agent_token = state_secret(inventory, "token"), state_secret(inventory, "agent-token")
+    ca_hash = state_secret(inventory, "ca-hash")
+    assert yaml.safe_load(config)["token"] == f"K10{ca_hash}::node:{agent_token}"
+    seen = agent.ssh("sudo cat /etc/rancher/k3s/config.yaml /etc/systemd/system/k3s-agent.service; "
+                     "for p in $(pgrep k3s); do sudo cat /proc/$p/cmdline /proc/$p/environ; done", check=False).stdout
+    assert agent_token in seen and server_token not in seen  # not in its config, argv or environment
+    files = agent.ssh(f"sudo grep -rIl -- {server_token} /etc /var/lib/rancher /var/lib/bootstrap /tmp", check=False)
+    assert files.stdout == "", files.stdout  # nor in any file
+    assert f"K10{ca_hash}::server:{server_token}" == cp.ssh("sudo cat /var/lib/rancher/k3s/server/token").stdout.strip()
     again = run_bootstrap("up", inventory)
     assert again.returncode == 0 and "hosts: no change" in again.stdout, again.stdout + again.stderr
 

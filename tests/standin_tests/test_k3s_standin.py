@@ -592,10 +592,11 @@ def agent_config(port: int, token: str, **more) -> str:
 
 
 @needs_upstream
-@pytest.mark.parametrize("token_kind", ["full", "short", "agent-token"])
-def test_agent_joins_with_full_or_short_token(k3s, tmp_path, procs, cluster, token_kind):
+@pytest.mark.parametrize("token_kind", ["full", "short"])
+def test_agent_joins_with_full_or_short_agent_token(k3s, tmp_path, procs, cluster, token_kind):
     port, token, _ = cluster
-    token = {"full": token, "short": PASSWORD, "agent-token": "agent-only-9b2"}[token_kind]
+    digest = K10.match(token).group(1)
+    token = {"full": f"K10{digest}::node:agent-only-9b2", "short": "agent-only-9b2"}[token_kind]
     root = tmp_path / "a1"
     kubelet = free_port()
     write_config(root, agent_config(port, token, **{"node-label": ["gpu=true"], "node-taint": ["gpu=true:NoSchedule"]}))
@@ -619,6 +620,9 @@ def test_agent_joins_with_full_or_short_token(k3s, tmp_path, procs, cluster, tok
     ("wrong-password", "401 Unauthorized"),
     ("wrong-ca", "token CA hash does not match the Cluster CA certificate hash"),
     ("agent-token-for-server", "401 Unauthorized"),
+    # With agent-token set, agents authenticate as "node" with it only (k3s's passwd users).
+    ("server-token-for-agent", "401 Unauthorized"),
+    ("short-server-token-for-agent", "401 Unauthorized"),
     ("no-token", "--token is required"),
     ("http-url", "server url must begin with https://"),
 ])
@@ -628,7 +632,9 @@ def test_agent_with_wrong_token_or_url_fails_at_once(k3s, tmp_path, cluster, cas
     digest = K10.match(token).group(1)
     configs = {
         "wrong-password": agent_config(port, "not-the-password"),
-        "wrong-ca": agent_config(port, f"K10{'f' * 64}::server:{PASSWORD}"),
+        "wrong-ca": agent_config(port, f"K10{'f' * 64}::node:agent-only-9b2"),
+        "server-token-for-agent": agent_config(port, token),
+        "short-server-token-for-agent": agent_config(port, PASSWORD),
         "agent-token-for-server": yaml.safe_dump({"server": f"https://127.0.0.1:{port}",
                                                   "token": f"K10{digest}::node:agent-only-9b2"}),
         "no-token": yaml.safe_dump({"server": f"https://127.0.0.1:{port}"}),
@@ -638,9 +644,35 @@ def test_agent_with_wrong_token_or_url_fails_at_once(k3s, tmp_path, cluster, cas
     command = "server" if case == "agent-token-for-server" else "agent"
     args = server_args(free_port(), "cp-2") if command == "server" else ["agent", "--node-name", "w-bad"]
     started = time.monotonic()
-    proc = run(k3s, *args, root=root)
+    proc = run(k3s, *args, root=root, env={"K3S_STANDIN_JOIN_TIMEOUT": "3"})
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr
     assert time.monotonic() - started < 10
+
+
+@needs_upstream
+def test_a_join_to_an_impostor_server_is_refused_before_any_credential_is_sent(k3s, tmp_path, procs, cluster):
+    """Another k3s at the server's address (a machine in the middle, another cluster):
+    its CA has another hash, so the joining node refuses it with k3s's own message (the
+    token's hash, then the server's: pkg/clientaccess/token.go) and never sends its
+    token; an agent keeps asking, a server exits."""
+    port, token, _ = cluster
+    digest = K10.match(token).group(1)
+    impostor_root = tmp_path / "impostor"
+    evil, impostor = start_server(procs, k3s, impostor_root, yaml.safe_dump(
+        {"token": "impostor-pw-1", "cluster-init": True, "agent-token": "agent-only-9b2"}), name="evil")
+    impostor_hash = get_json(impostor, "/v1-standin/info")["ca_hash"]
+    assert impostor_hash != digest
+    expected = f"token CA hash does not match the Cluster CA certificate hash: {digest} != {impostor_hash}"
+    write_config(tmp_path / "a", agent_config(impostor, f"K10{digest}::node:agent-only-9b2"))
+    agent = run(k3s, "agent", "--node-name", "w-1", root=tmp_path / "a", env={"K3S_STANDIN_JOIN_TIMEOUT": "3"})
+    assert agent.returncode == 1 and f'level=error msg="{expected}"' in agent.stderr, agent.stderr
+    assert agent.stderr.count(expected) >= 2  # asked again, as a real agent does
+    write_config(tmp_path / "s", yaml.safe_dump({"server": f"https://127.0.0.1:{impostor}", "token": token,
+                                                "agent-token": "agent-only-9b2"}))
+    server = run(k3s, *server_args(free_port(), "cp-9"), root=tmp_path / "s")
+    assert server.returncode == 1 and expected in server.stderr, server.stderr
+    assert {n["name"] for n in get_json(impostor, "/v1-standin/nodes")["nodes"]} == {"evil"}
+    assert "Failed to authenticate" not in evil.log()  # no credential ever reached it
 
 
 @needs_upstream
@@ -806,7 +838,7 @@ def test_containerd_config_detects_the_nvidia_runtime(k3s, tmp_path, procs, airg
 def test_snapshot_and_restore_onto_a_new_host(k3s, tmp_path, procs, cluster):
     port, token, root1 = cluster
     a = tmp_path / "a1"
-    write_config(a, agent_config(port, token))
+    write_config(a, agent_config(port, "agent-only-9b2"))
     start(procs, k3s, ["agent", "--node-name", "gpu-1"], a)
     proc = run(k3s, "etcd-snapshot", "save", "--name", "before-upgrade", "--node-name", "cp-1", root=root1)
     assert proc.returncode == 0, proc.stderr

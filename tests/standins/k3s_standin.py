@@ -2079,10 +2079,30 @@ def node_record(opts, role, name, address, etcd):
         # k3s.io/internal-ip and k3s.io/external-ip annotations (kubeapi.py)
         "node_ips": list(opts.get("node-ip") or [address]), "external_ips": list(opts.get("node-external-ip") or []),
         "password_sha256": hashlib.sha256(password.encode()).hexdigest() if password else None,
+        # a server's API address as k3s advertises it (the `kubernetes` Endpoints, the agents'
+        # server list: see apiservers)
+        "advertise": "%s:%d" % (bracketed(advertise_address(opts, address)), opts.get("https-listen-port") or 6443)
+        if role == "server" else None,
         # for the API simulator: host facts (CPUs, memory, GPUs, RDMA) and this start's stamp
         "hardware": dict(kubeapi().probe_hardware(host), runtimes=runtime_facts(opts)),
         "registered_at": "%.6f" % time.time(),
     }
+
+
+def bracketed(address):
+    return "[%s]" % address if address and ":" in address else address
+
+
+def apiservers(cluster):
+    """What /v1-k3s/apiservers answers: the `kubernetes` Endpoints' addresses, i.e. each
+    server's advertise address (k3s-io/k3s pkg/server/handlers/handlers.go, APIServers;
+    kube-apiserver publishes its --advertise-address there, which k3s sets from
+    advertise-address, else node-external-ip, else node-ip: pkg/cli/server/server.go,
+    pkg/daemons/control/server.go). An agent's load balancer takes this list as its servers
+    (pkg/agent/tunnel/tunnel.go, which watches those Endpoints): an address the agent cannot
+    reach (a public address behind a NAT without hairpin) leaves it with no API (k3s-io/k3s#8813)."""
+    nodes = cluster.load().get("nodes", {})
+    return sorted({n["advertise"] for n in nodes.values() if n.get("role") == "server" and n.get("advertise")})
 
 
 def make_supervisor_handler(state):
@@ -2120,8 +2140,19 @@ def make_supervisor_handler(state):
                 error("Failed to authenticate request from %s: token CA hash does not match the Cluster CA certificate hash" % peer)
                 self.reply(401, {"error": "token CA hash does not match the Cluster CA certificate hash"})
                 return False
-            allowed = [state["password"]] + ([state["agent_password"]] if role == "agent" and state["agent_password"] else [])
-            if not password or not any(hmac.compare_digest(password, p) for p in allowed):
+            # The supervisor's users (k3s-io/k3s pkg/daemons/control/deps/deps.go, genUsers,
+            # commit 09ac65a6): "server" with the server token, "node" with the agent token
+            # (the server token's password while no agent-token is set). An agent always
+            # authenticates as "node" (pkg/agent/run.go: clientaccess.WithUser("node")), a
+            # joining server as "server" (pkg/cluster/bootstrap.go: WithUser("server")), and
+            # the password file checks the password of that user only
+            # (pkg/authenticator/passwordfile/passwordfile.go). So once agent-token is set,
+            # an agent holding only the server token is refused too.
+            if role == "agent":
+                allowed = state["agent_password"] or state["password"]
+            else:
+                allowed = state["password"]
+            if not password or not hmac.compare_digest(password, allowed):
                 error("Failed to authenticate request from %s: invalid username/password combination" % peer)
                 self.reply(401, {"error": "invalid username/password combination"})
                 return False
@@ -2198,7 +2229,7 @@ def make_supervisor_handler(state):
                 self.reply(403, {"error": "unable to verify password for node %s" % body["name"]})
                 return
             node = {k: body.get(k) for k in ("name", "role", "address", "labels", "taints", "etcd", "roles",
-                                              "external_ip", "node_ips", "external_ips", "version",
+                                              "external_ip", "node_ips", "external_ips", "version", "advertise",
                                               "password_sha256", "hardware", "registered_at", "member")}
             node = state["cluster"].record(node)
             if state.get("api") is not None:
@@ -2206,7 +2237,8 @@ def make_supervisor_handler(state):
             info("Node %s joined as %s from %s" % (node["name"], role, node.get("address")))
             reply = {"node": {k: v for k, v in node.items() if k != "password_sha256"},
                      "client_ca": read_text(os.path.join(state["tls"], "client-ca.crt")),
-                     "flannel": state["flannel"]}  # what real agents read from /v1-k3s/config
+                     "flannel": state["flannel"],  # what real agents read from /v1-k3s/config
+                     "apiservers": apiservers(state["cluster"])}  # and from /v1-k3s/apiservers
             if role == "server":
                 reply["nodes"] = state["cluster"].load().get("nodes", {})
                 # k3s-io/k3s pkg/cluster/bootstrap.go: a joining server takes the cluster's CA
@@ -2285,8 +2317,21 @@ def join_cluster(server_url, token, body):
             if status != 200:
                 raise NotReady("%s/cacerts: %d" % (shown, status))
             if want_hash and ca_hash(ca) != want_hash:
-                fatal("Failed to validate connection to cluster at %s: token CA hash does not match the Cluster CA "
-                      "certificate hash: %s != %s" % (shown, ca_hash(ca), want_hash))
+                # k3s-io/k3s pkg/clientaccess/token.go (commit 0566d457), validateCAHash: the
+                # token's hash first, then the server's; nothing is sent to that server. A
+                # joining server returns the error and exits (pkg/cluster/bootstrap.go); an
+                # agent logs it and asks again every 2 s (pkg/agent/run.go,
+                # createProxyAndValidateToken, commit 9977f0e6), here until the join timeout.
+                mismatch = "token CA hash does not match the Cluster CA certificate hash: %s != %s" % (
+                    want_hash, ca_hash(ca))
+                if body.get("role") != "agent":
+                    fatal("starting kubernetes: preparing server: failed to validate token: %s" % mismatch)
+                error(mismatch)
+                if time.monotonic() > deadline:
+                    fatal("%s (the k3s stand-in gives up after K3S_STANDIN_JOIN_TIMEOUT seconds; real k3s keeps "
+                          "retrying)" % mismatch)
+                time.sleep(2)
+                continue
             trust_supervisor(ca)
             status, reply = http_call(base, "/v1-standin/join", shown, json.dumps(body).encode(),
                                       {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
@@ -2686,7 +2731,8 @@ def cmd_agent(argv):
                "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    server: https://127.0.0.1:%d\n"
                "    certificate-authority: %s/server-ca.crt\n  name: local\n" % (lb, agent), 0o600)
     write_file(os.path.join(agent, "etc", "k3s-agent-load-balancer.json"),
-               json.dumps({"ServerURL": server_url, "ServerAddresses": [urllib.parse.urlparse(server_url).netloc]},
+               json.dumps({"ServerURL": server_url,
+                           "ServerAddresses": joined.get("apiservers") or [urllib.parse.urlparse(server_url).netloc]},
                           indent=2) + "\n", 0o600)
     pod_cidr = joined.get("node", {}).get("pod_cidr", "10.42.1.0/24")
     info("Joined the cluster at %s as %s" % (server_url, name))

@@ -3218,6 +3218,30 @@ class Simulator:
                 node["status"]["addresses"] = node_addresses(annotations, name)
                 self.put(nodes, node)
             self.store.sim.setdefault("ready_after", {})[name] = time.time() + self.ready_delay
+        self.sync_api_endpoints()
+
+    def sync_api_endpoints(self):
+        """The `kubernetes` Service's Endpoints (default namespace): each server's advertise
+        address on its port, as kube-apiserver's endpoint reconciler publishes its
+        --advertise-address (k3s sets it from advertise-address, else node-external-ip, else
+        node-ip: k3s-io/k3s pkg/cli/server/server.go, pkg/daemons/control/server.go). In-cluster
+        clients and the agents' load balancers (pkg/agent/tunnel/tunnel.go) go there."""
+        servers = sorted({rec["advertise"] for rec in self.records.values()
+                          if rec.get("role") == "server" and rec.get("advertise")})
+        if not servers:
+            return
+        subsets = [{"addresses": [{"ip": a.rsplit(":", 1)[0].strip("[]")} for a in servers],
+                    "ports": [{"name": "https", "port": int(servers[0].rsplit(":", 1)[1]), "protocol": "TCP"}]}]
+        endpoints = self.R("endpoints")
+        current = self.store.get(endpoints, "default", "kubernetes")
+        if current is None:
+            self.new(endpoints, {"metadata": {"name": "kubernetes", "namespace": "default",
+                                              "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+                                 "subsets": subsets})
+        elif current.get("subsets") != subsets:
+            current = copy.deepcopy(current)
+            current["subsets"] = subsets
+            self.put(endpoints, current)
 
     def node_object(self, rec):
         name = rec["name"]

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.hostplan.all_hosts import make_plans
+from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.hostplan.steps import converge_steps
 from bootstrap.artifacts import online_artifacts
 from bootstrap.facts import host_facts as model
@@ -38,6 +39,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 EXPECTED = GOLDEN / "expected"
 UPDATE = os.environ.get("BOOTSTRAP_UPDATE_GOLDEN") == "1"
 TOKEN = "golden-join-token"  # fixed, so config.yaml's checksum is too; never shown in a golden file
+# The joins of a cluster whose first server runs: secure tokens naming a fixed CA hash.
+TOKENS = JoinTokens(TOKEN, "golden-agent-token", ca_hash="c0" * 32)
 CLUSTER_ID = "0123456789abcdef"
 TOOLKIT_SOURCE = "deb [trusted=yes] http://10.200.0.1:8000/ ./"  # the apt line `up` wrote (its lists go too)
 STAGE = re.compile(r"/tmp/bootstrap-stage-[0-9a-f]+")
@@ -86,7 +89,7 @@ INVENTORY = load_inventory(GOLDEN / "inventory.yaml")
 
 def plans_for(facts: dict[str, model.HostFacts]):
     artifacts = {"amd64": online_artifacts(INVENTORY.k3s.version, "amd64")}
-    return make_plans(INVENTORY, facts, TOKEN, artifacts, CLUSTER_ID).plans
+    return make_plans(INVENTORY, facts, TOKENS, artifacts, CLUSTER_ID).plans
 
 
 # --- rendering --------------------------------------------------------------------------------

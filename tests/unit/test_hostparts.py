@@ -23,6 +23,9 @@ from bootstrap.inventory.loader import parse_inventory
 from bootstrap.inventory.model import Component, Role
 from bootstrap.teardown import ALWAYS_REMOVED, teardown_script
 from bootstrap import templates
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 
 ALL_PARTS = (*FIXED, k3s_images)
 
@@ -55,7 +58,7 @@ nodes:
 
 def fresh_plan(inventory, node_name: str, gpu: bool, artifacts):
     node = inventory.node(node_name)
-    want = d.desired_state(inventory, node, "tok", artifacts, gpu=gpu, driver_packages=[])
+    want = d.desired_state(inventory, node, TOKENS, artifacts, gpu=gpu, driver_packages=[])
     return want, plan_host(node, want, HostFacts(arch="amd64", swap_mib=1024), "0123456789abcdef", inventory.cluster)
 
 
@@ -195,12 +198,12 @@ def test_the_rollout_reads_the_actions_not_the_text():
     artifacts = online_artifacts("v1.34.1+k3s1", "amd64")
     plans = {}
     for node in INV.nodes:
-        want = d.desired_state(INV, node, "tok", artifacts, gpu=False, driver_packages=[])
+        want = d.desired_state(INV, node, TOKENS, artifacts, gpu=False, driver_packages=[])
         plans[node.name] = replace(plan_host(node, want, facts[node.name], "0123456789abcdef", "t"), changes=[])
     rollout = plan_rollout(INV, facts, plans, "v1.34.1+k3s1")
     assert rollout.servers == ["cp-1"] and rollout.agent_batches == [["gpu-1"]]
     # The same release already installed: no download, so nothing to roll.
-    same = {n.name: plan_host(n, d.desired_state(INV, n, "tok", online_artifacts("v1.33.5+k3s1", "amd64"),
+    same = {n.name: plan_host(n, d.desired_state(INV, n, TOKENS, online_artifacts("v1.33.5+k3s1", "amd64"),
                                                  gpu=False, driver_packages=[]), facts[n.name], "id", "t")
             for n in INV.nodes}
     assert not any(p.replaces_binary for p in same.values())

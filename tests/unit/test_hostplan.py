@@ -23,6 +23,9 @@ from bootstrap.hostplan.host_plan import plan_host
 from bootstrap.errors import BootstrapError
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.secrets import with_secret_values
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 
 INV = parse_inventory("""\
 cluster: t
@@ -44,16 +47,16 @@ CLUSTER_ID = "0123456789abcdef"
 @pytest.mark.parametrize("name", ["cp-1", "cp-2", "gpu-1"])
 def test_config_keys_are_real_k3s_flags(name):
     node = INV.node(name)
-    config = k3sconfig.node_config(INV, node, "tok")
+    config = k3sconfig.node_config(INV, node, TOKENS)
     role = "server" if node.role == "server" else "agent"
     unknown = set(config) - k3s_flags(role)
     assert not unknown, f"not k3s {role} flags: {unknown}"
 
 
 def test_first_server_inits_etcd_and_the_others_join_it():
-    first = k3sconfig.node_config(INV, INV.node("cp-1"), "tok")
-    second = k3sconfig.node_config(INV, INV.node("cp-2"), "tok")
-    agent = k3sconfig.node_config(INV, INV.node("gpu-1"), "tok")
+    first = k3sconfig.node_config(INV, INV.node("cp-1"), TOKENS)
+    second = k3sconfig.node_config(INV, INV.node("cp-2"), TOKENS)
+    agent = k3sconfig.node_config(INV, INV.node("gpu-1"), TOKENS)
     assert first["cluster-init"] is True and "server" not in first
     assert second["server"] == agent["server"] == "https://10.0.0.10:6443"  # the private address
     assert "cluster-init" not in second and "cluster-init" not in agent
@@ -89,7 +92,7 @@ def converged_facts(want: d.Desired, unit: str) -> HostFacts:
 
 def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
     node = INV.node("gpu-1")
-    want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=True, driver_packages=[])
+    want = d.desired_state(INV, node, TOKENS, _artifacts(tmp_path), gpu=True, driver_packages=[])
     fresh = plan_host(node, want, HostFacts(sysctls={"net.ipv4.ip_forward": "0"}, swap_mib=1024), CLUSTER_ID, "lab")
     assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {CONFIG, K3S_BINARY, MANIFEST}
     assert any("apt-get install" in line and "nvidia-container-toolkit" in line for line in fresh.prepare)
@@ -109,7 +112,7 @@ def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
 
 def test_config_change_restarts_only_that_host(tmp_path):
     node = INV.node("gpu-1")
-    want = d.desired_state(INV, node, "tok", _artifacts(tmp_path), gpu=False, driver_packages=[])
+    want = d.desired_state(INV, node, TOKENS, _artifacts(tmp_path), gpu=False, driver_packages=[])
     facts = converged_facts(want, "k3s-agent")
     edited = replace(facts, files={**facts.files, CONFIG: FileState(0o600, "0" * 64)})
     plan = plan_host(node, want, edited, CLUSTER_ID, "lab")
@@ -122,7 +125,7 @@ def test_config_change_restarts_only_that_host(tmp_path):
 
 def test_secrets_never_appear_in_plan_text(tmp_path):
     node = INV.node("cp-1")
-    want = d.desired_state(INV, node, "s3cr3t-token", _artifacts(tmp_path), gpu=False, driver_packages=[])
+    want = d.desired_state(INV, node, JoinTokens("s3cr3t-token", "s3cr3t-agent-token"), _artifacts(tmp_path), gpu=False, driver_packages=[])
     plan = plan_host(node, want, HostFacts(), CLUSTER_ID, "lab")
     assert "s3cr3t-token" not in "\n".join(plan.changes + plan.prepare)
     assert b"s3cr3t-token" in next(u for u in plan.uploads if u.path == CONFIG).content
@@ -145,9 +148,9 @@ def test_host_driver_packages_per_os(os_id, version, branch, expected):
 
 
 def test_replacement_first_server_joins_a_healthy_one_instead_of_starting_a_new_cluster():
-    config = k3sconfig.node_config(INV, INV.node("cp-1"), "tok", join_via=INV.node("cp-2"))
+    config = k3sconfig.node_config(INV, INV.node("cp-1"), TOKENS, join_via=INV.node("cp-2"))
     assert "cluster-init" not in config and config["server"] == "https://203.0.113.11:6443"
-    agent = k3sconfig.node_config(INV, INV.node("gpu-1"), "tok", join_via=INV.node("cp-2"))
+    agent = k3sconfig.node_config(INV, INV.node("gpu-1"), TOKENS, join_via=INV.node("cp-2"))
     assert agent["server"] == "https://203.0.113.11:6443"
 
 
@@ -161,14 +164,14 @@ k3s: {snapshots: {retention: 4, s3: {bucket: k3s-snaps, endpoint: s3.example.com
 nodes: [{name: cp-1, address: 10.0.0.1, role: server}, {name: a, address: 10.0.0.2}]
 """)
     with pytest.raises(BootstrapError, match="not read before planning"):  # planning reads no environment
-        k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
+        k3sconfig.node_config(inv, inv.node("cp-1"), TOKENS)
     inv = with_secret_values(inv)
     assert "s3cr3t" not in repr(inv)
-    server = k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
+    server = k3sconfig.node_config(inv, inv.node("cp-1"), TOKENS)
     assert server["etcd-s3"] is True and server["etcd-s3-bucket"] == "k3s-snaps"
     assert server["etcd-s3-access-key"] == "AKIAEXAMPLE" and server["etcd-s3-secret-key"] == "s3cr3t"
     assert set(server) <= k3s_flags("server")
-    agent = k3sconfig.node_config(inv, inv.node("a"), "tok")
+    agent = k3sconfig.node_config(inv, inv.node("a"), TOKENS)
     assert not any(key.startswith("etcd") for key in agent)
 
 
@@ -181,8 +184,8 @@ def test_gpu_nodes_with_the_hosts_toolkit_make_nvidia_the_default_runtime():
     for driver, wanted in (("preinstalled", "nvidia"), ("host", "nvidia"), ("operator", None)):
         inv = parse_inventory(f"cluster: t\ngpu: {{driver: {driver}}}\nnodes: [{{name: cp, address: 10.0.0.1, "
                               "role: server}, {name: g, address: 10.0.0.2}]\n")
-        gpu = d.desired_state(inv, inv.node("g"), "tok", artifacts, gpu=True, driver_packages=[])
-        cpu = d.desired_state(inv, inv.node("cp"), "tok", artifacts, gpu=False, driver_packages=[])
+        gpu = d.desired_state(inv, inv.node("g"), TOKENS, artifacts, gpu=True, driver_packages=[])
+        cpu = d.desired_state(inv, inv.node("cp"), TOKENS, artifacts, gpu=False, driver_packages=[])
         config = yaml.safe_load(next(f.content for f in gpu.files if f.path == CONFIG))
         assert config.get("default-runtime") == wanted, driver
         assert "default-runtime" not in yaml.safe_load(next(f.content for f in cpu.files if f.path == CONFIG))
@@ -199,7 +202,7 @@ def test_ipv6_forwarding_only_for_an_ipv6_pod_network():
     for cidr, wanted in ((None, False), ("10.42.0.0/16", False), ("fd00:42::/56", True)):
         inv = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}]\n"
                               + (f"k3s: {{cluster_cidr: '{cidr}'}}\n" if cidr else ""))
-        desired = d.desired_state(inv, inv.node("cp"), "tok", artifacts, gpu=False, driver_packages=[])
+        desired = d.desired_state(inv, inv.node("cp"), TOKENS, artifacts, gpu=False, driver_packages=[])
         sysctl_file = next(f for f in desired.files if f.path.endswith("90-bootstrap-k3s.conf")).content.decode()
         plan = plan_host(inv.node("cp"), desired, fresh, CLUSTER_ID, "t")
         assert (IPV6_FORWARDING in sysctl_file) is wanted, cidr
@@ -208,7 +211,7 @@ def test_ipv6_forwarding_only_for_an_ipv6_pod_network():
     earlier = replace(fresh, sysctls={"net.ipv4.ip_forward": "1", IPV6_FORWARDING: "1"},
                       manifest={"sysctl_before": {IPV6_FORWARDING: "0", "net.ipv4.ip_forward": "0"}})
     inv = parse_inventory("cluster: t\nnodes: [{name: cp, address: 10.0.0.1, role: server}]\n")
-    plan = plan_host(inv.node("cp"), d.desired_state(inv, inv.node("cp"), "tok", artifacts, gpu=False,
+    plan = plan_host(inv.node("cp"), d.desired_state(inv, inv.node("cp"), TOKENS, artifacts, gpu=False,
                                                       driver_packages=[]), earlier, CLUSTER_ID, "t")
     assert f"set {IPV6_FORWARDING}=0 back (this cluster does not need it)" in plan.changes
     recorded = json.loads(next(u for u in plan.uploads if u.path == MANIFEST).content)

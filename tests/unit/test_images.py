@@ -8,6 +8,9 @@ from bootstrap.hostplan import k3sconfig
 from bootstrap.hostparts.registries import embedded_mirror_on, registries_yaml
 from bootstrap.secrets import with_secret_values
 from bootstrap.inventory.loader import parse_inventory
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 
 BASE = """\
 cluster: t
@@ -47,12 +50,12 @@ def test_the_embedded_mirror_is_on_for_gpu_clusters_unless_the_inventory_says_ot
 
 def test_the_mirror_is_a_server_flag_and_agents_do_not_get_it():
     inv = parse_inventory(BASE)
-    server = k3sconfig.node_config(inv, inv.node("cp-1"), "tok", embedded_mirror=True)
-    agent = k3sconfig.node_config(inv, inv.node("gpu-1"), "tok", embedded_mirror=True)
+    server = k3sconfig.node_config(inv, inv.node("cp-1"), TOKENS, embedded_mirror=True)
+    agent = k3sconfig.node_config(inv, inv.node("gpu-1"), TOKENS, embedded_mirror=True)
     assert server["embedded-registry"] is True and "embedded-registry" in k3s_flags("server")
     assert "embedded-registry" not in agent and "embedded-registry" not in k3s_flags("agent")
     assert set(server) <= k3s_flags("server") and set(agent) <= k3s_flags("agent")
-    assert "embedded-registry" not in k3sconfig.node_config(inv, inv.node("cp-1"), "tok")
+    assert "embedded-registry" not in k3sconfig.node_config(inv, inv.node("cp-1"), TOKENS)
 
 
 def test_registries_yaml_lists_every_shared_registry_and_keeps_the_inventorys_mirrors(monkeypatch):

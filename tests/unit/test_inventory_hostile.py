@@ -19,6 +19,9 @@ from bootstrap.hostparts.registries import registries_yaml
 from bootstrap.inventory import cron, kube
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.rules import k3s_flags
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 from test_inventory import MINIMAL, problems
 
 GIB = 1 << 30
@@ -209,8 +212,8 @@ k3s:
   server_config: {kube-apiserver-arg: ["audit-log-path=/var/log/a $(id).log"], secrets-encryption: true}
   agent_config: {kubelet-arg: ["max-pods=200"], lb-server-port: 6444}
 """)
-    server = k3sconfig.node_config(inv, inv.node("box-1"), "tok")
-    agent = k3sconfig.node_config(inv, inv.node("gpu-1"), "tok")
+    server = k3sconfig.node_config(inv, inv.node("box-1"), TOKENS)
+    agent = k3sconfig.node_config(inv, inv.node("gpu-1"), TOKENS)
     assert agent["kubelet-arg"][-1] == "max-pods=200" and agent["lb-server-port"] == 6444
     # A shell word in a value is data: config.yaml is written by a YAML dumper and read back the same.
     assert yaml.safe_load(k3sconfig.render(server))["kube-apiserver-arg"] == ["audit-log-path=/var/log/a $(id).log"]

@@ -13,6 +13,9 @@ from bootstrap.hostplan import k3sconfig
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.preflight import check_node_addresses
 from bootstrap.rules.node_addresses import choose, choose_all, with_node_ips
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 
 # `ip -o addr show` and the probe's route listing on a cloud VM behind 1:1 NAT (the shapes of
 # AWS/Lambda/GCP VMs: a private address on ens5, the public one nowhere on the host).
@@ -101,8 +104,8 @@ def test_behind_nat_node_ip_is_the_private_address_and_the_public_one_is_externa
     assert (chosen.internal, chosen.external, chosen.nat) == ("172.31.5.10", "203.0.113.10", True)
     assert "reaches gpu-1" in chosen.how  # the shared subnet, not just the default route
     resolved = with_node_ips(INV, facts)
-    server = k3sconfig.node_config(resolved, resolved.node("cp-1"), "tok")
-    agent = k3sconfig.node_config(resolved, resolved.node("gpu-1"), "tok")
+    server = k3sconfig.node_config(resolved, resolved.node("cp-1"), TOKENS)
+    agent = k3sconfig.node_config(resolved, resolved.node("gpu-1"), TOKENS)
     assert (server["node-ip"], server["node-external-ip"]) == ("172.31.5.10", "203.0.113.10")
     assert (agent["node-ip"], agent["node-external-ip"]) == ("172.31.7.20", "203.0.113.21")
     assert agent["server"] == "https://172.31.5.10:6443"  # agents join over the private network
@@ -111,10 +114,10 @@ def test_behind_nat_node_ip_is_the_private_address_and_the_public_one_is_externa
 
 def test_the_old_config_without_facts_used_the_public_address_as_node_ip():
     """What crash-looped k3s behind NAT: no facts, node-ip is the inventory address."""
-    config = k3sconfig.node_config(INV, INV.node("cp-1"), "tok")
+    config = k3sconfig.node_config(INV, INV.node("cp-1"), TOKENS)
     assert config["node-ip"] == "203.0.113.10" and "node-external-ip" not in config
     resolved = with_node_ips(INV, {"cp-1": nat_host("172.31.5.10")})
-    assert k3sconfig.node_config(resolved, resolved.node("cp-1"), "tok")["node-ip"] == "172.31.5.10"
+    assert k3sconfig.node_config(resolved, resolved.node("cp-1"), TOKENS)["node-ip"] == "172.31.5.10"
 
 
 def test_an_address_on_the_host_stays_as_it_was():
@@ -213,7 +216,7 @@ def test_preflight_warns_when_the_addresses_are_unknown():
 @pytest.mark.parametrize("join_via", [None, "cp-2"])
 def test_make_plans_joins_over_the_private_address_of_the_server_it_joins(join_via):
     from bootstrap.hostplan.all_hosts import make_plans
-    from test_golden import TOKEN, online_artifacts
+    from test_golden import TOKENS, online_artifacts
 
     inv = parse_inventory("cluster: t\nk3s: {version: v1.33.5+k3s1}\nnodes:\n"
                           "  - {name: cp-1, address: 203.0.113.10, role: server}\n"
@@ -222,7 +225,7 @@ def test_make_plans_joins_over_the_private_address_of_the_server_it_joins(join_v
                           "  - {name: gpu-1, address: 203.0.113.21}\n")
     facts = {"cp-1": nat_host("172.31.5.10"), "cp-2": nat_host("172.31.5.11"), "cp-3": nat_host("172.31.5.12"),
              "gpu-1": nat_host("172.31.7.20")}
-    plans = make_plans(inv, facts, TOKEN, {None: online_artifacts("v1.33.5+k3s1", "amd64")}, "id",
+    plans = make_plans(inv, facts, TOKENS, {None: online_artifacts("v1.33.5+k3s1", "amd64")}, "id",
                        join_via=inv.node(join_via) if join_via else None).plans
     config = next(u.content.decode() for u in plans["gpu-1"].uploads if u.path == "/etc/rancher/k3s/config.yaml")
     assert f"server: https://172.31.5.{11 if join_via else 10}:6443" in config

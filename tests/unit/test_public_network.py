@@ -13,6 +13,9 @@ from bootstrap.preflight import check_clock_skew, check_providers, preflight
 from bootstrap.rules import reachability as rr
 from bootstrap.rules.node_addresses import with_node_ips
 from bootstrap.rules.providers import PROVIDER_LABEL, REGION_LABEL, quorum_loss_by_provider
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 
 PUBLIC = """\
 cluster: multi
@@ -64,8 +67,8 @@ def test_public_mode_means_wireguard_and_refuses_an_unencrypted_backend_and_host
 
 def test_public_mode_config_every_node_announces_its_public_address_and_joins_the_servers_public_one():
     inventory = with_node_ips(parse_inventory(PUBLIC), facts())
-    server = k3sconfig.node_config(inventory, inventory.node("cp-1"), "tok")
-    agent = k3sconfig.node_config(inventory, inventory.node("gpu-1"), "tok")
+    server = k3sconfig.node_config(inventory, inventory.node("cp-1"), TOKENS)
+    agent = k3sconfig.node_config(inventory, inventory.node("gpu-1"), TOKENS)
     assert server["flannel-backend"] == "wireguard-native" and server["flannel-external-ip"] is True
     assert (server["node-ip"], server["node-external-ip"]) == ("10.0.1.10", "198.51.100.10")
     assert (agent["node-ip"], agent["node-external-ip"]) == ("10.0.2.21", "203.0.113.21")
@@ -75,10 +78,10 @@ def test_public_mode_config_every_node_announces_its_public_address_and_joins_th
     assert set(server["tls-san"]) >= {"198.51.100.10", "10.0.1.10"}
     # A host that holds its public address still announces it (flannel-external-ip reads it).
     plain = parse_inventory(PUBLIC)
-    assert k3sconfig.node_config(plain, plain.node("gpu-2"), "tok")["node-external-ip"] == "192.0.2.31"
+    assert k3sconfig.node_config(plain, plain.node("gpu-2"), TOKENS)["node-external-ip"] == "192.0.2.31"
     private = with_node_ips(parse_inventory(PUBLIC.replace("{mode: public}", "{}")), facts())
-    assert k3sconfig.node_config(private, private.node("gpu-1"), "tok")["server"] == "https://10.0.1.10:6443"
-    assert "flannel-external-ip" not in k3sconfig.node_config(private, private.node("cp-1"), "tok")
+    assert k3sconfig.node_config(private, private.node("gpu-1"), TOKENS)["server"] == "https://10.0.1.10:6443"
+    assert "flannel-external-ip" not in k3sconfig.node_config(private, private.node("cp-1"), TOKENS)
 
 
 def test_preflight_wants_wireguard_on_every_node_and_frees_its_port():

@@ -34,6 +34,7 @@ from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.uninstall import tear_down
 from bootstrap.hostparts import manifest
 from bootstrap.hostplan.all_hosts import make_plans
+from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.remote_data import RemoteDataError
 from bootstrap.rules.ownership import ownership
@@ -355,7 +356,7 @@ def test_every_other_hosts_plan_is_built(tmp_path):
     artifacts = k3s_artifacts(inventory, {"amd64"})
     facts = {"cp-1": HostFacts(arch="amd64"), "gpu-1": HostFacts(arch="amd64", manifest={"cluster_id": None,
                                                                                          "files": [{}]})}
-    plans = make_plans(inventory, facts, "tok", artifacts, OUR_ID)
+    plans = make_plans(inventory, facts, JoinTokens("tok", "agent-tok"), artifacts, OUR_ID)
     assert set(plans.plans) == {"cp-1"}
     assert "cluster_id is null" in plans.failures["gpu-1"]
 
@@ -547,7 +548,7 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
     findings += version_findings(inventory, facts, "v1.34.1+k3s1", {})
     probes = rr.plan_probes(inventory, facts, embedded_mirror=True)
     assert isinstance(rr.findings(inventory, probes, []), list)
-    plans = make_plans(inventory, facts, "tok", artifacts, OUR_ID)
+    plans = make_plans(inventory, facts, JoinTokens("tok", "agent-tok"), artifacts, OUR_ID)
     assert "cpu-1" in plans.plans  # the honest host's plan, whatever the others said
     assert set(plans.plans) | set(plans.failures) == set(facts)
     plan_rollout(inventory, facts, plans.plans, "v1.34.1+k3s1")

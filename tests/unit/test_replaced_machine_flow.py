@@ -23,6 +23,7 @@ from bootstrap.facts.host_facts import FileState, K3sInstall, SystemdUnit
 from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.repair import Edges, RepairOptions, repair
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
+from bootstrap.hostplan.join_tokens import SERVER_TOKEN_FILE
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 
@@ -41,6 +42,8 @@ class RecordingSession(FakeSession):
         self.new_agent = None
 
     def read_root_file(self, name, path):
+        if path == SERVER_TOKEN_FILE:  # the CA hash the joins' secure tokens name
+            return (self.lab.root / path.lstrip("/")).read_text()
         return self.kubeconfig_text
 
     def execute(self, steps, after=None):
@@ -81,7 +84,7 @@ def cluster(lab, k3s, tmp_path):  # noqa: F811
         {"name": "a1", "address": "10.0.0.2", "gpu": {"enabled": False}}]}))
     inventory = load_inventory(path)
     state = StateDir(inventory)
-    state.write_secret("token", "secret\n")
+    state.write_secret("token", TOKEN + "\n")  # the lab cluster's own
     kubeconfig = lab.root / "etc/rancher/k3s/k3s.yaml"
     state.write_secret("kubeconfig", kubeconfig.read_text())  # a cluster `up` built before
     sha = hashlib.sha256(k3s.read_bytes()).hexdigest()
@@ -145,7 +148,7 @@ def test_rebuild_names_a_machine_that_does_not_answer_and_does_not_wait_for_it(l
         {"name": "a2", "address": "10.0.0.3", "gpu": {"enabled": False}}]}))
     inventory = load_inventory(path)
     state = StateDir(inventory)
-    state.write_secret("token", "secret\n")
+    state.write_secret("token", TOKEN + "\n")  # the lab cluster's own
     kubeconfig = lab.root / "etc/rancher/k3s/k3s.yaml"
     state.write_secret("kubeconfig", kubeconfig.read_text())
     sha = hashlib.sha256(k3s.read_bytes()).hexdigest()

@@ -11,6 +11,9 @@ from bootstrap.hostplan import desired as d
 from bootstrap.hostplan.host_plan import plan_host
 from bootstrap.hostplan.rollout import plan_rollout, version_findings
 from bootstrap.inventory.loader import parse_inventory
+from bootstrap.hostplan.join_tokens import JoinTokens
+
+TOKENS = JoinTokens("tok", "agent-tok")
 
 INV = parse_inventory("""\
 cluster: t
@@ -32,7 +35,7 @@ CLUSTER_ID = "0123456789abcdef"
 
 def running_on(node, version="v1.33.5+k3s1", binary=OLD, active=True):
     unit = "k3s" if node.role == "server" else "k3s-agent"
-    want = d.desired_state(INV, node, "tok", artifacts(binary), gpu=False, driver_packages=[])
+    want = d.desired_state(INV, node, TOKENS, artifacts(binary), gpu=False, driver_packages=[])
     files = {f.path: FileState(f.mode, f.sha256) for f in want.files}
     return HostFacts(arch="amd64", files=files, modules=list(MODULES), sysctls=dict(SYSCTLS),
                      k3s=K3sInstall(K3S_BINARY, version, True,
@@ -47,7 +50,7 @@ def artifacts(binary: bytes, path="/nonexistent/k3s"):
 
 
 def plans_for(facts):
-    return {n.name: plan_host(n, d.desired_state(INV, n, "tok", artifacts(NEW), gpu=False, driver_packages=[]),
+    return {n.name: plan_host(n, d.desired_state(INV, n, TOKENS, artifacts(NEW), gpu=False, driver_packages=[]),
                               facts[n.name], CLUSTER_ID, "lab") for n in INV.nodes}
 
 
