@@ -4,8 +4,6 @@ whose provider opens only SSH."""
 
 from __future__ import annotations
 
-import yaml
-
 from bootstrap.cluster import kubeconfig_file
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
@@ -20,7 +18,7 @@ def run(args, console) -> int:
     print(f"kubeconfig for cluster {inventory.cluster}: {path} (context {kubeconfig_file.context_name(inventory)})")
     if args.merge and not args.tunnel:
         target = kubeconfig_file.default_target()
-        kubeconfig_file.merge_into(target, yaml.safe_load(path.read_text()))
+        kubeconfig_file.merge_into(target, kubeconfig_file.read_saved(path))
         print(f"merged into {target} as context {kubeconfig_file.context_name(inventory)}")
     if args.tunnel:
         hold_tunnel(inventory, state, path, args.port, args.merge)
@@ -50,7 +48,7 @@ def hold_tunnel(inventory, state, path, port: int, merge: bool) -> None:
             context = kubeconfig_file.context_name(inventory)
             if merge:
                 target = kubeconfig_file.default_target()
-                kubeconfig_file.merge_into(target, yaml.safe_load(tunneled.read_text()))
+                kubeconfig_file.merge_into(target, kubeconfig_file.read_saved(tunneled))
                 print(f"merged into {target} as context {context}, through the tunnel")
                 use = f"kubectl --context {context} get nodes"
             else:
