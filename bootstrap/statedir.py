@@ -203,8 +203,8 @@ class StateDir:
         problem = folder_problem(self.path)
         if problem:
             raise self._unusable(problem)
-        if not (self.path / IDENTITY).exists():
-            entries = {p.name for p in self.path.iterdir() if not TEMP_NAME.fullmatch(p.name)}
+        entries = {p.name for p in self.path.iterdir() if not TEMP_NAME.fullmatch(p.name)}
+        if IDENTITY not in entries:  # (listed once: a run started with this one may create it meanwhile)
             if entries and not entries <= LEGACY_ENTRIES:
                 shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
                 raise self._refuse(f"state_dir {self.path} is a folder with other files in it ({shown}), "

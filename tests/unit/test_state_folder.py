@@ -56,7 +56,7 @@ def _start_together(inventory_path, barrier, results, locked):
 @pytest.mark.parametrize("locked", [True, False], ids=["under-cluster_lock", "plain-ensure"])
 def test_two_runs_started_together_on_a_fresh_folder_end_with_one_id(tmp_path, locked):
     context = multiprocessing.get_context("fork")
-    for attempt in range(25):
+    for attempt in range(50):
         inventory = inventory_file(tmp_path / f"inv-{attempt}.yaml", state_dir=tmp_path / f"state-{attempt}")
         barrier, results = context.Barrier(2), context.Queue()
         runs = [context.Process(target=_start_together, args=(inventory, barrier, results, locked))
