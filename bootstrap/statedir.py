@@ -33,7 +33,8 @@ LEGACY_ENTRIES = {"known_hosts", "token", "kubeconfig", "logs", "snapshots", "lo
 # Every file is written to a temp name of its own in the target's folder, then renamed over
 # it: `.<name>.<random>.tmp`. The random part means a name nobody can plant a symlink at in
 # advance, and a leftover (Ctrl-C, a full disk) is never in the way of the next write.
-TEMP_NAME = re.compile(r"\.[^/]+\.[0-9a-f]{16}\.tmp|[^/]+\.tmp", re.ASCII)  # the second: names of old versions
+# Also what older versions left: `<name>.tmp`, and known_hosts' mkstemp names.
+TEMP_NAME = re.compile(r"\.[^/]+\.[0-9a-f]{16}\.tmp|[^/]+\.tmp|\.known_hosts\.(session\.)?[A-Za-z0-9_]{8}", re.ASCII)
 # A secret the tool wrote is one line of printable ASCII without spaces (a join token).
 SECRET_VALUE = re.compile(r"[\x21-\x7e]+", re.ASCII)
 MAX_SECRET_BYTES = 4096
@@ -318,6 +319,8 @@ class StateDir:
 
     def subfolder(self, name: str) -> Path:
         """A folder in the state folder: created 0700 when missing, else checked like it."""
+        if not self.path.is_dir():
+            self.prepare()
         path = self.path / name
         try:
             path.mkdir(mode=0o700)
