@@ -172,3 +172,22 @@ def test_up_fails_the_server_whose_kubeconfig_carries_an_exec_plugin_and_saves_n
     fetch_kubeconfig(session, inventory, state)
     assert "'exec'" in session.failures["cp-1"].message
     assert not (state.path / "kubeconfig").exists()
+
+
+def test_a_real_k3s_yaml_passes_and_the_kubernetes_client_loads_what_is_written(inventory, tmp_path):
+    """PEMs as k3s writes them (the stand-in's PKI, openssl): an EC key, a two-certificate
+    client chain, the server CA."""
+    from kubernetes import client, config
+
+    from standins import k3s_pki
+
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    ca = k3s_pki.ensure_cas(str(tls))
+    chain, key = k3s_pki.ensure_admin(str(tls))
+    written = tmp_path / "kubeconfig"
+    written.write_text(kc.rewrite(k3s_pki.kubeconfig(6443, ca, chain, key), inventory, "0123456789abcdef"))
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(written), client_configuration=configuration)
+    assert configuration.host == "https://203.0.113.10:6443"
+    assert configuration.cert_file and configuration.key_file and configuration.ssl_ca_cert
