@@ -97,7 +97,10 @@ def fsync_folder(folder: Path) -> None:
 def folder_problem(folder: Path) -> str | None:
     """Why `folder` may not hold the cluster's secrets, or None: another local user who can
     write to it can swap the token or kubeconfig the next command reads, or plant a link."""
-    info = os.stat(folder)
+    try:
+        info = os.stat(folder)
+    except OSError as exc:
+        return f"cannot use {folder}: {exc.strerror}"
     if not stat.S_ISDIR(info.st_mode):
         return f"{folder} is not a folder"
     if info.st_uid != os.geteuid():
@@ -201,15 +204,19 @@ class StateDir:
             raise self._unusable(f"cannot create the state folder {self.path}: {exc.strerror}") from None
         if not self.path.is_dir():
             raise self._refuse(f"state_dir {self.path} exists and is not a folder")
-        problem = folder_problem(self.path)
+        try:
+            listed = list(self.path.iterdir())
+        except OSError as exc:
+            raise self._unusable(folder_problem(self.path) or f"cannot read {self.path}: {exc.strerror}") from None
+        entries = {p.name for p in listed if not TEMP_NAME.fullmatch(p.name)}
+        # (listed once: a run started with this one may create identity.json meanwhile)
+        if IDENTITY not in entries and entries and not entries <= LEGACY_ENTRIES:
+            shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+            raise self._refuse(f"state_dir {self.path} is a folder with other files in it ({shown}), "
+                               "not a bootstrap state folder")
+        problem = folder_problem(self.path)  # after: /tmp is not a state folder, whatever its mode
         if problem:
             raise self._unusable(problem)
-        entries = {p.name for p in self.path.iterdir() if not TEMP_NAME.fullmatch(p.name)}
-        if IDENTITY not in entries:  # (listed once: a run started with this one may create it meanwhile)
-            if entries and not entries <= LEGACY_ENTRIES:
-                shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
-                raise self._refuse(f"state_dir {self.path} is a folder with other files in it ({shown}), "
-                                   "not a bootstrap state folder")
         for name in ("snapshots", "logs"):
             sub = self.path / name
             problem = folder_problem(sub) if sub.exists() or sub.is_symlink() else None
