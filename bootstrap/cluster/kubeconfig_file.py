@@ -30,9 +30,9 @@ EXTENSION = "bootstrap"
 # nothing else. A rented server's operator controls that file, and the kubernetes client,
 # Helm and kubectl act on much more of it: `exec` and `auth-provider` run a program on the
 # operator's machine, `proxy-url` and `insecure-skip-tls-verify` hand the API traffic (the
-# client key) to someone else, file paths read the operator's own files.
-ALLOWED_CLUSTER_FIELDS = ("certificate-authority-data",)
-ALLOWED_USER_FIELDS = ("client-certificate-data", "client-key-data")
+# client key) to someone else, file paths read the operator's own files. Those refuse the
+# file (they say the host is hostile); anything else (tls-server-name, extensions, other
+# entries) is left behind. What is kept: the fields of PEM_LABELS, below.
 REFUSED_CLUSTER_FIELDS = ("proxy-url", "insecure-skip-tls-verify", "certificate-authority")
 REFUSED_USER_FIELDS = ("exec", "auth-provider", "token", "tokenFile", "username", "password",
                        "client-certificate", "client-key")
