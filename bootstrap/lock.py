@@ -23,23 +23,38 @@ class ClusterBusy(BootstrapError):
 
 @contextlib.contextmanager
 def cluster_lock(state: StateDir, command: str):
-    state.ensure()
+    """The folder is prepared (created 0700, or checked), the lock taken, and only then the
+    cluster's identity read or created: two commands started together on a new folder would
+    otherwise each make an id of their own."""
+    state.prepare()
     path = state.path / "lock"
-    handle = open(path, "a+")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    handle = os.fdopen(fd, "r+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
         try:
-            holder = json.loads(handle.read() or "{}")
+            holder = json.loads(handle.read(4096) or "{}")
         except ValueError:
             holder = {}
+        holder = holder if isinstance(holder, dict) else {}
         handle.close()
-        since = time.strftime("%H:%M:%S", time.localtime(holder.get("since", 0))) if holder else "?"
+        try:
+            since = time.strftime("%H:%M:%S", time.localtime(float(holder["since"])))
+        except (KeyError, TypeError, ValueError, OverflowError, OSError):
+            since = "?"
         raise ClusterBusy(
             f"another bootstrap command is already working on this cluster "
             f"(`{holder.get('command', '?')}`, pid {holder.get('pid', '?')}, since {since})",
             "wait for it to finish; the lock is released automatically if it crashes") from None
+    try:
+        state.ensure()
+        state.clean_leftovers()
+    except BaseException:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+        raise
     handle.seek(0)
     handle.truncate()
     handle.write(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))

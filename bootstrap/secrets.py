@@ -29,6 +29,23 @@ def resolve(ref: SecretRef | None, what: str) -> str | None:
         raise UsageError(f"{what}: cannot read {path}: {exc.strerror}") from None
 
 
+def ssh_password(inventory, node) -> str | None:
+    """`node`'s SSH password, for logging in to `node` only; None when it names none (keys).
+    One whose value is another node's too is refused: the inventory check compares what the
+    references name, this compares what they hold (two variables set to one password)."""
+    own = resolve(inventory.ssh_for(node).password, f"ssh password for {node.name}")
+    if own is None:
+        return None
+    for other in inventory.nodes:
+        ref = inventory.ssh_for(other).password
+        if other.name != node.name and ref is not None and resolve(ref, f"ssh password for {other.name}") == own:
+            raise UsageError(f"{node.name} and {other.name} have the same SSH password: each is offered it when "
+                             "it logs in, so a host that gets it can log in to the other; nothing was sent",
+                             "give each node its own password (nodes[].ssh.password_env or password_file), "
+                             "or use SSH keys (ssh.key), the default")
+    return own
+
+
 _warned: set[str] = set()
 
 

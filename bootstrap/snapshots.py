@@ -4,6 +4,10 @@ A snapshot is useless without the token that encrypted its bootstrap data, so ea
 copy has its token beside it (both 0600). Names carry the cluster's id
 (`bootstrap-<id>-<time>`, then what k3s appends: `-<node>-<unix time>`), so the last N
 of *this* cluster are kept and only this cluster's snapshots are ever restored.
+
+Snapshots are ordered by the time in their names, the operator's clock when `take` named
+it, never by a file's mtime: a clock that jumped back would make the copy just taken look
+oldest, prune it and leave a stale one for a restore. The copy just taken is never pruned.
 """
 
 from __future__ import annotations
@@ -36,10 +40,30 @@ def is_ours(name: str, cluster_id: str) -> bool:
     return bool(snapshot_pattern(cluster_id).fullmatch(name))
 
 
+_NAMED_TIME = re.compile(r"bootstrap-[0-9a-f]+-([0-9]{8}-[0-9]{6})-.*-([0-9]+)(\.zip)?", re.ASCII)
+
+
+def named_time(name: str) -> tuple[float, int]:
+    """(when `take` named it, in the operator's local time as written; the server's unix time
+    k3s appended): the order of snapshots. (0, 0) for a name without a valid time."""
+    match = _NAMED_TIME.fullmatch(name)
+    if not match:
+        return 0.0, 0
+    try:
+        taken = time.mktime(time.strptime(match.group(1), "%Y%m%d-%H%M%S"))
+    except (ValueError, OverflowError):
+        taken = 0.0
+    return taken, int(match.group(2)[:12])
+
+
 @dataclass(frozen=True)
 class LocalSnapshot:
     path: Path
-    taken: float  # the file's mtime: when it was copied here, right after k3s saved it
+    taken: float  # the time in its name: when `take` asked k3s for it
+
+    @property
+    def order(self) -> tuple:
+        return (*named_time(self.name), self.name)
 
     @property
     def name(self) -> str:
@@ -57,17 +81,16 @@ class LocalSnapshot:
 
 
 def local_dir(state: StateDir) -> Path:
-    path = state.path / "snapshots"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    state.ensure()
+    return state.subfolder("snapshots")
 
 
 def local_snapshots(state: StateDir) -> list[LocalSnapshot]:
-    """This cluster's snapshots in the state folder, oldest first."""
+    """This cluster's snapshots in the state folder, oldest first by the time in their names."""
     cluster_id = state.cluster_id
-    found = [LocalSnapshot(p, p.stat().st_mtime) for p in local_dir(state).iterdir()
-             if p.is_file() and is_ours(p.name, cluster_id)]
-    return sorted(found, key=lambda s: (s.taken, s.name))
+    found = [LocalSnapshot(p, named_time(p.name)[0]) for p in local_dir(state).iterdir()
+             if is_ours(p.name, cluster_id) and p.is_file()]
+    return sorted(found, key=lambda s: s.order)
 
 
 def newest(state: StateDir) -> LocalSnapshot | None:
@@ -79,9 +102,15 @@ def find(state: StateDir, name: str) -> LocalSnapshot | None:
     return next((s for s in local_snapshots(state) if s.name == name), None)
 
 
-def prune(state: StateDir, keep: int) -> None:
+def prune(state: StateDir, keep: int, just_taken: str | None = None) -> None:
+    """Keep the newest `keep` (by the time in their names), and `just_taken` whatever its
+    name says: the copy a command just made is the one a restore needs."""
+    if keep <= 0:
+        return
     snaps = local_snapshots(state)
-    for old in snaps[:-keep] if keep > 0 else []:
+    others = [s for s in snaps if s.name != just_taken]
+    room = keep - (len(snaps) - len(others))
+    for old in others[:max(0, len(others) - room)]:
         old.path.unlink(missing_ok=True)
         old.path.with_name(old.name + ".token").unlink(missing_ok=True)
 
@@ -133,8 +162,8 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=
     # Only a name of our own pattern becomes a local file name.
     if not is_ours(remote, state.cluster_id):
         raise BootstrapError(f"k3s saved no snapshot named {name} in {SNAPSHOT_DIR} on {server.name}")
+    token = state.read_secret("token")  # before anything is written: a snapshot without it is useless
     target = state.write_secret(f"snapshots/{remote}", data)
-    token = (state.path / "token").read_text()
-    state.write_secret(f"snapshots/{remote}.token", token)
-    prune(state, inventory.k3s.snapshots.retention)
+    state.write_secret(f"snapshots/{remote}.token", token + "\n")
+    prune(state, inventory.k3s.snapshots.retention, just_taken=remote)
     return target

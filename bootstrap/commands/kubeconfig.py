@@ -4,8 +4,6 @@ whose provider opens only SSH."""
 
 from __future__ import annotations
 
-import yaml
-
 from bootstrap.cluster import kubeconfig_file
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import cluster_lock
@@ -21,7 +19,7 @@ def run(args, console) -> int:
                 f"(context {kubeconfig_file.context_name(inventory)})")
     if args.merge and not args.tunnel:
         target = kubeconfig_file.default_target()
-        kubeconfig_file.merge_into(target, yaml.safe_load(path.read_text()))
+        kubeconfig_file.merge_into(target, kubeconfig_file.read_saved(path))
         console.say(f"merged into {target} as context {kubeconfig_file.context_name(inventory)}")
     if args.tunnel:
         hold_tunnel(inventory, state, path, args.port, args.merge, console)
@@ -51,7 +49,7 @@ def hold_tunnel(inventory, state, path, port: int, merge: bool, console) -> None
             context = kubeconfig_file.context_name(inventory)
             if merge:
                 target = kubeconfig_file.default_target()
-                kubeconfig_file.merge_into(target, yaml.safe_load(tunneled.read_text()))
+                kubeconfig_file.merge_into(target, kubeconfig_file.read_saved(tunneled))
                 console.say(f"merged into {target} as context {context}, through the tunnel")
                 use = f"kubectl --context {context} get nodes"
             else:

@@ -131,7 +131,12 @@ def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
         return
     from bootstrap.cluster.kubeconfig_file import rewrite
 
-    state.write_secret("kubeconfig", rewrite(text, inventory, state.cluster_id, address=first.address))
+    try:  # only its allow-listed fields; a file that could run code here fails that server
+        kubeconfig = rewrite(text, inventory, state.cluster_id, address=first.address)
+    except BootstrapError as exc:
+        session.fail(first.name, exc.message, exc.hint)
+        return
+    state.write_secret("kubeconfig", kubeconfig)
 
 
 def gather_facts(session, inventory) -> dict:

@@ -10,13 +10,13 @@ crash mid-write leaves the old one.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 from pathlib import Path
 
 import paramiko
 from paramiko.hostkeys import HostKeyEntry
+
+from bootstrap import statedir
 
 _WRITING = threading.Lock()  # read-modify-write of one file by parallel connects in one process
 
@@ -26,16 +26,7 @@ def known_hosts_entry(address: str, port: int) -> str:
 
 
 def write_atomically(known_hosts: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=known_hosts.parent, prefix=f".{known_hosts.name}.")  # created 0600
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, known_hosts)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    statedir.write_atomically(known_hosts, text.encode(), 0o600)  # the folder fsynced too
 
 
 def _lines(known_hosts: Path) -> list[str]:

@@ -17,7 +17,7 @@ from bootstrap.hosts import hostkeys, sshlink
 from bootstrap.hosts.remote_output import read_command, run_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.remote_data import RemoteDataError
-from bootstrap.secrets import resolve
+from bootstrap.secrets import resolve, ssh_password
 from bootstrap.statedir import StateDir
 
 
@@ -106,7 +106,7 @@ def host_data(inventory: Inventory, state: StateDir, node: Node, known_hosts: Pa
     key = sshlink.key_file(inventory, node)
     if key:
         data["ssh_key"] = str(key)
-    password = resolve(ssh.password, f"ssh password for {node.name}")
+    password = ssh_password(inventory, node)  # this node's own, never another's
     if password:
         data["ssh_password"] = password
     passphrase = resolve(ssh.key_passphrase, f"ssh key passphrase for {node.name}")

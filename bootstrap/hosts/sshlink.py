@@ -18,7 +18,7 @@ import paramiko
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.hosts import hostkeys
 from bootstrap.inventory.model import Inventory, Node
-from bootstrap.secrets import resolve
+from bootstrap.secrets import resolve, ssh_password
 
 
 class SshUnreachable(BootstrapError):
@@ -178,7 +178,7 @@ def connect(inventory: Inventory, node: Node, known_hosts: Path) -> NodeClient:
     closing it closes the bastion connection too."""
     ssh = inventory.ssh_for(node)
     kwargs = client_kwargs(inventory, node)
-    password = resolve(ssh.password, f"ssh password for {node.name}")
+    password = ssh_password(inventory, node)  # this node's own, never another's
     if password:
         kwargs["password"] = password
     client = new_client(known_hosts, NodeClient)

@@ -91,6 +91,7 @@ def check_across_fields(data: dict, located: Located, ck: Checker) -> None:
             ck.problem(("nodes", index, "rdma_interfaces"), "rdma_interfaces without network.rdma",
                        "add network: {rdma: {mode: shared, interfaces: [...]}} to enable RDMA", key=True)
     check_one_mig_strategy(data, raw_nodes, ck)
+    check_own_passwords(data, raw_nodes, ck)
     check_public_network(data, raw_nodes, ck)
     check_derived_names(data, raw_nodes, located, ck)
     for index, node in enumerate(raw_nodes):
@@ -155,6 +156,45 @@ def check_one_mig_strategy(data: dict, nodes: list, ck: Checker) -> None:
     for path, gpu in places:
         if sharing(gpu).get("mps"):
             ck.problem(path, "MPS in a cluster whose MIG strategy is mixed", hint)
+
+
+PASSWORD_FIELDS = ("password_env", "password_file")
+
+
+def check_own_passwords(data: dict, nodes: list, ck: Checker) -> None:
+    """An SSH password is offered to the host it is given for: one shared by several nodes
+    (the top-level ssh.password of two nodes or more, or one variable or file named by
+    several) lets any of those hosts, or whoever runs it, log in to all the others. Each
+    node names its own (nodes[].ssh.password_env / password_file), or keys are used."""
+    top = _password_ref(data.get("ssh"), ("ssh",))
+    using: dict = {}
+    for index, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            continue
+        path, ref = _password_ref(node.get("ssh"), ("nodes", index, "ssh")) or top or (None, None)
+        if ref is not None:
+            name = node.get("name") if isinstance(node.get("name"), str) else f"nodes[{index}]"
+            using.setdefault(ref, []).append((path, name))
+    for users in using.values():
+        if len(users) < 2:
+            continue
+        names = ", ".join(ascii(name) for _, name in users[:5]) + (", ..." if len(users) > 5 else "")
+        for path in dict.fromkeys(path for path, _ in users):
+            ck.problem(path, f"one SSH password for {len(users)} nodes ({names}): each of them is offered it when "
+                       "it logs in, so a host that gets it can log in to the others",
+                       "give each node its own password (nodes[].ssh.password_env or password_file), or use "
+                       "SSH keys (ssh.key), the default", key=True)
+
+
+def _password_ref(ssh, path: tuple) -> tuple[tuple, tuple] | None:
+    """(path of the field, what it names) of an ssh mapping's password reference, or None.
+    Files compare by their path as the tool opens it (~ expanded, ./ and // folded)."""
+    for field in PASSWORD_FIELDS:
+        value = ssh.get(field) if isinstance(ssh, dict) else None
+        if isinstance(value, str) and value:
+            named = os.path.normpath(os.path.expanduser(value)) if field == "password_file" else value
+            return path + (field,), (field, named)
+    return None
 
 
 def check_unique_nodes(data: dict, nodes: list, located: Located, ck: Checker) -> None:

@@ -127,7 +127,18 @@ SSH = Record(
     checks=[_one_secret_source("password"), _one_secret_source("key_passphrase")],
 )
 
-NODE_SSH = Record(fields=SSH_FIELDS, build=dict)
+
+
+def _node_ssh(**values) -> dict:
+    """A node's ssh: overrides of the top-level settings; its own password only when named."""
+    password = _secret_ref(values, "password")
+    return {**values, "password": password} if password else values
+
+
+# A node may name its own password: a password shared by several nodes is refused
+# (loader.check_own_passwords), since every one of them is offered it.
+NODE_SSH = Record(fields={**SSH_FIELDS, **_secret_fields("password")}, build=_node_ssh,
+                  checks=[_one_secret_source("password")])
 
 S3 = Record(
     fields={

@@ -5,6 +5,7 @@ error, `down` deleted the only join token while a server was unreachable, and `d
 wiped or rewrote hosts of another cluster.
 """
 
+import base64
 import re
 
 import pytest
@@ -27,15 +28,19 @@ def test_rebuild_never_restores_a_healthy_control_plane_on_an_api_error(lab, tmp
     state = tmp_path / "state"
     assert list((state / "snapshots").glob("bootstrap-*[0-9]")), "up took no snapshot"
     before = unit_invocation(hosts[0])
-    # A stale kubeconfig: the API answers 401. The etcd data is fine.
+    # A stale kubeconfig: the API refuses its user (403). The etcd data is fine. (Not a token
+    # user for a 401: the tool refuses a kubeconfig with a token; and the stand-in's TLS,
+    # unlike Go's, fails the handshake on a certificate of another CA instead of a 401.)
     config = yaml.safe_load((state / "kubeconfig").read_text())
+    chain, key = _client_certificate(hosts[0], tmp_path / "stale", "stale-user")
     for user in config["users"]:
-        user["user"] = {"token": "stale-" + "0" * 40}
+        user["user"] = {"client-certificate-data": base64.b64encode(chain).decode(),
+                        "client-key-data": base64.b64encode(key).decode()}
     (state / "kubeconfig").write_text(yaml.safe_dump(config))
     result = run_bootstrap("rebuild", inventory, "--restore", "--yes", timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the control plane is not lost" in result.stderr and "hc-cp" in result.stderr
-    assert "401" in result.stderr or "Unauthorized" in result.stderr  # the cause, not a verdict
+    assert "403" in result.stderr or "Forbidden" in result.stderr  # the cause, not a verdict
     assert "restore" not in result.stdout.lower()
     assert unit_invocation(hosts[0]) == before, "k3s on the server was restarted"
     # The stale kubeconfig is fixed as the hint says; the cluster was never reset.
@@ -43,6 +48,20 @@ def test_rebuild_never_restores_a_healthy_control_plane_on_an_api_error(lab, tmp
     assert fetched.returncode == 0, fetched.stderr
     status = run_bootstrap("status", inventory, "--json")
     assert status.returncode == 0, status.stdout + status.stderr
+
+
+def _client_certificate(server, folder, name: str) -> tuple[bytes, bytes]:
+    """(chain, key) of a user the cluster's client CA signed, in no group: one the API knows
+    and refuses (403)."""
+    from standins import k3s_pki
+
+    folder.mkdir()
+    for part in ("crt", "key"):
+        text = server.ssh(f"sudo cat /var/lib/rancher/k3s/server/tls/client-ca.{part}").stdout
+        (folder / f"client-ca.{part}").write_text(text)
+    key_path = str(folder / "user.key")
+    chain = k3s_pki._leaf(str(folder), "client-ca", name, [], "clientAuth", [], key_path)
+    return chain, (folder / "user.key").read_bytes()
 
 
 def test_down_keeps_the_token_while_a_server_is_unreachable(lab, tmp_path, airgap):
@@ -99,3 +118,24 @@ def test_down_leaves_a_host_with_a_hand_installed_k3s_alone_unless_forced(lab, t
     forced = run_bootstrap("down", inventory, "--yes", "--force", timeout=600)
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert other.ssh("test -e /usr/local/bin/k3s", check=False).returncode != 0
+
+
+def test_a_server_whose_k3s_yaml_carries_an_exec_plugin_runs_nothing_here(lab, tmp_path):
+    """Issue 23: the server's operator writes its k3s.yaml. `bootstrap kubeconfig --merge`
+    used to save and merge its `exec` plugin, which kubectl, Helm and the tool's own client
+    then ran on this machine. Now the file is refused, naming the host and the field, and
+    nothing is saved or merged."""
+    from kubeconfigs import k3s_yaml
+
+    hosts = lab.start(["hk-cp"])
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts)
+    marker = tmp_path / "ran-on-the-operators-machine"
+    hostile = k3s_yaml(user={"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "sh",
+                                      "args": ["-c", f"touch {marker}"]}})
+    hosts[0].ssh("sudo mkdir -p /etc/rancher/k3s && sudo tee /etc/rancher/k3s/k3s.yaml >/dev/null", input=hostile)
+    kube = tmp_path / "home" / ".kube" / "config"
+    result = run_bootstrap("kubeconfig", inventory, "--merge",
+                           env={"HOME": str(tmp_path / "home"), "KUBECONFIG": str(kube)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "hk-cp" in result.stderr and "'exec'" in result.stderr and "Traceback" not in result.stderr
+    assert not kube.exists() and not (tmp_path / "state" / "kubeconfig").exists() and not marker.exists()

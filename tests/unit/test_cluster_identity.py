@@ -12,6 +12,8 @@ import time
 import pytest
 import yaml
 
+from kubeconfigs import K3S_YAML
+
 from bootstrap import snapshots
 from bootstrap.cluster import kubeconfig_file as kc
 from bootstrap.cluster.liveness import service_verdict
@@ -172,20 +174,6 @@ def test_up_refuses_a_host_of_another_cluster_at_preflight(tmp_path):
 
 # --- kubeconfig merge ---------------------------------------------------------------------
 
-K3S_YAML = """\
-apiVersion: v1
-kind: Config
-clusters:
-- cluster: {certificate-authority-data: QQ==, server: 'https://127.0.0.1:6443'}
-  name: default
-contexts:
-- context: {cluster: default, user: default}
-  name: default
-current-context: default
-users:
-- name: default
-  user: {client-certificate-data: QQ==, client-key-data: QQ==}
-"""
 
 
 def test_merge_never_overwrites_another_cluster_of_the_same_name(tmp_path):

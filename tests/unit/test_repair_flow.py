@@ -3,7 +3,6 @@ port check: when the API does not answer, is the control plane lost? Nothing may
 restored (or changed on any host) unless no server's k3s answers and --restore says so."""
 
 import contextlib
-import os
 import time
 
 import pytest
@@ -38,9 +37,10 @@ def cluster(tmp_path):
     inventory = load_inventory(path)
     state = StateDir(inventory)
     state.write_secret("token", "secret\n")
-    snap = snapshots.local_dir(state) / f"bootstrap-{state.cluster_id}-20261201-100000-cp-1796000000"
+    taken = time.time() - 7200  # the age shown is the time in the name's
+    named = time.strftime("%Y%m%d-%H%M%S", time.localtime(taken))
+    snap = snapshots.local_dir(state) / f"bootstrap-{state.cluster_id}-{named}-cp-{int(taken)}"
     snap.write_text("etcd")
-    os.utime(snap, (time.time() - 7200, time.time() - 7200))
     return inventory, state
 
 

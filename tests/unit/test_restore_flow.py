@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import yaml
 from fakes import FakeSession
+from kubeconfigs import K3S_YAML
 from sandbox import k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 from test_host_phase_flow import healthy_host
 
@@ -25,20 +26,7 @@ from bootstrap.statedir import StateDir
 VERSION = "v1.33.5+k3s1"
 
 
-KUBECONFIG = """\
-apiVersion: v1
-clusters:
-- cluster: {server: 'https://127.0.0.1:6443'}
-  name: default
-contexts:
-- context: {cluster: default, user: default}
-  name: default
-current-context: default
-kind: Config
-users:
-- name: default
-  user: {token: not-a-real-one}
-"""
+KUBECONFIG = K3S_YAML  # what k3s writes
 
 
 class Session(FakeSession):
