@@ -6,10 +6,14 @@ from bootstrap.hosts.session import HostFailure
 
 class FakeSession:
     def __init__(self, inventory, facts: dict, unreachable=(), failing=(),
-                 why_unreachable: str = "no SSH answer"):
+                 why_unreachable: str = "no SSH answer", bad_answers=()):
         self.nodes = list(inventory.nodes)
         self.facts, self.failing = facts, set(failing)
         self.failures = {n: HostFailure(n, why_unreachable) for n in unreachable}
+        # Hosts whose facts probe answered with what cannot be used (the real session's
+        # _gather_untrusted: too much, too slow, unparsable).
+        self.failures.update({n: HostFailure(n, "the facts probe: too much output", bad_answer=True)
+                              for n in bad_answers})
         self.executed: list[tuple[str, str]] = []  # (step, host) in the order they ran
 
     def gather(self, fact_cls, **kwargs):
@@ -24,8 +28,8 @@ class FakeSession:
         """No host file can be read here (subclasses answer the ones a test needs)."""
         return None
 
-    def fail(self, name, message, hint=None):
-        self.failures.setdefault(name, HostFailure(name, message, hint))
+    def fail(self, name, message, hint=None, *, bad_answer=False):
+        self.failures.setdefault(name, HostFailure(name, message, hint, bad_answer=bad_answer))
 
     def execute(self, steps, after=None):
         for step in steps:

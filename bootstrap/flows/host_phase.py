@@ -151,6 +151,14 @@ def gather_facts(session, inventory) -> dict:
     return facts
 
 
+def stops_the_run(failures: dict, inventory: Inventory) -> bool:
+    """An unreachable host stops the run (nothing is changed until every host answers); an
+    agent that answered with what cannot be used is only left out: one host's answers never
+    stop the others. A server is needed whole, however it failed."""
+    servers = {n.name for n in inventory.servers}
+    return any(not f.bad_answer or f.node in servers for f in failures.values())
+
+
 def gather_and_plan(session, inventory, state, console, *, create_token: bool, facts=None,
                     tolerate_unreachable=False, join_via=None, converging: bool | None = None):
     """Facts, preflight, then each host's plan. Raises when preflight fails or (unless
@@ -163,7 +171,7 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
     facts = facts if facts is not None else gather_facts(session, inventory)
     findings = preflight(inventory, facts) + ownership_findings(inventory, facts, state.cluster_id)
     artifacts, target = None, None  # the k3s release to run (one for every arch)
-    unreachable = bool(session.failures) and not tolerate_unreachable
+    unreachable = stops_the_run(session.failures, inventory) and not tolerate_unreachable
     # An unreachable host is the problem to name; resolving a channel online can wait for it.
     if not unreachable and not any(f.severity == "error" for f in findings):
         artifacts = k3s_artifacts(inventory, {f.arch for f in facts.values()})

@@ -31,6 +31,9 @@ class HostFailure:
     message: str
     hint: str | None = None
     machine_answers: bool = False  # something answered at the address (a new host key, a refused login)
+    # It answered, but with what cannot be used (too much, too slow, unparsable): the host
+    # is left out of the run like a node that fails a check, and does not stop the others.
+    bad_answer: bool = False
 
     def render(self) -> str:
         # The message quotes the host (its error line): one printable line, whatever it holds.
@@ -317,9 +320,9 @@ class HostSession:
         return client if client is not None and client.get_transport() is not None \
             and client.get_transport().is_active() else None
 
-    def fail(self, name: str, message: str, hint: str | None = None) -> None:
+    def fail(self, name: str, message: str, hint: str | None = None, *, bad_answer: bool = False) -> None:
         """Record a failure for one host and stop running anything more on it."""
-        self.failures.setdefault(name, HostFailure(name, message, hint))
+        self.failures.setdefault(name, HostFailure(name, message, hint, bad_answer=bad_answer))
         # Not State.fail_hosts: it raises once no host is left, and the caller still wants
         # to report every host's line before deciding the exit code.
         host = self._state.inventory.get_host(name)
@@ -413,7 +416,7 @@ class HostSession:
                 output = read_command(client, command, max_bytes=fact.max_output_bytes, timeout=fact.timeout_s,
                                       what=what)
             except RemoteDataError as exc:
-                self.fail(name, str(exc))
+                self.fail(name, str(exc), bad_answer=True)
                 return None
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 self.fail(name, f"{what}: SSH error: {_reason(str(exc))}")
@@ -422,7 +425,8 @@ class HostSession:
                 return fact.process_bytes(output)
             except Exception:  # a parser's bug: this host's failure, never the others' (the trace goes to the log)
                 logging.getLogger("pyinfra.bootstrap").exception("%s: %s output could not be parsed", name, what)
-                self.fail(name, f"{what}: its output could not be parsed (the run log has the details)")
+                self.fail(name, f"{what}: its output could not be parsed (the run log has the details)",
+                          bad_answer=True)
                 return None
 
         jobs = {node.name: gevent.spawn(run, node.name) for node in self.active_nodes()}

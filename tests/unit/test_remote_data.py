@@ -25,7 +25,7 @@ from test_facts_parsers import h200_probe_output, recorded, section
 
 from bootstrap import progress, remote_data
 from bootstrap.cluster import client
-from bootstrap.errors import HostsFailed
+from bootstrap.errors import BootstrapError, HostsFailed
 from bootstrap.facts import gpu_health
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import SECTIONS, parse_host_facts, split_sections
@@ -623,3 +623,35 @@ def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
 
     decode_remote_output_leniently()
     assert list(Pipe(b"ok\n\xff\xfe \x1b[2J\nlast")) == ["ok\n", "\ufffd\ufffd \x1b[2J\n", "last"]
+
+
+def up_with_one_bad_answer(tmp_path, bad: str):
+    folder = tmp_path / "air"
+    folder.mkdir()
+    (folder / "k3s").write_bytes(b"k3s")
+    (folder / "k3s-airgap-images-amd64.tar.zst").write_bytes(b"images")
+    inventory, state = three_hosts(tmp_path, f"k3s: {{airgap: {folder}, version: v1.33.5+k3s1}}\n")
+    healthy = replace(parse_host_facts(h200_probe_output()), init_process="systemd", has_systemd=True, gpus=[],
+                      nvidia_pci=[])
+    facts = {name: replace(healthy, hostname=name) for name in ("cp", "a1", "a2")}
+    session = KubeconfigSession(inventory, facts, bad_answers=[bad])
+    return inventory, state, session
+
+
+def test_an_agent_whose_probe_answer_is_refused_is_left_out_and_the_others_converge(tmp_path):
+    # A flood, a stall or an unparsable probe (bootstrap.hosts.session._gather_untrusted) used
+    # to read as an unreachable host: `up` stopped for every host.
+    inventory, state, session = up_with_one_bad_answer(tmp_path, "a1")
+    with pytest.raises(HostsFailed, match="a1"):
+        bring_up(inventory, state, UpOptions(hosts_only=True), progress.Console(progress.Reporter()),
+                 open_session=lambda *a: contextlib.nullcontext(session))
+    ran = {host for _, host in session.executed}
+    assert {"cp", "a2"} <= ran and "a1" not in ran
+
+
+def test_a_server_whose_probe_answer_is_refused_still_stops_the_run(tmp_path):
+    inventory, state, session = up_with_one_bad_answer(tmp_path, "cp")
+    with pytest.raises(BootstrapError, match="no host was changed"):
+        bring_up(inventory, state, UpOptions(hosts_only=True), progress.Console(progress.Reporter()),
+                 open_session=lambda *a: contextlib.nullcontext(session))
+    assert session.executed == []
