@@ -41,13 +41,14 @@ CA_HASH = "ca-hash"  # the state folder's copy of the cluster CA's sha256 (boots
 def read_secret(state: StateDir, name: str, valid) -> str | None:
     """A secret of the state folder (`valid(text)` says whether it has the right shape), or
     None when it does not exist. An empty or damaged one is an error naming the file, never
-    used: an empty token would join nothing, or worse, be written to every node."""
+    used: an empty token would join nothing, or worse, be written to every node.
+    StateDir.read_secret reads it (no symlink followed, size capped, one printable line)."""
     path = state.path / name
     if not path.exists():
         return None
-    text = path.read_text(errors="replace").strip()
+    text = state.read_secret(name)
     if not valid(text):
-        raise UsageError(f"{path} is empty or damaged; nothing was changed",
+        raise UsageError(f"{path} is damaged; nothing was changed",
                          f"restore {name} from a copy of the state folder, or, if the cluster is gone, "
                          f"delete {path} so that `up` makes a new one")
     return text
@@ -370,7 +371,7 @@ def record_applied(inventory, state) -> None:
     from pathlib import Path
 
     digest = hashlib.sha256(Path(inventory.source).read_bytes()).hexdigest()
-    (state.path / "applied-inventory.sha256").write_text(f"{digest}  {inventory.source}\n")
+    state.write_file("applied-inventory.sha256", f"{digest}  {inventory.source}\n")
 
 
 def summarise(results, started, console) -> None:
