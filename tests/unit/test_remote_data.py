@@ -366,7 +366,8 @@ class KubeconfigSession(FakeSession):
         return None  # the hosts' half only: no kubeconfig to read here
 
 
-def test_up_converges_the_others_and_names_the_hostile_hosts_reason(tmp_path, capsys):
+def three_hosts_to_bring_up(tmp_path):
+    """Three hosts with an air-gap folder, and the facts of a healthy host without GPUs."""
     folder = tmp_path / "air"
     folder.mkdir()
     (folder / "k3s").write_bytes(b"k3s")
@@ -374,6 +375,11 @@ def test_up_converges_the_others_and_names_the_hostile_hosts_reason(tmp_path, ca
     inventory, state = three_hosts(tmp_path, f"k3s: {{airgap: {folder}, version: v1.33.5+k3s1}}\n")
     healthy = replace(parse_host_facts(h200_probe_output()), init_process="systemd", has_systemd=True, gpus=[],
                       nvidia_pci=[])
+    return inventory, state, healthy
+
+
+def test_up_converges_the_others_and_names_the_hostile_hosts_reason(tmp_path, capsys):
+    inventory, state, healthy = three_hosts_to_bring_up(tmp_path)
     facts = {"cp": replace(healthy, hostname="cp"), "a1": replace(hostile_host(), init_process="systemd",
                                                                    has_systemd=True, gpus=[], nvidia_pci=[],
                                                                    hostname="a1", k3s=None),
@@ -626,13 +632,7 @@ def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
 
 
 def up_with_one_bad_answer(tmp_path, bad: str):
-    folder = tmp_path / "air"
-    folder.mkdir()
-    (folder / "k3s").write_bytes(b"k3s")
-    (folder / "k3s-airgap-images-amd64.tar.zst").write_bytes(b"images")
-    inventory, state = three_hosts(tmp_path, f"k3s: {{airgap: {folder}, version: v1.33.5+k3s1}}\n")
-    healthy = replace(parse_host_facts(h200_probe_output()), init_process="systemd", has_systemd=True, gpus=[],
-                      nvidia_pci=[])
+    inventory, state, healthy = three_hosts_to_bring_up(tmp_path)
     facts = {name: replace(healthy, hostname=name) for name in ("cp", "a1", "a2")}
     session = KubeconfigSession(inventory, facts, bad_answers=[bad])
     return inventory, state, session
