@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from bootstrap.hostparts import placing
 from bootstrap.hostparts.base import Action, Draft, text_file
 
 STATE_DIR = "/var/lib/bootstrap"
@@ -39,5 +40,5 @@ def teardown(kept: dict) -> list[str]:
     finish later; with nothing kept the whole folder goes."""
     if kept:
         text = shlex.quote(json.dumps(kept, sort_keys=True))
-        return [f"printf '%s\\n' {text} > {MANIFEST}"]
+        return [placing.write_text(text, 0o644, MANIFEST)]
     return [f"rm -rf {STATE_DIR}"]
