@@ -125,6 +125,18 @@ def never_prompt_for_sudo() -> None:
     util.getpass = _no_sudo_password
 
 
+def interrupt_quietly() -> None:
+    """Ctrl-C raises KeyboardInterrupt in whichever greenlet runs at that instant (a host's
+    step, a probe); gevent's hub printed that greenlet's traceback to the operator's
+    terminal before raising it in the main greenlet, where bootstrap.errors says
+    "interrupted" and exits 130. The hub still raises it there; it only no longer prints it."""
+    import gevent
+
+    hub = gevent.get_hub()
+    if not issubclass(KeyboardInterrupt, hub.NOT_ERROR):
+        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -158,6 +170,7 @@ class HostSession:
         self.state_dir.ensure()
         self._configure_logging()
         never_prompt_for_sudo()
+        interrupt_quietly()
         # pyinfra appends first-contact keys to the file it is given, in place and in
         # parallel: give it a private copy and merge what it learnt afterwards, atomically.
         scratch = self._scratch_known_hosts()
