@@ -125,16 +125,24 @@ def never_prompt_for_sudo() -> None:
     util.getpass = _no_sudo_password
 
 
+_interrupt_handler = None
+
+
 def interrupt_quietly() -> None:
-    """Ctrl-C raises KeyboardInterrupt in whichever greenlet runs at that instant (a host's
-    step, a probe); gevent's hub printed that greenlet's traceback to the operator's
-    terminal before raising it in the main greenlet, where bootstrap.errors says
-    "interrupted" and exits 130. The hub still raises it there; it only no longer prints it."""
+    """Ctrl-C ends the run in its main greenlet, wherever it lands. Python raised
+    KeyboardInterrupt in whichever greenlet ran at that instant: a host's step (gevent's hub
+    printed that greenlet's traceback), or paramiko's transport "thread", a greenlet under
+    pyinfra's monkey-patching (threading printed the traceback, the API tunnel died and `up`
+    went on to exit 0). gevent's own handler runs in its loop instead and throws it into the
+    main greenlet, where bootstrap.errors says "interrupted" and exits 130."""
+    global _interrupt_handler
+    import signal
+
     import gevent
 
-    hub = gevent.get_hub()
-    if not issubclass(KeyboardInterrupt, hub.NOT_ERROR):
-        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+    if _interrupt_handler is None:
+        main = gevent.get_hub().parent
+        _interrupt_handler = gevent.signal_handler(signal.SIGINT, main.throw, KeyboardInterrupt)
 
 
 class HostSession:
