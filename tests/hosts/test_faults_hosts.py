@@ -105,6 +105,7 @@ def _events(proc, into: queue.Queue) -> None:
 def up_interrupted(inventory, boundary: Boundary, fault) -> tuple[subprocess.Popen, list[dict], bool]:
     """`up --json` until `boundary`, then `fault(proc)`; waits for the tool to end (soon).
     Returns the process, the events it printed and whether the boundary was reached."""
+    # FAULTS_EXTRA: global options for the interrupted run (--debug shows an internal error's traceback)
     proc = subprocess.Popen([str(BOOTSTRAP), *os.environ.get("FAULTS_EXTRA", "").split(), "up", str(inventory), "--json", "--no-validate"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
     events: queue.Queue = queue.Queue()
