@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from bootstrap.hostparts import k3s_binary, k3s_service, kernel, manifest, packages
+from bootstrap.hostparts import k3s_binary, k3s_service, kernel, manifest, packages, placing
 
 # Removed whatever the manifest lists: an `up` that failed early may not have recorded them.
 # The previous binary an upgrade kept lives in the manifest's folder, which stays when drivers
@@ -25,6 +25,7 @@ def teardown_script(recorded: dict, *, purge_drivers: bool, toolkit_source: str 
     lines = k3s_service.teardown_stop()
     files = [f for f in recorded.get("files", []) if f != manifest.MANIFEST] + list(ALWAYS_REMOVED)
     lines.append("rm -f " + " ".join(shlex.quote(f) for f in sorted(set(files))))
+    lines.append(placing.leftovers([*files, manifest.MANIFEST]))  # what an interrupted `up` left next to them
     lines += k3s_service.teardown_after_files()
     lines += kernel.teardown(recorded)
     package_lines, kept = packages.teardown(recorded, purge_drivers, toolkit_source)

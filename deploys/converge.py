@@ -11,7 +11,7 @@ import shlex
 
 from pyinfra.api import FunctionCommand, StringCommand
 
-from bootstrap.hostparts import k3s_binary
+from bootstrap.hostparts import k3s_binary, placing
 from bootstrap.hosts import archive
 from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
 from bootstrap.hostplan.host_plan import HostPlan
@@ -23,7 +23,8 @@ SERVICE_TIMEOUT_S = 300
 def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> list:
     """A host's change in ONE command when it has files: its root script receives them as a
     tar stream on stdin (bootstrap.hosts.archive), extracts them into a private (0700,
-    root's) staging dir, installs each with its mode and runs the preparation lines. One
+    root's) staging dir, places each with its mode (a temp name in the target's folder, synced,
+    renamed over it: bootstrap.hostparts.placing) and runs the preparation lines. One
     channel instead of a staging command, an SFTP session and a root script, and a secret
     never sits in a login user's file or on a command line. The script's trap removes the
     staging dir on every exit.
@@ -31,10 +32,10 @@ def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> li
     if not plan.uploads and not plan.prepare:
         return []
     if not plan.uploads:
-        return [StringCommand("\n".join(["set -e", *_keep(keep_previous_binary), *plan.prepare]))]
+        return [StringCommand("\n".join([*placing.script_head(), *_keep(keep_previous_binary), *plan.prepare]))]
     lines = archive.receiving_lines() + _keep(keep_previous_binary)
     for index, spec in enumerate(plan.uploads):
-        lines.append(f"install -D -m {spec.mode:04o} -o root -g root {archive.staged(index)} {shlex.quote(spec.path)}")
+        lines.append(placing.place(archive.staged(index), spec.mode, spec.path))
     lines += plan.prepare
     sources = [str(spec.local) if spec.local else io.BytesIO(spec.content) for spec in plan.uploads]
     return [FunctionCommand(archive.run_with_archive, ("\n".join(lines), sources), {})]
@@ -107,7 +108,7 @@ def restore_commands(snapshot, s3_configured: bool = False) -> list:
     remote = restore.remote_snapshot_path(snapshot.name)
     script = "\n".join([
         *archive.receiving_lines(),
-        f"install -D -m 0600 -o root -g root {archive.staged(0)} {shlex.quote(remote)}",
+        placing.place(archive.staged(0), 0o600, remote),
         restore.stop_server_line(),
         f"out=$({restore.reset_command(remote, s3_configured)} 2>&1) || "
         "{ echo \"$out\" | grep -iv token | tail -n 5 >&2; exit 1; }",

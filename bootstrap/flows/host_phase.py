@@ -227,6 +227,13 @@ class UpOptions:
     force: bool = False
 
 
+def snapshot_due(changed: bool, newest_snapshot) -> bool:
+    """After a change, and whenever this cluster has no snapshot in the state folder: an
+    `up` stopped at its snapshot (Ctrl-C, the first server lost) had changed everything and
+    saved nothing, and the next one, seeing no change, saved nothing either."""
+    return changed or newest_snapshot is None
+
+
 def bring_up(inventory, state, options: UpOptions, console, open_session=open_hosts,
              connect=connect_to_cluster, take_snapshot=None) -> None:
     """`open_session(inventory, nodes, command, console)`: the hosts; `connect(inventory,
@@ -252,10 +259,10 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         with console.phase("cluster side"):
             cluster_changed = cluster_phase(inventory, state, facts, console, validate=options.validate,
                                             hosts_changed=hosts_changed, connect=connect_here)
-        if hosts_changed or cluster_changed:
-            # A snapshot of what was just built: what `rebuild` restores after losing a server.
-            from bootstrap import snapshots
+        from bootstrap import snapshots
 
+        if snapshot_due(hosts_changed or cluster_changed, snapshots.newest(state)):
+            # A snapshot of what was just built: what `rebuild` restores after losing a server.
             with console.phase("snapshot"):
                 take = take_snapshot or functools.partial(snapshots.take, ssh=getattr(session, "ssh_client", None))
                 path = take(inventory, state)

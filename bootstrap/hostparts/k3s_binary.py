@@ -10,6 +10,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from bootstrap.facts.host_facts import HostFacts
+from bootstrap.hostparts import placing
 from bootstrap.hostparts.base import Action, Draft, FileSpec
 
 if TYPE_CHECKING:
@@ -35,12 +36,11 @@ def file(artifacts: K3sArtifacts) -> FileSpec | None:
 def download(artifacts: K3sArtifacts) -> list[str]:
     name = release_name(artifacts.arch)
     return [
-        "tmp=$(mktemp -d)",
-        f"curl -fsSL -o \"$tmp/{name}\" {shlex.quote(artifacts.download_url)}",
-        f"curl -fsSL -o \"$tmp/sums\" {shlex.quote(artifacts.checksums_url)}",
-        f"(cd \"$tmp\" && grep -E ' \\*?{name}$' sums | sha256sum -c --quiet -)",
-        f"install -m 0755 \"$tmp/{name}\" {PATH}",
-        "rm -rf \"$tmp\"",
+        placing.SCRATCH,
+        f"curl -fsSL -o \"$scratch/{name}\" {shlex.quote(artifacts.download_url)}",
+        f"curl -fsSL -o \"$scratch/sums\" {shlex.quote(artifacts.checksums_url)}",
+        f"(cd \"$scratch\" && grep -E ' \\*?{name}$' sums | sha256sum -c --quiet -)",
+        placing.place(f'"$scratch"/{name}', 0o755, PATH),
     ]
 
 
@@ -59,7 +59,7 @@ def plan(draft: Draft, to_download: K3sArtifacts | None, facts: HostFacts) -> No
 
 def keep_previous() -> str:
     """The root script's first line in an upgrade: the running binary becomes the way back."""
-    return f"if [ -f {PATH} ]; then install -D -m 0755 {PATH} {PREVIOUS}; fi"
+    return f"if [ -f {PATH} ]; then {placing.place(PATH, 0o755, PREVIOUS)}; fi"
 
 
 def roll_back(unit: str) -> str:

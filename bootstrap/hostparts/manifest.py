@@ -13,6 +13,7 @@ import re
 import shlex
 from typing import Any
 
+from bootstrap.hostparts import placing
 from bootstrap.hostparts.base import Action, Draft, text_file
 from bootstrap.remote_data import RemoteDataError, expect, loads
 
@@ -119,5 +120,5 @@ def teardown(kept: dict) -> list[str]:
     finish later; with nothing kept the whole folder goes."""
     if kept:
         text = shlex.quote(json.dumps(kept, sort_keys=True))
-        return [f"printf '%s\\n' {text} > {MANIFEST}"]
+        return [placing.write_text(text, 0o644, MANIFEST)]
     return [f"rm -rf {STATE_DIR}"]

@@ -10,6 +10,7 @@ import re
 import shlex
 
 from bootstrap.facts.host_facts import HostFacts
+from bootstrap.hostparts import placing
 from bootstrap.hostparts.base import Action, Draft
 from bootstrap.inventory.model import Inventory
 
@@ -57,7 +58,8 @@ def toolkit_source_line(inventory: Inventory, arch: str) -> str:
 def install_toolkit(source_line: str) -> list[str]:
     lines = []
     if TOOLKIT_KEYRING in source_line:
-        lines.append(f"curl -fsSL {NVIDIA_REPO}/gpgkey -o {TOOLKIT_KEYRING}")
+        lines += [placing.SCRATCH, f"curl -fsSL {NVIDIA_REPO}/gpgkey -o \"$scratch/gpgkey\"",
+                  placing.place('"$scratch"/gpgkey', 0o644, TOOLKIT_KEYRING)]
     # Refresh only this source: fast, and does not stall on unreachable distribution mirrors.
     lines.append(f"{APT_ENV} apt-get update -q -o Dir::Etc::sourcelist={TOOLKIT_SOURCE} "
                  "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")

@@ -17,6 +17,9 @@ from bootstrap.inventory.model import Inventory
 class Step:
     name: str
     commands: dict[str, list] = field(default_factory=dict)  # node name -> pyinfra commands
+    # A host this step cannot work without: when it failed an earlier step of the same run,
+    # this step's hosts are refused at once instead of waiting out their start time-outs.
+    needs: str | None = None
 
 
 def first_server_step(inventory: Inventory) -> str:
@@ -40,9 +43,13 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
         steps.append(Step(f"restore etcd snapshot on {restore[0]}",
                           {restore[0]: converge.restore_commands(restore[1], s3_configured=s3)}))
     first = inventory.servers[0].name
+    # Started by this run (it was not running): nothing can join it until it runs.
+    first_starts = plans.get(first) is not None and plans[first].service == "start"
+    needs = first if first_starts else None
     for server in inventory.servers:
         plan = plans.get(server.name)
-        step = Step(first_server_step(inventory) if server.name == first else f"join server {server.name}")
+        step = Step(first_server_step(inventory) if server.name == first else f"join server {server.name}",
+                    needs=None if server.name == first else needs)
         if plan and server.name in peers:
             # Stopped for the restore: it starts whatever its plan said.
             step.commands[server.name] = [converge.wait_for_service(plan.unit, "start", plan.start_timeout)]
@@ -52,7 +59,7 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
             else:
                 step.commands[server.name] = [converge.wait_for_service(plan.unit, plan.service, plan.start_timeout)]
         steps.append(step)
-    agents = Step("join agents")
+    agents = Step("join agents", needs=needs)
     for agent in inventory.agents:
         plan = plans.get(agent.name)
         if plan and plan.service:

@@ -3,8 +3,9 @@
 A host's change used to be a staging dir, one SFTP session for its uploads and a root
 script: each SFTP session costs its channel, subsystem and version round trips, and each
 file its open, write and close. Here the root script itself reads the files: it makes a
-private (0700, root's) staging dir, extracts the archive it is sent into it, installs
-each file with its mode and runs the preparation lines, in one SSH channel. The files
+private (0700, root's) staging dir, extracts the archive it is sent into it, places each
+file (a temp name in its folder, synced, renamed: bootstrap.hostparts.placing) and runs
+the preparation lines, in one SSH channel. The files
 (config.yaml holds the join token) travel only inside the SSH connection and never sit in
 a login user's directory; the script's trap removes the staging dir on every exit.
 """
@@ -19,6 +20,8 @@ import tempfile
 import time
 
 import paramiko
+
+from bootstrap.hostparts import placing
 
 STAGE_PREFIX = "/tmp/bootstrap-stage-"
 RECORD = 64 * 1024  # tar's blocking on the wire: paramiko sends at most 32 KiB a packet anyway
@@ -43,13 +46,13 @@ def staged(index: int) -> str:
 
 
 def receiving_lines() -> list[str]:
-    """The script's first lines: the staging dir, its removal on every exit, the extraction.
-    mktemp -d makes it 0700 under a random name; root extracts with the archive's modes
-    (0600) and as its own files (--no-same-owner: the archive names uid 0 anyway)."""
+    """The script's first lines: `place` and the trap that removes the staging dir on every
+    exit (bootstrap.hostparts.placing), the staging dir, the extraction. mktemp -d makes it
+    0700 under a random name; root extracts with the archive's modes (0600) and as its own
+    files (--no-same-owner: the archive names uid 0 anyway)."""
     return [
-        "set -e",
+        *placing.script_head(),
         f"stage=$(mktemp -d {STAGE_PREFIX}XXXXXXXXXX)",
-        "trap 'rm -rf \"$stage\"' EXIT",
         'tar -x -f - -C "$stage" --no-same-owner',
     ]
 

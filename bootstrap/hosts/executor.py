@@ -100,6 +100,8 @@ def execute(session: HostSession, steps: list[Step], after: dict | None = None) 
                     results[name][step.name] = StepResult("not run")
                 elif name not in working:
                     results[name][step.name] = StepResult("no change")
+            if step.needs in session.failures:
+                working = _refuse_all(session, step, working, results)
             jobs = {name: gevent.spawn(_run_step, state, name, step, reporter) for name in working}
             gevent.joinall(list(jobs.values()))
             for name, job in jobs.items():
@@ -115,6 +117,18 @@ def execute(session: HostSession, steps: list[Step], after: dict | None = None) 
     for job in background:
         job.get()  # its exception, if it raised one
     return results
+
+
+def _refuse_all(session: HostSession, step: Step, working: list[str], results: dict) -> list[str]:
+    """The step's hosts when the host it needs failed earlier in this run: each is failed at
+    once with that reason (a join would only wait out its start time-out), none is run."""
+    error = f"not run: {step.needs}, which it joins, failed"
+    for name in working:
+        session.reporter.step_started(name, step.name)
+        session.reporter.step_finished(name, step.name, "failed", 0.0, error)
+        results[name][step.name] = StepResult("failed", 0.0, error)
+        session.fail(name, f"{step.name}: {error}")
+    return []
 
 
 def _run_step(state, name: str, step: Step, reporter) -> StepResult:

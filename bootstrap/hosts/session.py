@@ -158,6 +158,26 @@ def decode_remote_output_leniently() -> None:
     paramiko.file.u = _lenient_text
 
 
+_interrupt_handler = None
+
+
+def interrupt_quietly() -> None:
+    """Ctrl-C ends the run in its main greenlet, wherever it lands. Python raised
+    KeyboardInterrupt in whichever greenlet ran at that instant: a host's step (gevent's hub
+    printed that greenlet's traceback), or paramiko's transport "thread", a greenlet under
+    pyinfra's monkey-patching (threading printed the traceback, the API tunnel died and `up`
+    went on to exit 0). gevent's own handler runs in its loop instead and throws it into the
+    main greenlet, where bootstrap.errors says "interrupted" and exits 130."""
+    global _interrupt_handler
+    import signal
+
+    import gevent
+
+    if _interrupt_handler is None:
+        main = gevent.get_hub().parent
+        _interrupt_handler = gevent.signal_handler(signal.SIGINT, main.throw, KeyboardInterrupt)
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -192,6 +212,7 @@ class HostSession:
         self._configure_logging()
         never_prompt_for_sudo()
         decode_remote_output_leniently()
+        interrupt_quietly()
         # pyinfra appends first-contact keys to the file it is given, in place and in
         # parallel: give it a private copy and merge what it learnt afterwards, atomically.
         scratch = self._scratch_known_hosts()

@@ -29,12 +29,12 @@ def test_a_hosts_files_and_root_script_are_one_command():
     (command,) = commands  # files on the root script's stdin: one channel, no SFTP session
     script, sources = command.args
     assert len(sources) == 1 and sources[0].getvalue() == b"token: SECRET\n"
-    assert f"install -D -m 0600 -o root -g root \"$stage\"/0 {CONFIG}" in script
+    assert f"place \"$stage\"/0 0600 {CONFIG}" in script  # bootstrap.hostparts.placing: temp, sync, rename
     assert script.startswith("set -e") and "SECRET" not in script
     assert placement_commands(HostPlan(node=INV.nodes[0], unit="k3s")) == []
-    # without files: the preparation lines alone, as a plain command
+    # without files: the preparation lines alone (a download places with `place` too), as a plain command
     (plain,) = placement_commands(HostPlan(node=INV.nodes[0], unit="k3s", prepare=["true"]))
-    assert str(plain) == "set -e\ntrue"
+    assert str(plain).startswith("set -e\n") and str(plain).endswith("\n}\ntrue") and "place() {" in str(plain)
 
 
 def test_the_staging_dir_goes_on_every_exit_of_the_root_script():
@@ -43,7 +43,7 @@ def test_the_staging_dir_goes_on_every_exit_of_the_root_script():
     script = placement_commands(plan)[-1].args[0]
     assert "stage=$(mktemp -d /tmp/bootstrap-stage-XXXXXXXXXX)" in script
     # the trap is set before anything can fail, so `set -e` leaves nothing behind
-    assert script.index("trap 'rm -rf \"$stage\"' EXIT") < script.index("tar -x") < script.index("install -D") \
+    assert script.index("trap 'rm -rf ${stage:+\"$stage\"}") < script.index("tar -x") < script.index("place \"$stage\"") \
         < script.index("false")
 
 
@@ -86,7 +86,7 @@ def test_online_download_is_checksum_verified():
     text = "\n".join(lines)
     assert "releases/download/v1.33.5%2Bk3s1/k3s-arm64" in text
     assert "sha256sum-arm64.txt" in text and "sha256sum -c" in text
-    assert text.index("sha256sum -c") < text.index("install -m 0755")
+    assert text.index("sha256sum -c") < text.index("place \"$scratch\"/k3s-arm64 0755 /usr/local/bin/k3s")
 
 
 def test_airgap_folder_is_checked_against_its_checksums(tmp_path):

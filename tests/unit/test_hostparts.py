@@ -172,7 +172,8 @@ def test_a_kept_driver_keeps_the_manifest_that_lists_it():
     recorded = {"packages_installed": ["nvidia-driver-580", "nfs-common"], "packages_held": ["nvidia-driver-580"]}
     script = teardown_script(recorded, purge_drivers=False)
     assert f"rm -rf {manifest.STATE_DIR}" not in script
-    kept = re.search(r"printf '%s\\n' (.*) > " + re.escape(manifest.MANIFEST), script)[1]
+    # written to a temp next to it and renamed over it (bootstrap.hostparts.placing.write_text)
+    kept = re.search(r"printf '%s\\n' (.*) > \"\$t\" .* mv -fT \"\$t\" " + re.escape(manifest.MANIFEST), script)[1]
     assert json.loads(shlex.split(kept)[0]) == {"packages_held": ["nvidia-driver-580"],
                                                 "packages_installed": ["nvidia-driver-580"]}
     assert f"rm -rf {manifest.STATE_DIR}" in teardown_script(recorded, purge_drivers=True)
