@@ -23,6 +23,7 @@ from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.k3s_service import CONFIG
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.join_tokens import SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token
+from bootstrap.hostparts import placing
 from bootstrap.hosts import archive
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
@@ -144,7 +145,7 @@ class JoinSession(FakeSession):
                         continue
                     script, sources = command.args
                     for index, source in enumerate(sources):
-                        if f"{archive.staged(index)} {CONFIG}" in script:
+                        if placing.place(archive.staged(index), 0o600, CONFIG) in script:
                             self.configs[name] = source.getvalue().decode()
         return super().execute(steps, after)
 
