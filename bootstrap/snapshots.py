@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
+
 from bootstrap.errors import BootstrapError
 from bootstrap.hostparts.k3s_service import SNAPSHOT_DIR
 from bootstrap.inventory.model import Inventory, Node
@@ -128,6 +130,36 @@ def adopt_legacy(state: StateDir) -> None:
             path.rename(path.with_name(name_prefix(state.cluster_id) + path.name[len("bootstrap-"):]))
 
 
+# An etcd snapshot is the database file: k3s's default quota is 2 GiB (etcd's
+# --quota-backend-bytes); one past twice that is not a snapshot this machine should hold.
+MAX_SNAPSHOT_BYTES = 4 << 30
+
+
+def _save_and_read(client, command: str, server: str) -> bytes:
+    """Run the save-and-print command; its output (name line, then the file), capped. A
+    connection lost on the way (the server gone mid-save) is said as such, not as a crash."""
+    try:
+        _, stdout, stderr = client.exec_command(command, timeout=600)
+        data = stdout.read(MAX_SNAPSHOT_BYTES + 1)
+        if len(data) > MAX_SNAPSHOT_BYTES:
+            raise BootstrapError(f"the snapshot {server} sent is larger than {MAX_SNAPSHOT_BYTES >> 30} GiB; "
+                                 "it was not kept")
+        status = stdout.channel.recv_exit_status()
+        reason = stderr.read(4096).decode(errors="replace").strip()[-300:] if status != 0 else ""
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise BootstrapError(f"the SSH connection to {server} was lost while it saved the etcd snapshot "
+                             f"({type(exc).__name__}); no snapshot was kept",
+                             "once the server answers, run `bootstrap snapshot INVENTORY` (or the next `up`, "
+                             "which takes one when the state folder has none)") from None
+    if status == -1:  # paramiko: the channel closed without an exit status
+        raise BootstrapError(f"the SSH connection to {server} ended before the etcd snapshot was saved; "
+                             "no snapshot was kept",
+                             "once the server answers, run `bootstrap snapshot INVENTORY` (or the next `up`)")
+    if status != 0:
+        raise BootstrapError(f"k3s etcd-snapshot save on {server} failed: {reason or f'exit status {status}'}")
+    return data
+
+
 def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=None) -> Path:
     """`k3s etcd-snapshot save` on a server and the file copied here (never through a log),
     in ONE command: its output is the snapshot's name on a line, then the file. `ssh(name)`:
@@ -149,11 +181,7 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=
             'echo "$f"',
             f'cat {SNAPSHOT_DIR}/"$f"',
         ])
-        _, stdout, stderr = client.exec_command(f"{sudo}sh -c {shlex.quote(script)}", timeout=600)
-        data = stdout.read()
-        if stdout.channel.recv_exit_status() != 0:
-            raise BootstrapError(f"k3s etcd-snapshot save on {server.name} failed: "
-                                 f"{stderr.read().decode(errors='replace').strip()[-300:]}")
+        data = _save_and_read(client, f"{sudo}sh -c {shlex.quote(script)}", server.name)
     finally:
         if borrowed is None:
             client.close()

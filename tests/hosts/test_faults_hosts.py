@@ -66,11 +66,7 @@ BOUNDARIES = {b.name: b for b in [
 CASES = [("sigint", b) for b in BOUNDARIES] + \
     [("ssh-cut", b) for b in ("prepare host", "first server", "first server, mid-step", "other servers", "agents",
                               "cluster side")] + \
-    [("host-killed", b) for b in ("first server, mid-step", "other servers", "agents")] + \
-    [pytest.param("host-killed", "snapshot", marks=pytest.mark.xfail(strict=False, reason=(
-        "bootstrap/snapshots.py take(): the first server lost during `k3s etcd-snapshot save` is an "
-        "'internal error: EOFError' (or 'save on ft-cp1 failed: ' with no reason), not a named lost connection")))]
-
+    [("host-killed", b) for b in ("first server, mid-step", "other servers", "agents", "snapshot")]
 
 
 @pytest.fixture(scope="module")

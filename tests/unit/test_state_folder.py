@@ -20,7 +20,7 @@ import yaml
 
 from bootstrap import snapshots
 from bootstrap import statedir as statedir_module
-from bootstrap.errors import UsageError
+from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.lock import ClusterBusy, cluster_lock
 from bootstrap.statedir import IDENTITY, StateDir
@@ -218,6 +218,37 @@ class FakeSnapshotClient:
         name = re.search(r"--name '?(bootstrap-[0-9a-f]+-[0-9]{8}-[0-9]{6})", command).group(1)
         answer = f"{name}-box-1-{int(time.time())}\n".encode() + b"etcd data"
         return None, self.Stream(answer), self.Stream(b"")
+
+
+class LostServerClient(FakeSnapshotClient):
+    """The server gone while it saved: paramiko's channel file raises at the read (EOF),
+    or the channel closes without an exit status (-1)."""
+
+    def __init__(self, state, raises: bool):
+        super().__init__(state)
+        self.raises = raises
+
+    def exec_command(self, command, timeout=None):
+        raises = self.raises
+
+        class Lost(FakeSnapshotClient.Stream):
+            def read(self, *args):
+                if raises:
+                    raise EOFError()
+                return b""
+
+        stream = Lost(b"")
+        stream.channel.recv_exit_status = lambda: -1
+        return None, stream, Lost(b"")
+
+
+@pytest.mark.parametrize("raises", [True, False])
+def test_a_server_lost_while_it_saves_is_said_as_a_lost_connection(tmp_path, raises):
+    state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml")))
+    state.write_secret("token", "t\n")
+    with pytest.raises(BootstrapError, match="SSH connection to box-1 (was lost|ended)"):
+        snapshots.take(state.inventory, state, ssh=lambda name: LostServerClient(state, raises))
+    assert not list(snapshots.local_dir(state).iterdir())
 
 
 def snapshot_named(state, when: float, node="box-1", mtime=None):
