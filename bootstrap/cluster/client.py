@@ -6,6 +6,7 @@ Every wait here has a deadline and, when it passes, says what it was waiting for
 from __future__ import annotations
 
 import contextlib
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -133,6 +134,21 @@ def object_path(api_version: str, kind: str, name: str | None = None, namespace:
     return f"{base}/{plural}" + (f"/{name}" if name else "")
 
 
+# urllib3's connection repr before the reason: "<...HTTPSConnection object at 0x...>: " (1.x)
+# or "HTTPSConnection(host='127.0.0.1', port=41234): " (2.x).
+_URLLIB3_PREFIX = re.compile(r"^(<[^>]* object at 0x[0-9a-f]+>|\w*Connection(Pool)?\(host=[^)]*\)): ")
+
+
+def connection_trouble(exc: Exception) -> str:
+    """What went wrong, in words: urllib3 says "HTTPSConnectionPool(host='127.0.0.1', port=...):
+    Max retries exceeded with url: ... (Caused by NewConnectionError('<... object at 0x...>:
+    Failed to establish a new connection: [Errno 111] Connection refused'))"; the last part
+    is the news (the local port is the tunnel's, not the server's)."""
+    reason = getattr(exc, "reason", None) or exc
+    text = _URLLIB3_PREFIX.sub("", str(reason))
+    return f"the connection through the SSH tunnel failed ({text or type(reason).__name__})"
+
+
 def request(cluster: Cluster, method: str, path: str, body=None, *, query: list | None = None,
             content_type: str = "application/json", raw: bool = False):
     """(status, parsed body or text). 404 and other API errors come back as statuses."""
@@ -148,7 +164,9 @@ def request(cluster: Cluster, method: str, path: str, body=None, *, query: list 
     except ApiException as exc:
         return exc.status, _parse(exc.body)
     except Exception as exc:  # connection trouble through the tunnel
-        raise ClusterError(f"API request {method} {path} failed: {exc}") from None
+        raise ClusterError(f"API request {method} {path} failed: {connection_trouble(exc)}",
+                           "the API is reached through an SSH tunnel to a server: when that connection was cut "
+                           "or the server is gone, run the command again (a lost server: `bootstrap rebuild`)") from None
     # What the API serves was written by nodes too (a kubelet's status, a pod's log): bytes
     # that are not UTF-8 are replaced, never fatal.
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
