@@ -13,6 +13,7 @@ from pathlib import Path
 import paramiko
 
 from bootstrap.console_text import PrintableFormatter, printable
+from bootstrap.errors import BootstrapError
 from bootstrap.hosts import hostkeys, sshlink
 from bootstrap.hosts.remote_output import read_command, run_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
@@ -178,6 +179,18 @@ def interrupt_quietly() -> None:
         _interrupt_handler = gevent.signal_handler(signal.SIGINT, main.throw, KeyboardInterrupt)
 
 
+def user_errors_quietly() -> None:
+    """A BootstrapError raised in a greenlet (a host's step, the kubeconfig read while the
+    agents join) is a message the main greenlet says, via bootstrap.errors, when it joins
+    that greenlet; gevent's hub printed it first as a traceback on stderr. For the hub it is
+    not an error (gevent's Hub.NOT_ERROR, a per-instance setting)."""
+    import gevent
+
+    hub = gevent.get_hub()
+    if not issubclass(BootstrapError, hub.NOT_ERROR):
+        hub.NOT_ERROR = (*hub.NOT_ERROR, BootstrapError)
+
+
 class HostSession:
     """Connect once, run facts and deploys, disconnect. Use as a context manager."""
 
@@ -213,6 +226,7 @@ class HostSession:
         never_prompt_for_sudo()
         decode_remote_output_leniently()
         interrupt_quietly()
+        user_errors_quietly()
         # pyinfra appends first-contact keys to the file it is given, in place and in
         # parallel: give it a private copy and merge what it learnt afterwards, atomically.
         scratch = self._scratch_known_hosts()

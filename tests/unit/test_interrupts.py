@@ -39,3 +39,25 @@ def test_ctrl_c_reaches_the_main_greenlet_and_prints_no_traceback():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "interrupted in main; the transport still runs: True", done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
+USER_ERROR_SCRIPT = """
+import gevent
+from bootstrap.errors import UsageError
+from bootstrap.hosts.session import user_errors_quietly
+
+user_errors_quietly()
+
+def read_kubeconfig():  # as the kubeconfig read while the agents join
+    raise UsageError("the server's k3s.yaml has users[0].user.exec; it was refused")
+
+job = gevent.spawn(read_kubeconfig)
+gevent.joinall([job])
+print("said by the main greenlet:", job.exception)
+"""
+
+
+def test_a_user_error_in_a_greenlet_is_said_once_by_the_main_greenlet_not_as_a_traceback():
+    done = subprocess.run([sys.executable, "-c", USER_ERROR_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("said by the main greenlet: the server's k3s.yaml"), done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "exec" not in done.stderr, done.stderr
