@@ -20,8 +20,8 @@ from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
 from bootstrap.hostplan.all_hosts import make_plans
 from bootstrap.hostplan.host_plan import after_the_ca, before_the_ca
-from bootstrap.hostplan.join_tokens import (PLACEHOLDER, SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token,
-                                            is_secret)
+from bootstrap.hostplan.join_tokens import (LEGACY_NOTE, PLACEHOLDER, SERVER_TOKEN_FILE, JoinTokens,
+                                            ca_hash_from_server_token, is_secret)
 from bootstrap.hostplan.steps import converge_steps, first_server_step
 from bootstrap.hosts.connections import open_hosts, report_failures
 from bootstrap.inventory.model import Inventory
@@ -36,6 +36,8 @@ class PreflightFailed(BootstrapError):
 
 
 CA_HASH = "ca-hash"  # the state folder's copy of the cluster CA's sha256 (bootstrap.hostplan.join_tokens)
+# The state folder's mark of a cluster built before agent tokens (join_tokens.LEGACY_NOTE).
+NO_AGENT_TOKEN = "no-agent-token"
 
 
 def read_secret(state: StateDir, name: str, valid) -> str | None:
@@ -62,10 +64,10 @@ def load_or_create_tokens(state: StateDir, facts: dict[str, HostFacts], inventor
     token, also for a cluster that has only its server token (it converges to one)."""
     create_agent = create if create_agent is None else create_agent
     server = read_secret(state, "token", is_secret)
+    existing = [n.name for n in inventory.servers if CONFIG in facts.get(n.name, HostFacts()).files]
     if server is None:
         if not create:
             return PLACEHOLDER
-        existing = [n.name for n in inventory.servers if CONFIG in facts.get(n.name, HostFacts()).files]
         if existing:
             raise BootstrapError(
                 f"server {existing[0]} already runs a k3s configured by bootstrap, but the join token is not "
@@ -75,12 +77,32 @@ def load_or_create_tokens(state: StateDir, facts: dict[str, HostFacts], inventor
         server = secrets.token_hex(24)
         state.write_secret("token", server + "\n")
     agent = read_secret(state, "agent-token", is_secret)
+    ca_hash = read_secret(state, CA_HASH, lambda t: re.fullmatch(r"[0-9a-f]{64}", t))
+    if agent is None and existing:
+        return legacy_tokens(state, server, ca_hash, keep=create_agent)
     if agent is None:
         if not create_agent:
             return JoinTokens(server, PLACEHOLDER.agent)
         agent = secrets.token_hex(24)
         state.write_secret("agent-token", agent + "\n")
-    return JoinTokens(server, agent, read_secret(state, CA_HASH, lambda t: re.fullmatch(r"[0-9a-f]{64}", t)))
+    return JoinTokens(server, agent, ca_hash)
+
+
+def legacy_tokens(state: StateDir, server: str, ca_hash: str | None, keep: bool) -> JoinTokens:
+    """A running cluster whose state folder has no agent token. Built before agent tokens
+    (its folder has no `ca-hash` yet, or the NO_AGENT_TOKEN mark a run left): its servers
+    run without one and must not get one now (LEGACY_NOTE). A folder that has `ca-hash` but
+    neither lost its agent token: an error, since joining the agents with the server token
+    would change what the servers run with, and the servers' next start would fail."""
+    marked = (state.path / NO_AGENT_TOKEN).exists()
+    if ca_hash is not None and not marked:
+        path = state.path / "agent-token"
+        raise UsageError(f"{path} is missing, and the cluster's servers run with an agent token; nothing was changed",
+                         "restore it from a copy of the state folder; a server holds it too, after \"::node:\" in "
+                         "/var/lib/rancher/k3s/server/agent-token")
+    if keep and not marked:
+        state.write_file(NO_AGENT_TOKEN, LEGACY_NOTE + "\n")
+    return JoinTokens(server, None, ca_hash)
 
 
 def learn_ca_hash(session, inventory: Inventory, state: StateDir, tokens: JoinTokens, facts, join_via=None,

@@ -145,13 +145,18 @@ def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open
 
 
 def token_plan(tokens) -> list[str]:
-    """A cluster built before agent tokens: say why every node's config.yaml changes."""
-    from bootstrap.hostplan.join_tokens import PLACEHOLDER
+    """What happens to the join tokens: a new agent token for a cluster whose state folder
+    has none yet, or why a cluster built before agent tokens keeps its agents' token."""
+    from bootstrap.hostplan.join_tokens import LEGACY_NOTE, PLACEHOLDER
 
-    if tokens is None or tokens is PLACEHOLDER or tokens.agent != PLACEHOLDER.agent:
+    if tokens is None or tokens is PLACEHOLDER:
         return []
-    return ["tokens: `up` generates the agent token: the servers get agent-token, the agents join with it "
-            "instead of the server token, which then stays on the servers (k3s restarts once on every node)"]
+    if tokens.agent is None:
+        return [f"tokens: {LEGACY_NOTE}"]
+    if tokens.agent == PLACEHOLDER.agent:
+        return ["tokens: `up` generates the agent token: the servers get agent-token, the agents join with it "
+                "instead of the server token, which stays on the servers"]
+    return []
 
 
 def network_plan(inventory, facts) -> list[str]:

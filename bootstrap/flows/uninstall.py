@@ -99,7 +99,7 @@ def tear_down(inventory, state, console, *, purge_drivers: bool, force: bool, op
                          f"{', '.join(left)} (not reached or not removed); run `bootstrap down` again once they "
                          "answer")
         else:
-            for name in ("token", "agent-token", "ca-hash", "kubeconfig"):
+            for name in ("token", "agent-token", "ca-hash", "no-agent-token", "kubeconfig"):
                 (state.path / name).unlink(missing_ok=True)
             if not left:
                 state.renew_identity()  # the next `up` builds a new cluster, with its own id

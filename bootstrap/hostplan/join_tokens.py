@@ -35,10 +35,27 @@ _CA_HASH = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _SERVER_TOKEN_LINE = re.compile(r"K10([0-9a-f]{64})::server:(" + _PASSWORD + r")\n?", re.ASCII)
 
 
+# A cluster `up` built before agent tokens keeps joining its agents with the server token:
+# k3s keeps the supervisor's users (server/cred/passwd, "node" being the agent token) in the
+# datastore's bootstrap data, and the datastore wins. A server restarted with a new
+# agent-token rewrites only its disk copy (the save after start keeps the datastore's: "Bootstrap
+# key already exists", k3s-io/k3s pkg/cluster/storage.go) and its NEXT start is fatal ("...
+# server/cred/passwd newer than datastore and could cause a cluster outage", pkg/cluster/
+# bootstrap.go ReconcileBootstrapData; rancher/rke2#5785, k3s-io/k3s#4910). So the tool
+# never adds one to a running cluster; it says so instead.
+LEGACY_NOTE = ("this cluster was built before agent tokens: its agents keep joining with the server token, so "
+               "whoever runs an agent's machine could join as a server. k3s cannot take an agent token on a "
+               "running cluster (its datastore keeps the old one, and a server restarted with a new agent-token "
+               "refuses its next start: \"server/cred/passwd newer than datastore\"). To give the agents only "
+               "an agent token, build the cluster again: `bootstrap down`, then `bootstrap up`")
+
+
 @dataclass(frozen=True)
 class JoinTokens:
     server: str  # the server token's password
-    agent: str  # the agent token's password
+    # The agent token's password; None for a cluster built before agent tokens (LEGACY_NOTE):
+    # its servers have no agent-token and its agents join with the server token.
+    agent: str | None
     ca_hash: str | None = None  # sha256 (hex) of the cluster's server CA, once known
 
     def __post_init__(self):
@@ -53,8 +70,9 @@ class JoinTokens:
         return self._secure("server", self.server)
 
     def for_agent(self) -> str:
-        """What an agent gives as `token:`: the agent token, never the server's."""
-        return self._secure("node", self.agent)
+        """What an agent gives as `token:`: the agent token, never the server's (but on a
+        cluster built before agent tokens, LEGACY_NOTE)."""
+        return self._secure("node", self.agent if self.agent is not None else self.server)
 
     def _secure(self, user: str, password: str) -> str:
         return f"K10{self.ca_hash}::{user}:{password}" if self.ca_hash else password

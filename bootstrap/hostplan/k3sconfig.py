@@ -88,7 +88,9 @@ def node_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via: 
             # network the API is advertised on the address the nodes share.
             config["advertise-address"] = config["node-ip"]
         # Every server holds the agent token: any of them may be the one an agent asks.
-        config["agent-token"] = tokens.agent
+        # (None: a cluster built before agent tokens, which must not get one now: LEGACY_NOTE.)
+        if tokens.agent is not None:
+            config["agent-token"] = tokens.agent
         if node.name == first.name and join_via is None:
             # Embedded etcd even for one server: it is what makes snapshots, restore after a
             # lost server, and growing to three servers possible. The short format: the CA

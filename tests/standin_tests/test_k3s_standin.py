@@ -528,6 +528,23 @@ def test_server_generates_and_keeps_a_token_and_refuses_another(k3s, tmp_path, p
 
 
 @needs_upstream
+def test_an_agent_token_added_to_a_running_cluster_is_fatal_at_the_servers_next_start(k3s, tmp_path, procs):
+    """k3s's datastore keeps the bootstrap copy of server/cred/passwd; a start with a new
+    agent-token rewrites the disk copy only, and the next start refuses it (k3s-io/k3s
+    pkg/cluster/bootstrap.go ReconcileBootstrapData; rancher/rke2#5785)."""
+    config = f"token: {PASSWORD}\ncluster-init: true\n"
+    p, _ = start_server(procs, k3s, tmp_path, config)
+    p.stop()
+    p, _ = start_server(procs, k3s, tmp_path)  # a plain restart: disk and datastore agree
+    p.stop()
+    p, _ = start_server(procs, k3s, tmp_path, config + "agent-token: agent-only-9b2\n")
+    assert "Bootstrap key already exists" in p.stop()
+    proc = run(k3s, *server_args(free_port()), root=tmp_path)
+    assert proc.returncode == 1
+    assert "server/cred/passwd newer than datastore and could cause a cluster outage" in proc.stderr
+
+
+@needs_upstream
 def test_first_server_refuses_a_k10_token_for_another_ca(k3s, tmp_path):
     write_config(tmp_path, f"token: K10{'0' * 64}::server:{PASSWORD}\n")
     proc = run(k3s, *server_args(free_port()), root=tmp_path)

@@ -2534,6 +2534,45 @@ def write_tokens(server_dir, ca_digest, password, agent_password):
     write_file(os.path.join(server_dir, "agent-token"), agent, 0o600)
 
 
+def passwd_text(server_password, node_password):
+    """The supervisor's users file (k3s's server/cred/passwd: password,user,uid,group)."""
+    return "%s,node,node,k3s:agent\n%s,server,server,k3s:server\n" % (node_password, server_password)
+
+
+def reconcile_bootstrap_passwd(server_dir, db, server_password, node_password):
+    """k3s keeps its bootstrap files (CAs, keys, server/cred/passwd) in the datastore too, and
+    the datastore wins. At start it compares them with disk first: a file that differs and is
+    newer on disk is fatal (k3s-io/k3s pkg/cluster/bootstrap.go, ReconcileBootstrapData:
+    "... newer than datastore and could cause a cluster outage. Remove the file(s) from disk
+    and restart to be recreated from datastore."), one missing on disk is written from the
+    datastore. Then genUsers writes passwd with the users' passwords from this start's config,
+    "node" being the agent token, else the server token (pkg/daemons/control/deps/deps.go,
+    genUsers/getNodePass, commit 09ac65a6); and the save after start keeps what the datastore
+    already has (pkg/cluster/storage.go, Save without override: "Bootstrap key already
+    exists"). So an agent-token added to (or changed on) a running cluster's server is
+    accepted once, and the server's next start is fatal (rancher/rke2#5785, k3s-io/k3s#4910).
+    Modelled on the server that owns its datastore (no `server:`); the datastore's copy lives
+    in the etcd data dir, so a restore or a deleted db starts afresh."""
+    disk = os.path.join(server_dir, "cred", "passwd")
+    stored = os.path.join(db, "etcd", "standin-bootstrap-passwd")
+    on_disk, in_store = read_text(disk), read_text(stored)
+    if in_store is not None:
+        if on_disk is None:
+            warn("Updating bootstrap data on disk from datastore")
+            write_file(disk, in_store, 0o600)
+        elif on_disk != in_store:
+            fatal("%s newer than datastore and could cause a cluster outage. Remove the file(s) from disk and restart "
+                  "to be recreated from datastore." % disk)
+    wanted = passwd_text(server_password, node_password)
+    if read_text(disk) != wanted:
+        mkdirs(os.path.dirname(disk), 0o700)
+        write_file(disk, wanted, 0o600)
+    if in_store is None:
+        write_file(stored, wanted, 0o600)
+    elif in_store != wanted:
+        warn("Bootstrap key already exists")
+
+
 def stored_password(server_dir):
     text = read_text(os.path.join(server_dir, "token"))
     return parse_token(text)[1] if text and text.strip() else None
@@ -2642,6 +2681,8 @@ def cmd_server(argv):
     else:
         write_file(os.path.join(db, "state.db"), b"SQLite format 3\x00k3s-standin", 0o600)
         info("Database: sqlite (%s)" % os.path.join(db, "state.db"))
+    if etcd and not opts.get("server"):
+        reconcile_bootstrap_passwd(server_dir, db, password, agent_password or password)
     if joined:
         cluster.save({"nodes": joined.get("nodes", {})})
     elif not initialized:

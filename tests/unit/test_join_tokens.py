@@ -17,12 +17,12 @@ from test_restore_flow import KUBECONFIG
 from bootstrap import progress
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.facts.host_facts import FileState, K3sInstall, SystemdUnit
-from bootstrap.flows.host_phase import UpOptions, bring_up, gather_and_plan, load_or_create_tokens
+from bootstrap.flows.host_phase import NO_AGENT_TOKEN, UpOptions, bring_up, gather_and_plan, load_or_create_tokens
 from bootstrap.flows.inspection import token_plan
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.k3s_service import CONFIG
 from bootstrap.hostplan import k3sconfig
-from bootstrap.hostplan.join_tokens import SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token
+from bootstrap.hostplan.join_tokens import LEGACY_NOTE, SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token
 from bootstrap.hostparts import placing
 from bootstrap.hosts import archive
 from bootstrap.inventory.loader import load_inventory
@@ -204,35 +204,54 @@ def test_a_first_server_that_answers_another_token_file_stops_the_joins(k3s, tmp
     assert not (state.path / "ca-hash").exists()
 
 
-def test_a_running_cluster_converges_to_the_agent_token_and_plan_says_so(k3s, tmp_path):  # noqa: F811
-    """A cluster `up` built before agent tokens: its servers get agent-token, its agents
-    the new token, each restarted once; the hash is read from the running first server."""
+def running_cluster(k3s, tmp_path):
+    """A cluster `up` built before agent tokens: every node holds the server token; the
+    state folder has its token only."""
     inv = inventory_of(tmp_path, k3s, servers=1, agents=1)
     state = StateDir(inv)
     state.write_secret("token", "server-secret-0123\n")
     sha = hashlib.sha256(k3s.read_bytes()).hexdigest()
-    old = JoinTokens("server-secret-0123", "server-secret-0123")  # what every node held before
+    old = JoinTokens("server-secret-0123", None)  # what every node held before
     facts = {}
     for node in inv.nodes:
         unit = "k3s" if node.name == "cp-1" else "k3s-agent"
         config = k3sconfig.render(k3sconfig.node_config(inv, node, old))
-        config = "\n".join(line for line in config.splitlines() if not line.startswith("agent-token")) + "\n"
         facts[node.name] = replace(healthy_host(node.name), gpus=[],
                                    manifest={"cluster_id": state.cluster_id, "cluster": "t"},
                                    files={K3S_BINARY: FileState(0o755, sha),
                                           CONFIG: FileState(0o600, hashlib.sha256(config.encode()).hexdigest())},
                                    k3s=K3sInstall(K3S_BINARY, VERSION, True,
                                                   [SystemdUnit(f"{unit}.service", "loaded", "active", "enabled")]))
+    return inv, state, facts
+
+
+def test_a_cluster_built_before_agent_tokens_never_gets_one_and_plan_says_why(k3s, tmp_path):  # noqa: F811
+    """k3s keeps the agent token in its datastore's bootstrap data: a server restarted with
+    a new agent-token refuses its next start (the stand-in's test of it:
+    test_an_agent_token_added_to_a_running_cluster_is_fatal_at_the_servers_next_start). So
+    the servers keep running without one, the agents keep the server token (now in the
+    secure format) and `plan` and `up` say why."""
+    inv, state, facts = running_cluster(k3s, tmp_path)
+    session = JoinSession(inv, facts, state)
+    console_text = io.StringIO()
+    console = progress.Console(progress.Reporter(console_text))
+    _, plans = gather_and_plan(session, inv, state, console, create_token=False, facts=facts)
+    assert f"update {CONFIG}" not in plans.plans["cp-1"].changes  # the server is left as it runs
+    assert token_plan(plans.tokens) == [f"tokens: {LEGACY_NOTE}"]
+    assert not (state.path / "agent-token").exists() and not (state.path / NO_AGENT_TOKEN).exists()
+    up(inv, state, session)
+    assert not (state.path / "agent-token").exists() and (state.path / NO_AGENT_TOKEN).exists()
+    assert "cp-1" not in session.configs  # no agent-token reached the running server
+    assert yaml.safe_load(session.configs["a1"])["token"] == f"K10{CA}::node:server-secret-0123"
+    # The next run knows it from the mark (and the CA hash it learnt).
+    _, again = gather_and_plan(session, inv, state, console, create_token=False, facts=facts)
+    assert again.tokens.agent is None and again.tokens.ca_hash == CA
+
+
+def test_a_running_cluster_whose_state_folder_lost_its_agent_token_is_refused(k3s, tmp_path):  # noqa: F811
+    inv, state, facts = running_cluster(k3s, tmp_path)
+    state.write_secret("ca-hash", CA + "\n")  # written by a run that knew the agent token
     session = JoinSession(inv, facts, state)
     console = progress.Console(progress.Reporter(io.StringIO()))
-    _, plans = gather_and_plan(session, inv, state, console, create_token=False, facts=facts)
-    for name, unit in (("cp-1", "k3s"), ("a1", "k3s-agent")):
-        assert f"update {CONFIG}" in plans.plans[name].changes
-        assert f"restart {unit} (its configuration changed)" in plans.plans[name].changes
-    assert not (state.path / "agent-token").exists()  # plan made nothing
-    assert "the agents join with it instead of the server token" in token_plan(plans.tokens)[0]
-    up(inv, state, session)
-    assert session.batches == [["a1", "cp-1"]]  # the CA exists: one batch
-    agent_token = (state.path / "agent-token").read_text().strip()
-    assert yaml.safe_load(session.configs["a1"])["token"] == f"K10{CA}::node:{agent_token}"
-    assert yaml.safe_load(session.configs["cp-1"])["agent-token"] == agent_token
+    with pytest.raises(UsageError, match="agent-token is missing, and the cluster's servers run with an agent token"):
+        gather_and_plan(session, inv, state, console, create_token=False, facts=facts)
