@@ -230,6 +230,8 @@ def gather_and_plan(session, inventory, state, console, *, create_token: bool, f
     converging = create_token if converging is None else converging
     tokens = load_or_create_tokens(state, facts, inventory, create=create_token, create_agent=converging)
     tokens = learn_ca_hash(session, inventory, state, tokens, facts, join_via, keep=converging)
+    if converging and tokens.agent is None:
+        console.warn(f"warning: {LEGACY_NOTE}")
     # The secrets that go into host files are read here, once: the planners stay pure.
     replan = functools.partial(make_plans, with_secret_values(inventory), facts, artifacts=artifacts,
                                cluster_id=state.cluster_id, join_via=join_via)

@@ -239,7 +239,10 @@ def test_a_cluster_built_before_agent_tokens_never_gets_one_and_plan_says_why(k3
     assert f"update {CONFIG}" not in plans.plans["cp-1"].changes  # the server is left as it runs
     assert token_plan(plans.tokens) == [f"tokens: {LEGACY_NOTE}"]
     assert not (state.path / "agent-token").exists() and not (state.path / NO_AGENT_TOKEN).exists()
-    up(inv, state, session)
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        up(inv, state, session)
+    assert f"warning: {LEGACY_NOTE}" in said.getvalue().replace("\n", " ")
     assert not (state.path / "agent-token").exists() and (state.path / NO_AGENT_TOKEN).exists()
     assert "cp-1" not in session.configs  # no agent-token reached the running server
     assert yaml.safe_load(session.configs["a1"])["token"] == f"K10{CA}::node:server-secret-0123"
