@@ -235,7 +235,7 @@ def fetch_over_ssh(inventory: Inventory, state: StateDir) -> Path:
         _, stdout, stderr = client.exec_command(f"{sudo}cat {KUBECONFIG}", timeout=30)
         text = stdout.read(MAX_KUBECONFIG_BYTES + 1).decode(errors="replace")
         if stdout.channel.recv_exit_status() != 0:
-            raise BootstrapError(f"cannot read {KUBECONFIG} on {first.name}: {stderr.read().decode().strip()}",
+            raise BootstrapError(f"cannot read {KUBECONFIG} on {first.name}: {stderr.read(4096).decode(errors='replace').strip()[-300:]}",
                                  "has `bootstrap up` run on this cluster?")
     finally:
         client.close()
