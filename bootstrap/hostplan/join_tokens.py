@@ -38,7 +38,7 @@ _SERVER_TOKEN_LINE = re.compile(r"K10([0-9a-f]{64})::server:(" + _PASSWORD + r")
 # A cluster `up` built before agent tokens keeps joining its agents with the server token:
 # k3s keeps the supervisor's users (server/cred/passwd, "node" being the agent token) in the
 # datastore's bootstrap data, and the datastore wins. A server restarted with a new
-# agent-token rewrites only its disk copy (the save after start keeps the datastore's: "Bootstrap
+# agent-token rewrites only its disk copy (the save after start keeps the datastore's: "bootstrap
 # key already exists", k3s-io/k3s pkg/cluster/storage.go) and its NEXT start is fatal ("...
 # server/cred/passwd newer than datastore and could cause a cluster outage", pkg/cluster/
 # bootstrap.go ReconcileBootstrapData; rancher/rke2#5785, k3s-io/k3s#4910). So the tool

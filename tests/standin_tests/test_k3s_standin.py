@@ -538,7 +538,7 @@ def test_an_agent_token_added_to_a_running_cluster_is_fatal_at_the_servers_next_
     p, _ = start_server(procs, k3s, tmp_path)  # a plain restart: disk and datastore agree
     p.stop()
     p, _ = start_server(procs, k3s, tmp_path, config + "agent-token: agent-only-9b2\n")
-    assert "Bootstrap key already exists" in p.stop()
+    assert "bootstrap key already exists" in p.stop()
     proc = run(k3s, *server_args(free_port()), root=tmp_path)
     assert proc.returncode == 1
     assert "server/cred/passwd newer than datastore and could cause a cluster outage" in proc.stderr

@@ -2548,7 +2548,7 @@ def reconcile_bootstrap_passwd(server_dir, db, server_password, node_password):
     datastore. Then genUsers writes passwd with the users' passwords from this start's config,
     "node" being the agent token, else the server token (pkg/daemons/control/deps/deps.go,
     genUsers/getNodePass, commit 09ac65a6); and the save after start keeps what the datastore
-    already has (pkg/cluster/storage.go, Save without override: "Bootstrap key already
+    already has (pkg/cluster/storage.go, Save without override: "bootstrap key already
     exists"). So an agent-token added to (or changed on) a running cluster's server is
     accepted once, and the server's next start is fatal (rancher/rke2#5785, k3s-io/k3s#4910).
     Modelled on the server that owns its datastore (no `server:`); the datastore's copy lives
@@ -2570,7 +2570,7 @@ def reconcile_bootstrap_passwd(server_dir, db, server_password, node_password):
     if in_store is None:
         write_file(stored, wanted, 0o600)
     elif in_store != wanted:
-        warn("Bootstrap key already exists")
+        warn("bootstrap key already exists")
 
 
 def stored_password(server_dir):
