@@ -2,7 +2,7 @@
 
 The lying agent's os-release carries the review's escape sequences (set the clipboard, clear
 the screen, print a fake success line), its probe output filter lets every byte through (the
-filter runs on the host, so a hostile host skips it), and every `install` it runs fails with
+filter runs on the host, so a hostile host skips it), and every `sync` it runs fails with
 the same sequences as its last stderr line. `facts`, `check --hosts` and `up` (plain, on a
 terminal, and `--json`) show what it said, escaped; no raw escape byte reaches stdout or
 stderr, and the honest server converges.
@@ -23,8 +23,8 @@ LIAR_FILES = {
     "/etc/os-release": f'PRETTY_NAME="{ATTACK}"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n',
     # First on the PATH of the login user and of sudo: the probe's `tr -c ...` filter becomes `cat`.
     "/usr/local/bin/tr": ("#!/bin/sh\ncase \"$1\" in -c) exec cat;; esac\nexec /usr/bin/tr \"$@\"\n", 0o755),
-    "/usr/local/bin/install": (f"#!/bin/sh\nprintf '%s\\n' 'install: cannot create' '{ATTACK}' >&2\nexit 1\n",
-                                0o755),
+    # Every host file is synced before it is renamed into place (bootstrap/hostparts/placing.py).
+    "/usr/local/bin/sync": (f"#!/bin/sh\nprintf '%s\\n' 'sync: error syncing' '{ATTACK}' >&2\nexit 1\n", 0o755),
 }
 LIVE_VIEW_CODES = re.compile(r"\033\[(?:\d+F|2K|3[12]m|0m)")  # the live view's own: up, clear, colours
 
