@@ -113,7 +113,10 @@ class Tunnel:
                     if not data:
                         break
                     local.sendall(data)
-        except OSError:
+        except (OSError, EOFError, paramiko.SSHException):
+            # The SSH connection was cut under a live request: the request's own caller sees
+            # its connection reset and reports it; this thread must end quietly, since an
+            # uncaught exception here prints a traceback to the operator's terminal.
             pass
         finally:
             channel.close()
