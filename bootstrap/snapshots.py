@@ -8,10 +8,14 @@ of *this* cluster are kept and only this cluster's snapshots are ever restored.
 Snapshots are ordered by the time in their names, the operator's clock when `take` named
 it, never by a file's mtime: a clock that jumped back would make the copy just taken look
 oldest, prune it and leave a stale one for a restore. The copy just taken is never pruned.
+The time is UTC, marked with a `z` (`20261203-091500z`): local time repeats an hour when
+daylight saving ends, and a snapshot taken in the second pass would sort before one taken
+in the first. Names from before carry local time without the mark and are still read.
 """
 
 from __future__ import annotations
 
+import calendar
 import re
 import shlex
 import time
@@ -35,27 +39,36 @@ def name_prefix(cluster_id: str) -> str:
 
 
 def snapshot_pattern(cluster_id: str) -> re.Pattern:
-    return re.compile(re.escape(name_prefix(cluster_id)) + r"[0-9]{8}-[0-9]{6}" + _K3S_SUFFIX, re.ASCII)
+    return re.compile(re.escape(name_prefix(cluster_id)) + r"[0-9]{8}-[0-9]{6}z?" + _K3S_SUFFIX, re.ASCII)
 
 
 def is_ours(name: str, cluster_id: str) -> bool:
     return bool(snapshot_pattern(cluster_id).fullmatch(name))
 
 
-_NAMED_TIME = re.compile(r"bootstrap-[0-9a-f]+-([0-9]{8}-[0-9]{6})-.*-([0-9]+)(\.zip)?", re.ASCII)
+_NAME_TIME_FORMAT = "%Y%m%d-%H%M%S"
+_NAMED_TIME = re.compile(r"bootstrap-[0-9a-f]+-([0-9]{8}-[0-9]{6})(z?)-.*-([0-9]+)(\.zip)?", re.ASCII)
+
+
+def time_in_name(now: float | None = None) -> str:
+    """The time `take` puts in a snapshot's name: UTC, marked `z` (k3s keeps names to
+    lower-case letters, digits, '-' and '.': no upper-case ISO `Z`)."""
+    return time.strftime(_NAME_TIME_FORMAT, time.gmtime(now)) + "z"
 
 
 def named_time(name: str) -> tuple[float, int]:
-    """(when `take` named it, in the operator's local time as written; the server's unix time
-    k3s appended): the order of snapshots. (0, 0) for a name without a valid time."""
+    """(when `take` named it: UTC for a name marked `z`, the operator's local time for older
+    names; the server's unix time k3s appended): the order of snapshots. (0, 0) for a name
+    without a valid time."""
     match = _NAMED_TIME.fullmatch(name)
     if not match:
         return 0.0, 0
     try:
-        taken = time.mktime(time.strptime(match.group(1), "%Y%m%d-%H%M%S"))
+        parsed = time.strptime(match.group(1), _NAME_TIME_FORMAT)
+        taken = float(calendar.timegm(parsed)) if match.group(2) else time.mktime(parsed)
     except (ValueError, OverflowError):
         taken = 0.0
-    return taken, int(match.group(2)[:12])
+    return taken, int(match.group(3)[:12])
 
 
 @dataclass(frozen=True)
@@ -168,7 +181,7 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=
 
     server = server or inventory.servers[0]
     sudo = "sudo -n " if inventory.ssh_for(server).use_sudo else ""
-    name = name_prefix(state.cluster_id) + time.strftime("%Y%m%d-%H%M%S")
+    name = name_prefix(state.cluster_id) + time_in_name()
     borrowed = ssh(server.name) if ssh else None
     client = borrowed or connect_ssh(inventory, server, state)
     try:

@@ -286,3 +286,31 @@ def test_order_and_ages_come_from_the_names_not_the_files_mtimes(tmp_path):
     assert snapshots.newest(state).age(now) == "2 h 0 min"
     snapshots.prune(state, keep=1)
     assert new.exists() and not old.exists() and not (old.parent / (old.name + ".token")).exists()
+
+
+def test_names_carry_utc_so_the_hour_repeated_when_daylight_saving_ends_keeps_its_order(tmp_path, monkeypatch):
+    """Europe/Berlin, 2026-10-25: 02:30 CEST comes, then an hour later 02:10 CET. Named in
+    local time, the later snapshot sorted first and a restore picked the earlier one."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml")))
+        first_pass = 1792888200.0  # 2026-10-25 00:30 UTC = 02:30 CEST
+        second_pass = first_pass + 2400  # 01:10 UTC = 02:10 CET
+        assert time.localtime(second_pass).tm_hour == time.localtime(first_pass).tm_hour == 2
+        names = [f"bootstrap-{state.cluster_id}-{snapshots.time_in_name(when)}-box-1-{int(when)}"
+                 for when in (first_pass, second_pass)]
+        assert all(snapshots.is_ours(name, state.cluster_id) for name in names)
+        assert snapshots.named_time(names[0])[0] == first_pass
+        assert snapshots.named_time(names[1])[0] == second_pass
+        # A name from before (local time, no mark) still reads as the time it meant.
+        legacy = f"bootstrap-{state.cluster_id}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(first_pass - 3600))}-box-1-1"
+        assert snapshots.is_ours(legacy, state.cluster_id)
+        assert snapshots.named_time(legacy)[0] == first_pass - 3600
+        for name in names + [legacy]:
+            (snapshots.local_dir(state) / name).write_text("etcd")
+        assert [s.name for s in snapshots.local_snapshots(state)] == [legacy, *names]
+        assert snapshots.newest(state).name == names[1]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
