@@ -5,6 +5,8 @@ BOOTSTRAP_UPDATE_CLI_HELP=1 python -m pytest tests/unit/test_cli_help.py, then r
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,16 @@ def test_parsed_defaults_are_pinned():
     lines = [f"{name}: {json.dumps(vars(parser.parse_args([name, 'inv.yaml', *extra.get(name, [])])))}\n"
              for name in COMMANDS]
     _check("defaults.txt", "".join(lines))
+
+
+def test_help_loads_no_command_s_machinery():
+    """`bootstrap --help` builds the parser from every command module: their top level must stay
+    argparse-level, or --help slows (pyinfra, paramiko, the flows take seconds on a slow disk) and
+    sockets or ssl load before main's gevent patch."""
+    probe = ("import sys\nfrom bootstrap.cli import build_parser\nbuild_parser()\n"
+             "print('\\n'.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    heavy = ("yaml", "jinja2", "pyinfra", "paramiko", "gevent", "ssl", "socket", "bootstrap.flows",
+             "bootstrap.hosts", "bootstrap.cluster", "bootstrap.inventory", "bootstrap.statedir")
+    assert [m for m in loaded if m.startswith(heavy)] == []
+    assert {f"bootstrap.commands.{module}" for module in COMMANDS.values()} <= set(loaded)
