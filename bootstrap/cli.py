@@ -11,7 +11,7 @@ import logging
 import sys
 from types import ModuleType
 
-from bootstrap import __version__, progress
+from bootstrap import __version__
 from bootstrap.console_text import PrintableFormatter, PrintableStream
 from bootstrap.errors import EXIT_USAGE, run_command
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     module = command_module(args.command)
     # --json on a command whose progress is a stream of events: one JSON event per line
     json_events = getattr(module, "JSON_EVENTS", False) and args.json
+    # imported here: startup time (--help makes no console; progress loads json, shutil and more)
+    from bootstrap import progress
+
     console = progress.make_console(json_events=json_events)
     code = run_command(module.run, args, console, debug=args.debug)
     console.event("exit", code=code)
