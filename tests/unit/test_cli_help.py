@@ -55,7 +55,7 @@ def test_parsed_defaults_are_pinned():
     _check("defaults.txt", "".join(lines))
 
 
-def test_help_loads_no_command_s_machinery():
+def test_help_loads_no_flow_and_no_remote_library():
     """`bootstrap --help` builds the parser from every command module: their top level must stay
     argparse-level, or --help slows (pyinfra, paramiko, the flows take seconds on a slow disk) and
     sockets or ssl load before main's gevent patch."""
