@@ -2,6 +2,7 @@
 
 import os as _os
 import sys as _sys
+from importlib.util import spec_from_file_location as _spec_from_file_location
 
 __version__ = "0.1.0"
 
@@ -24,10 +25,8 @@ class _CheckoutFolders:
         folder = self.folders.get(fullname)
         if folder is None:
             return None
-        from importlib.util import spec_from_file_location
-
-        return spec_from_file_location(fullname, _os.path.join(folder, "__init__.py"),
-                                       submodule_search_locations=[folder])
+        return _spec_from_file_location(fullname, _os.path.join(folder, "__init__.py"),
+                                        submodule_search_locations=[folder])
 
 
 def _map_checkout_folders() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import urllib.request
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -131,8 +132,6 @@ def online_artifacts(version: str, arch: str) -> K3sArtifacts:
 
 def resolve_channel(channel: str) -> str:
     """The release a channel points at now (one HTTP request from the control machine)."""
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{CHANNELS}/{channel}", timeout=10) as response:
             final = response.geturl()

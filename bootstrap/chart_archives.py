@@ -8,7 +8,9 @@ import tarfile
 
 import yaml
 
+from bootstrap.components import versions
 from bootstrap.errors import UsageError
+from bootstrap.inventory.model import Component
 
 MAX_CHART_YAML = 1 << 20
 
@@ -33,9 +35,6 @@ def chart_metadata(path: str) -> dict:
 def archives_wanted(inventory) -> list[tuple[str, str, str, str]]:
     """(field, archive path, chart, version) for every chart the inventory takes from an
     archive, the CRD chart that ships beside rke2-multus included."""
-    from bootstrap.components import versions
-    from bootstrap.inventory.model import Component
-
     wanted = []
     for component in sorted(inventory.charts):
         src = versions.source(inventory, component)

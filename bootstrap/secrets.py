@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bootstrap.console_text import write_text
@@ -61,8 +62,6 @@ def warn_if_readable_by_others(path: Path, what: str) -> None:
 def with_secret_values(inventory):
     """The inventory with the secrets that end up in host files read (I/O, once, before
     planning): S3 credentials (config.yaml) and registry credentials (registries.yaml)."""
-    from dataclasses import replace
-
     def filled(ref: SecretRef | None, what: str) -> SecretRef | None:
         return None if ref is None else replace(ref, value=resolve(ref, what))
 

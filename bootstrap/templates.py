@@ -5,11 +5,11 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
+import jinja2
+
 
 @lru_cache(maxsize=None)
 def _environment():
-    import jinja2
-
     return jinja2.Environment(loader=jinja2.PackageLoader("bootstrap.manifests", "."),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               autoescape=False)

@@ -14,6 +14,7 @@ from pyinfra.api import FunctionCommand, StringCommand
 from bootstrap.hostparts import k3s_binary, placing
 from bootstrap.hosts import archive
 from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
+from bootstrap.hostplan import restore
 from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.inventory.model import Role
 
@@ -102,8 +103,6 @@ def restore_commands(snapshot, s3_configured: bool = False) -> list:
     """Put a local snapshot on the new server and reset the datastore from it, in one
     command (the snapshot arrives on its stdin). The token in config.yaml (the old
     cluster's) decrypts it; k3s refuses a wrong one."""
-    from bootstrap.hostplan import restore
-
     # The name is one of the state folder's own (bootstrap.snapshots pattern); quoted anyway.
     remote = restore.remote_snapshot_path(snapshot.name)
     script = "\n".join([
@@ -119,6 +118,4 @@ def restore_commands(snapshot, s3_configured: bool = False) -> list:
 
 def clear_peer_commands() -> list:
     """Another server of a restored cluster: stopped, its old etcd data removed."""
-    from bootstrap.hostplan import restore
-
     return [StringCommand("\n".join(restore.clear_peer_lines()))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from bootstrap.cluster.node_status import node_ready
 from bootstrap.components.cluster_plan import ClusterPlan
@@ -198,8 +199,6 @@ def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say,
     critical path is its slowest release, not their sum (each waits for its own pods). A
     release's digest is recorded as soon as it is done; the first failure is raised once its
     wave has ended (the others' digests are kept, so a re-run skips them)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     done: list[str] = []
     for wave in release_waves(todo):
         for release in wave:

@@ -19,6 +19,7 @@ from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
 from bootstrap.rules import mig
+from bootstrap.rules.providers import PROVIDER_LABEL, provider_groups
 
 NAMESPACE = "bootstrap-validate"
 TOLERATE_ALL = [{"operator": "Exists"}]
@@ -242,8 +243,6 @@ def nccl_group(gpu_nodes) -> tuple[list, str]:
     """The GPU nodes NCCL measures, and how they were chosen. A bandwidth floor means the
     fabric inside one provider (RDMA and NVLink do not cross the internet): with GPU nodes
     at several providers, the largest provider's."""
-    from bootstrap.rules.providers import provider_groups
-
     groups = provider_groups(gpu_nodes)
     if len(groups) < 2:
         return list(gpu_nodes), ""
@@ -255,8 +254,6 @@ def nccl_group(gpu_nodes) -> tuple[list, str]:
 def nccl_job(inventory: Inventory, gpu_nodes, facts) -> dict:
     """all_reduce_perf across the GPU nodes with Volcano's MPI plugin: one launcher, one
     worker per node (the svc/ssh plugins give the hostfile and keys)."""
-    from bootstrap.rules.providers import PROVIDER_LABEL
-
     nccl = inventory.validate.nccl
     per_node = nccl.gpus_per_node or min(len(facts[n.name].gpus) or 1 for n in gpu_nodes)
     workers, ranks = len(gpu_nodes), len(gpu_nodes) * per_node

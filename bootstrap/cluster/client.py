@@ -6,12 +6,16 @@ Every wait here has a deadline and, when it passes, says what it was waiting for
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap.cluster import kubeconfig_file
+from bootstrap.cluster.tunnel import Tunnel
 from bootstrap.errors import BootstrapError
 from bootstrap.inventory.model import Inventory
 from bootstrap.remote_data import RemoteDataError, loads
@@ -35,12 +39,14 @@ class Cluster:
 
     @property
     def core(self):
+        # imported here: startup time (kubernetes takes ~0.3 s to import: only on reaching the API)
         from kubernetes import client
 
         return client.CoreV1Api(self.api_client)
 
     @property
     def custom(self):
+        # imported here: startup time (kubernetes takes ~0.3 s to import: only on reaching the API)
         from kubernetes import client
 
         return client.CustomObjectsApi(self.api_client)
@@ -50,10 +56,8 @@ class Cluster:
 def connect(inventory: Inventory, state: StateDir, ssh=None):
     """Open the tunnel to the first reachable server and yield a Cluster. `ssh(name)`: an
     open SSH connection to that node, or None (a hosts' session's; the tunnel reuses it)."""
+    # imported here: startup time (kubernetes takes ~0.3 s to import: only on reaching the API)
     from kubernetes import client, config
-
-    from bootstrap.cluster import kubeconfig_file
-    from bootstrap.cluster.tunnel import Tunnel
 
     saved = state.path / "kubeconfig"
     if not saved.exists():
@@ -90,8 +94,6 @@ connect.reuses_ssh = True  # flows may hand it their session's connections (see 
 def reusing_ssh(connect_fn, session):
     """`connect_fn` given the session's SSH connections when it takes them (the real one
     does; a test's sandboxed API does not)."""
-    import functools
-
     ssh = getattr(session, "ssh_client", None)
     if ssh is None or not getattr(connect_fn, "reuses_ssh", False):
         return connect_fn
@@ -152,6 +154,7 @@ def connection_trouble(exc: Exception) -> str:
 def request(cluster: Cluster, method: str, path: str, body=None, *, query: list | None = None,
             content_type: str = "application/json", raw: bool = False):
     """(status, parsed body or text). 404 and other API errors come back as statuses."""
+    # imported here: startup time (kubernetes takes ~0.3 s to import: only on reaching the API)
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -212,8 +215,6 @@ SEQUENTIAL_UP_TO = 4
 def get_all(cluster: Cluster, paths: list[str]) -> dict[str, dict | None]:
     """GET every path, many at once: through the tunnel each request costs a round trip,
     and requests one after the other add up; {path: object or None}."""
-    from concurrent.futures import ThreadPoolExecutor
-
     unique = list(dict.fromkeys(paths))
     if len(unique) <= SEQUENTIAL_UP_TO:
         return {path: get(cluster, path) for path in unique}

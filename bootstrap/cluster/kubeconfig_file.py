@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from bootstrap.cluster.tunnel import connect_ssh
 from bootstrap.errors import BootstrapError
 from bootstrap.hostparts.k3s_service import KUBECONFIG
 from bootstrap.inventory.model import Inventory
@@ -226,8 +227,6 @@ def saved(text: str, source: str) -> Saved:
 
 
 def fetch_over_ssh(inventory: Inventory, state: StateDir) -> Path:
-    from bootstrap.cluster.tunnel import connect_ssh
-
     first = inventory.servers[0]
     client = connect_ssh(inventory, first, state)
     try:

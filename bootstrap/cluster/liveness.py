@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootstrap.cluster.tunnel import API_PORT
+import paramiko
+
+from bootstrap.cluster.tunnel import API_PORT, connect_ssh
+from bootstrap.errors import BootstrapError
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import unit_name
 from bootstrap.inventory.model import Inventory, Node, Role
@@ -42,11 +45,6 @@ def service_verdict(node: Node, facts: HostFacts | None) -> ServerLiveness | Non
 def api_port_accepts(inventory: Inventory, node: Node, state: StateDir) -> tuple[bool, str]:
     """Open a direct-tcpip channel to the server's 127.0.0.1:6443: sshd opens it only when
     the TCP connection on the server succeeds."""
-    import paramiko
-
-    from bootstrap.cluster.tunnel import connect_ssh
-    from bootstrap.errors import BootstrapError
-
     try:
         client = connect_ssh(inventory, node, state)
     except BootstrapError as exc:

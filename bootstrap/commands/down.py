@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+
+from bootstrap.commands.flags import add_json_events
 from bootstrap.consent import ask_for_cluster_name
-from bootstrap.flows.uninstall import tear_down
-from bootstrap.inventory.loader import load_inventory
-from bootstrap.statedir import StateDir
+
+SUMMARY = "tear the cluster down and give the hosts back as they were"
+JSON_EVENTS = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_json_events(parser)
+    parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    parser.add_argument("--purge-drivers", action="store_true",
+                        help="also remove NVIDIA driver packages the tool installed")
+    parser.add_argument("--force", action="store_true",
+                        help="also wipe k3s from hosts this cluster did not set up (another cluster's, or "
+                             "installed by hand)")
 
 
 def confirm(inventory, assume_yes: bool) -> None:
@@ -14,6 +27,11 @@ def confirm(inventory, assume_yes: bool) -> None:
 
 
 def run(args, console) -> int:
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.flows.uninstall import tear_down
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.statedir import StateDir
+
     inventory = load_inventory(args.inventory)
     confirm(inventory, args.yes)
     tear_down(inventory, StateDir(inventory), console, purge_drivers=args.purge_drivers,

@@ -1,13 +1,24 @@
 """`bootstrap forget-host INVENTORY NODE...`: drop the pinned key of a replaced machine."""
 
+from __future__ import annotations
+
+import argparse
+
 from bootstrap.errors import UsageError
-from bootstrap.hosts import hostkeys
-from bootstrap.inventory.loader import load_inventory
-from bootstrap.lock import cluster_lock
-from bootstrap.statedir import StateDir
+
+SUMMARY = "forget the pinned SSH host key of a replaced machine"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
 
 
 def run(args, console) -> int:
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.lock import cluster_lock
+    from bootstrap.statedir import StateDir
+
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     names = {n.name for n in inventory.nodes}
@@ -22,6 +33,9 @@ def run(args, console) -> int:
 
 
 def forget_one(state, inventory, name, console) -> None:
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.hosts import hostkeys
+
     node = inventory.node(name)
     port = inventory.ssh_for(node).port
     entry = hostkeys.known_hosts_entry(node.address, port)

@@ -4,13 +4,31 @@ whose provider opens only SSH."""
 
 from __future__ import annotations
 
-from bootstrap.cluster import kubeconfig_file
-from bootstrap.inventory.loader import load_inventory
-from bootstrap.lock import cluster_lock
-from bootstrap.statedir import StateDir
+import argparse
+import signal
+import threading
+
+from bootstrap.errors import BootstrapError, HostsFailed
+
+SUMMARY = "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tunnel", action="store_true",
+                        help="hold an SSH tunnel to the API open for kubectl until Ctrl-C (when only SSH is open)")
+    parser.add_argument("--port", type=int, default=6443, metavar="N",
+                        help="with --tunnel: the local port (default 6443)")
+    parser.add_argument("--merge", action="store_true",
+                        help="add it to ~/.kube/config (or $KUBECONFIG) as context bootstrap-<cluster>")
 
 
 def run(args, console) -> int:
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.cluster import kubeconfig_file
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.lock import cluster_lock
+    from bootstrap.statedir import StateDir
+
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "kubeconfig"):  # it may pin the server's host key
@@ -29,11 +47,9 @@ def run(args, console) -> int:
 def hold_tunnel(inventory, state, path, port: int, merge: bool, console) -> None:
     """127.0.0.1:port -> the first server that answers, until Ctrl-C. k3s's serving
     certificate carries 127.0.0.1, so kubectl verifies TLS through it as it does direct."""
-    import signal
-    import threading
-
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.cluster import kubeconfig_file
     from bootstrap.cluster.tunnel import Tunnel
-    from bootstrap.errors import BootstrapError
 
     errors = []
     for server in inventory.servers:
@@ -66,6 +82,4 @@ def hold_tunnel(inventory, state, path, port: int, merge: bool, console) -> None
             return
         finally:
             tunnel.__exit__(None, None, None)
-    from bootstrap.errors import HostsFailed
-
     raise HostsFailed("no server could be reached for the tunnel: " + "; ".join(errors))

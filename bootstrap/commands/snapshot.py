@@ -1,12 +1,23 @@
 """`bootstrap snapshot INVENTORY`: an etcd snapshot now, copied to the state folder."""
 
-from bootstrap.inventory.loader import load_inventory
-from bootstrap.lock import cluster_lock
-from bootstrap.snapshots import take
-from bootstrap.statedir import StateDir
+from __future__ import annotations
+
+import argparse
+
+SUMMARY = "take an etcd snapshot now and copy it (with its token) to the state folder"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """No flags of its own."""
 
 
 def run(args, console) -> int:
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.lock import cluster_lock
+    from bootstrap.snapshots import take
+    from bootstrap.statedir import StateDir
+
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "snapshot"):

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from bootstrap.hosts.connections import open_hosts
-from bootstrap.flows.cluster_side import validate_cluster
-from bootstrap.inventory.loader import load_inventory
-from bootstrap.lock import cluster_lock
-from bootstrap.statedir import StateDir
+import argparse
+
+from bootstrap.commands.flags import add_json_document
+
+SUMMARY = "prove the cluster works: GPU pods, capacity, RDMA, a PVC, a gang job"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_json_document(parser)
 
 
 def run(args, console) -> int:
+    # imported here: startup time (`bootstrap --help` imports every command module for its flags)
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.flows.cluster_side import validate_cluster
+    from bootstrap.hosts.connections import open_hosts
+    from bootstrap.inventory.loader import load_inventory
+    from bootstrap.lock import cluster_lock
+    from bootstrap.statedir import StateDir
+
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "validate"):  # it pins first-contact host keys
         with open_hosts(inventory, list(inventory.nodes), "validate", console) as session:
-            from bootstrap.facts.pyinfra_fact import HostFactsFact
-
             facts = session.gather(HostFactsFact)
         return validate_cluster(inventory, state, facts, console, as_json=args.json)

@@ -15,6 +15,7 @@ from bootstrap.components.release import Patch, Release
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
+from bootstrap.rules.providers import topology_labels
 
 
 def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[Release]:
@@ -52,8 +53,6 @@ def desired_patches(inventory: Inventory) -> list[Patch]:
 def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, dict[str, str]]:
     """Every node's wanted labels: its provider and region, the inventory's own, then the
     GPU-sharing ones (which win, since the operator acts on them)."""
-    from bootstrap.rules.providers import topology_labels
-
     sharing = gpu_sharing.sharing_labels(inventory, facts_by_node)
     return {node.name: {**topology_labels(node), **{str(k): str(v) for k, v in node.labels.items()},
                         **sharing.get(node.name, {})}

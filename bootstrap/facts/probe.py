@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from bootstrap.hostparts import k3s_service, kernel, manifest, packages
 from bootstrap.remote_data import RemoteDataError
 
+from . import gpu_health
 from . import parsers as p
 from .host_facts import HostFacts, K3sInstall
 
@@ -357,8 +358,6 @@ def _gpu_facts(sections: dict[str, Section]) -> dict:
         p.parse_mig_profiles(_ok(sections, "nvidia-smi-mig-lgip")),
         p.parse_mig_placements(_ok(sections, "nvidia-smi-mig-lgipp")),
     )
-    from . import gpu_health
-
     health = sections.get("nvidia-smi-xml")
     return {
         "gpus": gpus,
@@ -393,8 +392,6 @@ def _xid_facts(sections: dict[str, Section]) -> dict:
     """The kernel's Xid reports and the boot they belong to; {} when not probed."""
     if "xid" not in sections:
         return {}
-    from . import gpu_health
-
     lines = _lines(sections, "xid")
     boot = next((line.split(None, 1)[1].strip() for line in lines if line.startswith("boot_id ")
                  and len(line.split(None, 1)) > 1), None)

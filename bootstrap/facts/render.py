@@ -6,6 +6,8 @@ from collections import Counter
 
 from bootstrap.console_text import printable
 from bootstrap.facts.host_facts import HostFacts
+from bootstrap.rules.gpu_health import health_issues
+from bootstrap.rules.node_addresses import host_interface
 
 
 def _gib(mib: int | None) -> str:
@@ -51,8 +53,6 @@ def describe_k3s(facts: HostFacts) -> str:
 
 
 def describe_addresses(facts: HostFacts) -> str:
-    from bootstrap.rules.node_addresses import host_interface
-
     if facts.addresses is None:
         return "unknown (ip failed)"
     own = [f"{a.interface} {a.address}/{a.prefix}" for a in facts.addresses
@@ -64,8 +64,6 @@ def describe_health(facts: HostFacts) -> list[str]:
     """The GPUs' health on their own (preflight also compares a node with its siblings)."""
     if facts.gpu_health is None:
         return []
-    from bootstrap.rules.gpu_health import health_issues
-
     issues = health_issues(facts.gpu_health, facts.xids or [])
     if not issues:
         return [f"ok ({len(facts.gpu_health)} GPU(s): ECC, row remaps, PCIe, NVLink, slowdowns, Xid)"]

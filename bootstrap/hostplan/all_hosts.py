@@ -8,13 +8,16 @@ from typing import Callable
 
 from bootstrap.artifacts import K3sArtifacts
 from bootstrap.facts.host_facts import HostFacts
+from bootstrap.hostparts.registries import embedded_mirror_on
 from bootstrap.hostplan.desired import desired_state
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host
 from bootstrap.hostplan.join_tokens import JoinTokens
+from bootstrap.hostplan.rollout import plan_rollout
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
 from bootstrap.remote_data import RemoteDataError
+from bootstrap.rules.node_addresses import with_node_ips
 
 
 @dataclass
@@ -29,16 +32,11 @@ class Plans:
 
     def rollout(self, inventory: Inventory, facts: dict[str, HostFacts], max_unavailable: int = 1):
         """The rolling upgrade these plans imply (running nodes whose binary changes), or None."""
-        from bootstrap.hostplan.rollout import plan_rollout
-
         return plan_rollout(inventory, facts, self.plans, self.target_version, max_unavailable)
 
 
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], tokens: JoinTokens,
                artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
-    from bootstrap.hostparts.registries import embedded_mirror_on
-    from bootstrap.rules.node_addresses import with_node_ips
-
     # node-ip is one of each host's own addresses (the public one is often only a NAT).
     inventory = with_node_ips(inventory, facts)
     join_via = inventory.node(join_via.name) if join_via is not None else None

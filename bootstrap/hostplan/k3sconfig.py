@@ -12,6 +12,7 @@ import yaml
 from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.rules.providers import topology_labels
+from bootstrap.secrets import secret_value
 
 # Spot machines get a shutdown notice: let kubelet end pods cleanly before the VM goes.
 GRACEFUL_SHUTDOWN = ("shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s")
@@ -149,8 +150,6 @@ def s3_settings(s3) -> dict:
     (config.yaml is 0600, like the token in it)."""
     if s3 is None:
         return {}
-    from bootstrap.secrets import secret_value
-
     settings = {"etcd-s3": True, "etcd-s3-bucket": s3.bucket, "etcd-s3-endpoint": s3.endpoint,
                 "etcd-s3-region": s3.region}
     if s3.folder:

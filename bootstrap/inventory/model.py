@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
@@ -311,6 +311,4 @@ class Inventory:
     def ssh_for(self, node: Node) -> SshSettings:
         if not node.ssh:
             return self.ssh
-        from dataclasses import replace
-
         return replace(self.ssh, **node.ssh)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.preflight import Finding
+from bootstrap.rules.node_addresses import choose, on_host
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,6 @@ class ProbePlan:
 
 
 def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> ProbePlan:
-    from bootstrap.rules.node_addresses import choose, on_host
-
     internal = {n.name: choose(inventory, n, facts).internal or n.address for n in inventory.nodes}
     # network.mode public: nodes reach each other at their inventory (public) addresses,
     # except etcd, which k3s runs on node-ip (k3s-io/k3s pkg/cli/server/server.go: etcd's
