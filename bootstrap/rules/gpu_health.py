@@ -272,12 +272,15 @@ def _xids(gpus: list[GpuHealth], xids: list[XidEvent]) -> list[HealthIssue]:
         count = len(events)
         times = "once" if count == 1 else (f"{count} or more times" if count >= XID_EVENTS_PER_KIND
                                            else f"{count} times")
+        instances = sorted({e.gpu_instance for e in events if e.gpu_instance is not None})
+        where = f" (MIG GPU instance {', '.join(map(str, instances))})" if instances else ""
         if gpu is not None:
             label = _label(gpu)
-            message = f"{label}: {named} in the kernel log, {times}"
+            message = f"{label}: {named} in the kernel log, {times}{where}"
         else:
             label = f"the GPU at PCI {events[0].pci}"
-            message = f"{named} in the kernel log, {times}, for PCI {events[0].pci}, a GPU nvidia-smi does not list"
+            message = (f"{named} in the kernel log, {times}{where}, for PCI {events[0].pci}, a GPU nvidia-smi "
+                       f"does not list")
         severity = "error" if xid in XID_ERRORS else "warning"
         issues.append(HealthIssue(gpu.index if gpu is not None else None, severity, "xid", message,
                                   _xid_fix(xid, label, gpu, _program(events[-1].text))))

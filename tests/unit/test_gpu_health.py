@@ -460,3 +460,21 @@ def test_aggregate_only_ecc_and_dict_input():
                              "none since the last reset")
     xid = gh.XidEvent("0000:00:06", 48, None, "").to_dict()
     assert [i.check for i in health_issues([gpu], [xid])] == ["ecc", "xid"]
+
+
+def test_xid_lines_of_mig_gpu_instances_are_kept():
+    """With MIG on, the driver names the GPU instance after the bus id ("GPU-I:05"): such
+    lines were dropped before, so Xid 94/95 on MIG nodes never reached preflight or health."""
+    events = gh.parse_xid((VARIANTS / "dmesg-xid-mig.txt").read_text())
+    assert [(e.pci, e.xid, e.gpu_instance) for e in events] == [
+        ("0000:00:06", 94, 5), ("0000:00:06", 94, 5), ("0000:00:06", 95, 2), ("0000:00:06", 48, None)]
+    assert events[0].text == "pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"
+    assert gh.XidEvent.from_dict(json.loads(json.dumps(events[0].to_dict()))) == events[0]
+    contained, uncontained, dbe = health_issues([real_gpu()], events)
+    assert contained.message == ("GPU 0 (00000000:00:06.0): Xid 94 (" + gh.XID_MEANINGS[94] + ") in the kernel "
+                                 "log, 2 times (MIG GPU instance 5)")
+    assert (contained.severity, uncontained.severity, dbe.severity) == ("error", "error", "error")
+    assert "(MIG GPU instance" not in dbe.message
+    (compute,) = gh.parse_xid(["NVRM: Xid (PCI:0000:00:06 GPU-I:01 GPU-C:00): 43, pid=1, name=a, Ch 00000008"])
+    assert (compute.xid, compute.gpu_instance) == (43, 1)
+    assert gh.parse_xid(["NVRM: Xid (PCI:0000:00:06 GPU-I:xx): 94, pid=1"]) == []

@@ -45,7 +45,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN_MANIFEST = json.loads((FIXTURES / "golden" / "teardown-manifest.json").read_text())
 OUR_ID = GOLDEN_MANIFEST["cluster_id"]
 H200_XML = recorded("nvidia-smi-q-x.txt")[1]
-XID_LINES = (FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid79.txt").read_text().splitlines()
+XID_LINES = [*(FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid79.txt").read_text().splitlines(),
+             *(FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid-mig.txt").read_text().splitlines()]
 HOSTILE_MANIFEST = '{"cluster_id": null, "files": [{}]}'
 FAST = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -272,6 +273,7 @@ def test_nvidia_smi_xml_and_the_kernel_log_give_data(text):
     assert isinstance(gpu_health.gpu_health(text, text, text), list)
     events = gpu_health.parse_xid(text if isinstance(text, list) else [*XID_LINES, *text.splitlines()])
     assert all(isinstance(e, gpu_health.XidEvent) and e.text.isprintable() for e in events)
+    assert all(e.gpu_instance is None or 0 <= e.gpu_instance <= 999 for e in events)
     assert isinstance(gpu_health.parse_nvlink_status(text), dict)
     assert isinstance(gpu_health.parse_topo_nvlinks(text), dict)
 
