@@ -8,9 +8,12 @@ Severities and why:
 - ecc, error: an uncorrectable ECC error lost data; NVIDIA's guidance is to reset the GPU and
   to replace it when they recur (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/). Aggregate
   counts are the GPU's lifetime, so a machine that had them before is flagged too.
-- remap, error: a row remap pending takes effect only at a GPU reset, and until then the bad
-  row is in use; a remap failure (a bank without spare rows) is NVIDIA's RMA criterion for
-  row-remapping GPUs (same guide, "Row Remapping", "RMA Policy").
+- remap: a failure (a bank without spare rows), error: NVIDIA's RMA criterion for
+  row-remapping GPUs (same guide, "Row Remapping", "RMA Policy"). A remap pending alone,
+  warning: it takes effect at the next GPU reset, and NVML says it "won't affect future work
+  on the GPU since error-containment and dynamic page blacklisting will take care of that"
+  (nvmlDeviceGetRemappedRows); the guide's "Error Recovery and Response Flags": with the
+  flag set "new workloads can be launched". So `gpu.health: strict` keeps such a node.
 - retired-pages: pending, warning (a reset or driver reload retires the page); 64 or more,
   error: legacy page retirement "supported a maximum of 64 retirements for the frame buffer"
   (same guide's table; docs.nvidia.com/deploy/dynamic-page-retirement/), so at 64 the next
@@ -131,7 +134,8 @@ def _remap(gpu: GpuHealth) -> HealthIssue | None:
     else:
         fix = (f"{_reset(gpu)}: a pending row remap takes effect only then; ask the provider for another "
                f"machine if remaps keep coming")
-    return HealthIssue(gpu.index, "error", "remap", f"{_label(gpu)}: {' and '.join(parts)}", fix)
+    severity = "error" if gpu.remapped_rows_failure else "warning"
+    return HealthIssue(gpu.index, severity, "remap", f"{_label(gpu)}: {' and '.join(parts)}", fix)
 
 
 def _retired_pages(gpu: GpuHealth) -> HealthIssue | None:

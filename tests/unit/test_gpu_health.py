@@ -92,7 +92,7 @@ VARIANT_ISSUES = {
                           ["GPU 0 (00000000:00:06.0)", "2 uncorrectable ECC errors since the last reset (volatile)",
                            "2 in its lifetime (aggregate)"],
                           ["ask the provider for another machine", "sudo nvidia-smi -r -i 00000000:00:06.0"]),
-    "remap-pending": ("remap", "error",
+    "remap-pending": ("remap", "warning",  # NVML: a pending remap "won't affect future work on the GPU"
                       ["GPU 0 (00000000:00:06.0)", "a row remap pending", "1 row remapped for uncorrectable errors"],
                       ["sudo nvidia-smi -r -i 00000000:00:06.0", "takes effect only then"]),
     "slowdown-hw-thermal": ("slowdown", "error",
@@ -446,7 +446,9 @@ def test_retired_pages():
 def test_remap_failure_and_slowdown_kinds():
     failed = only_issue([real_gpu(remapped_rows_failure=True, remapped_rows_pending=True)])
     assert "row remapping failed" in failed.message and "a row remap pending" in failed.message
-    assert failed.fix.startswith("ask the provider for another machine")
+    assert failed.fix.startswith("ask the provider for another machine") and failed.severity == "error"
+    pending = only_issue([real_gpu(remapped_rows_pending=True, remapped_rows_uncorrectable=1)])
+    assert (pending.check, pending.severity) == ("remap", "warning")
     soft = only_issue([real_gpu(slowdowns_active=("sw_thermal",))])
     assert (soft.check, soft.severity) == ("slowdown", "warning")
     brake = only_issue([real_gpu(slowdowns_active=("hw_slowdown", "hw_power_brake"))])

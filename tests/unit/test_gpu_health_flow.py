@@ -51,11 +51,22 @@ def test_preflight_reports_in_warn_leaves_out_in_strict_and_skips_when_off():
     warn = gpu_health_findings(inventory(), facts)
     assert warn["g1"] == [] and {f.check for f in warn["g2"]} == {"gpu-health:remap", "gpu-health:xid"}
     assert all(f.severity == "warning" for f in warn["g2"])
-    assert all("(gpu.health: strict would leave this node out)" in f.message for f in warn["g2"])
+    said = {f.check: "(gpu.health: strict would leave this node out)" in f.message for f in warn["g2"]}
+    assert said == {"gpu-health:remap": False, "gpu-health:xid": True}  # a pending remap is only a warning
     strict = gpu_health_findings(inventory("strict"), facts)
     assert set(health_blocked([f for fs in strict.values() for f in fs])) == {"g2"}
     assert "sudo nvidia-smi -r" in strict["g2"][0].fix
+    assert [f.check for f in health_blocked([f for fs in strict.values() for f in fs])["g2"]] == ["gpu-health:xid"]
     assert gpu_health_findings(inventory("off"), facts) == {}
+
+
+def test_strict_keeps_a_node_whose_only_issue_is_a_pending_row_remap():
+    """NVML (nvmlDeviceGetRemappedRows): a pending remap "won't affect future work on the GPU";
+    only a remap failure is NVIDIA's replacement criterion."""
+    pending = parse_host_facts(probe_output("remap-pending"))
+    strict = gpu_health_findings(inventory("strict"), {"g1": pending})
+    assert [(f.check, f.severity) for f in strict["g1"]] == [("gpu-health:remap", "warning")]
+    assert health_blocked(strict["g1"]) == {}
 
 
 def test_a_node_with_fewer_gpus_than_its_siblings_is_named():
@@ -75,7 +86,7 @@ def test_health_counts_only_xids_it_has_not_seen_and_renders_each_issue():
     assert len(new_since(dict(seen, boot_id="another-boot"), facts)) == 1  # rebooted: all are new
     findings = gpu_health_findings(inventory("strict"), {"g2": facts})["g2"]
     text = "\n".join(render([NodeHealth("g2", findings, facts.xids, 1), NodeHealth("g1", [], [], 1)]))
-    assert "g2: ERROR remap: GPU 0" in text and "       fix: " in text
+    assert "g2: WARN  remap: GPU 0" in text and "g2: ERROR xid: GPU 0" in text and "       fix: " in text
     assert "g2: new since the last check: Xid 79" in text and "g1: ok (1 GPU(s))" in text
 
 
