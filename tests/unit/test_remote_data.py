@@ -567,18 +567,21 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
 
 # --- pod logs (served by the pod's node) ----------------------------------------------------------
 
-LOG_PIECES = st.sampled_from(["# Avg bus bandwidth : ", "1.2.3", ".", "12.5", "gpu 0: ", "gpu ١: ", "x = ",
-                              " single-precision GFLOP/s", "\n", "\x1b[2J", "99999999999999999999"])
+LOG_PIECES = st.sampled_from(["# Avg bus bandwidth : ", "1.2.3", ".", "12.5", "gpu 0: ", "gpu ١: ", "x = ", "= ",
+                              " single-precision GFLOP/s", " at 20 flops per interaction", "\n", "\x1b[2J",
+                              "99999999999999999999", "> Compute 9.0 CUDA device: [", "]", "\u202e"])
 
 
 @FAST
 @given(st.one_of(hostile_text, st.lists(LOG_PIECES, max_size=30).map("".join)))
 def test_pod_logs_give_numbers_or_nothing(log):
-    from bootstrap.cluster.burn_in import throughputs
+    from bootstrap.cluster.burn_in import device, gflops, throughputs
     from bootstrap.cluster.checks import parse_busbw
 
     assert parse_busbw(log) is None or isinstance(parse_busbw(log), float)
-    assert all(isinstance(v, float) for v in throughputs(log).values())
+    assert all(isinstance(v, float) for v in throughputs({0: log, 1: log}).values())
+    assert gflops(log) is None or isinstance(gflops(log), float)
+    assert device(log) is None or device(log).isprintable()
     assert parse_busbw("# Avg bus bandwidth : 1.2.3") == 1.2
 
 
