@@ -4,9 +4,10 @@ with a reason; everything it creates lives in one namespace, deleted at the end.
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request, wait_for
 from bootstrap.components import gpu_sharing
@@ -19,6 +20,7 @@ from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory
 from bootstrap.preflight import gpu_nodes
 from bootstrap.rules import mig
+from bootstrap.rules.node_addresses import choose, on_host
 from bootstrap.rules.providers import PROVIDER_LABEL, provider_groups
 
 NAMESPACE = "bootstrap-validate"
@@ -251,18 +253,132 @@ def nccl_group(gpu_nodes) -> tuple[list, str]:
                    "not measured (RDMA does not cross the internet)")
 
 
-def nccl_job(inventory: Inventory, gpu_nodes, facts) -> dict:
+# NCCL picks its socket interface itself: on a host with docker0, cni0 or several NICs it can
+# measure the wrong path (NVIDIA/nccl#1580, #1581). The workers run in the host's network and
+# are told each node's node-ip interface (NCCL_SOCKET_IFNAME) and, with RDMA, the HCAs behind
+# the inventory's RDMA interfaces (NCCL_IB_HCA). NCCL's list syntax (its env.html): names
+# separated by ',', a leading '=' makes every name an exact match, "name:port" for an HCA.
+# On the host network, the workers' sshd cannot take port 22 (the host's own sshd has it).
+NCCL_SSH_PORT = 12022
+# The kernel's dev_valid_name (net/core/dev.c): 1-15 bytes (IFNAMSIZ 16 with the NUL), not "."
+# or "..", no '/', ':' or white space. Kernel IB device names: at most 63 characters
+# (IB_DEVICE_NAME_MAX 64); mlx5_0, irdma0, bnxt_re0, efa_0, rxe0.
+_HCA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def interface_name_error(name: object) -> str | None:
+    """Why `name` (read from a host) is not a network interface name to put in a pod spec."""
+    if not isinstance(name, str) or not name:
+        return "no interface name"
+    if len(name.encode()) > 15:
+        return "longer than 15 bytes, the kernel's limit"
+    if name in (".", ".."):
+        return f"{name!r} is not a name the kernel allows"
+    if any(ch in "/:" or ch.isspace() for ch in name):
+        return "has '/', ':' or white space, which the kernel refuses"
+    if not name.isascii() or not name.isprintable():
+        return "has characters other than printable ASCII"
+    if "," in name or name[0] in "^=":
+        return "has ',' or starts with '^' or '=', which NCCL's list syntax reads as operators"
+    return None
+
+
+@dataclass
+class NcclPath:
+    """Each node's node-ip interface and, with RDMA, its HCAs ("mlx5_0:1"), as NCCL takes them."""
+
+    interfaces: dict[str, str] = field(default_factory=dict)
+    hcas: dict[str, list[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # a host's answer that cannot be used: FAIL
+    unknown: list[str] = field(default_factory=list)  # nodes whose addresses `ip` could not tell
+
+    def socket_ifname(self) -> str | None:
+        """None unless every node's interface is known: a node whose interface the list
+        lacks would find none for NCCL, and the whole run would fail."""
+        names = sorted(set(self.interfaces.values()))
+        return "=" + ",".join(names) if names and not self.unknown else None
+
+    def ib_hca(self) -> str | None:
+        names = list(dict.fromkeys(h for per_node in self.hcas.values() for h in per_node))
+        return "=" + ",".join(names) if names else None
+
+    def env(self) -> dict[str, str]:
+        values = {"NCCL_SOCKET_IFNAME": self.socket_ifname(), "NCCL_IB_HCA": self.ib_hca()}
+        return {k: v for k, v in values.items() if v}
+
+    def describe(self) -> str:
+        """The chosen values, printed with the result (each printable: checked names only)."""
+        parts = []
+        if self.unknown:
+            parts.append(f"NCCL_SOCKET_IFNAME not set: the addresses of {', '.join(self.unknown)} are unknown")
+        elif self.interfaces:
+            per_node = ", ".join(f"{n}: {i}" for n, i in self.interfaces.items())
+            parts.append(f"NCCL_SOCKET_IFNAME={self.socket_ifname()} ({per_node})")
+        if self.hcas:
+            per_node = ", ".join(f"{n}: {' '.join(h)}" for n, h in self.hcas.items())
+            parts.append(f"NCCL_IB_HCA={self.ib_hca()} ({per_node})")
+        return "; ".join(parts)
+
+
+def _node_hcas(inventory: Inventory, node, host: HostFacts) -> list[str]:
+    rdma = inventory.network.rdma
+    wanted = set(node.rdma_interfaces if node.rdma_interfaces is not None else rdma.interfaces)
+    return [f"{device.name}:{device.port}" for device in host.rdma
+            if device.active and _HCA_NAME.fullmatch(device.name) and (not wanted or wanted & set(device.netdevs))]
+
+
+def nccl_paths(inventory: Inventory, gpu_nodes, facts: dict[str, HostFacts]) -> NcclPath:
+    """The interface that holds each node's node-ip (rules.node_addresses, as `up` chose it)
+    and, with network.rdma, the active HCAs behind the node's RDMA interfaces."""
+    path = NcclPath()
+    for node in gpu_nodes:
+        host = facts[node.name]
+        internal = choose(inventory, node, facts).internal
+        held = on_host(host, internal) if internal else None
+        if host.addresses is None:
+            path.unknown.append(node.name)
+        elif held is None:
+            path.problems.append(f"{node.name}: no interface of the host holds its node-ip {internal or '(unknown)'}")
+        elif why := interface_name_error(held.interface):
+            path.problems.append(f"{node.name}: its node-ip interface {held.interface!r}: {why}")
+        else:
+            path.interfaces[node.name] = held.interface
+        if inventory.network.rdma:
+            hcas = _node_hcas(inventory, node, host)
+            if hcas:
+                path.hcas[node.name] = hcas
+            else:
+                path.problems.append(f"{node.name}: no active RDMA device behind its RDMA interfaces")
+    return path
+
+
+def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = None) -> dict:
     """all_reduce_perf across the GPU nodes with Volcano's MPI plugin: one launcher, one
-    worker per node (the svc/ssh plugins give the hostfile and keys)."""
+    worker per node (the svc/ssh plugins give the hostfile and keys). With the nodes'
+    interfaces known (`path`), the workers use the host's network and NCCL is told the path."""
     nccl = inventory.validate.nccl
+    path = path if path is not None else nccl_paths(inventory, gpu_nodes, facts)
+    host_network = path.socket_ifname() is not None
     per_node = nccl.gpus_per_node or min(len(facts[n.name].gpus) or 1 for n in gpu_nodes)
     workers, ranks = len(gpu_nodes), len(gpu_nodes) * per_node
     image = nccl.image or NCCL_IMAGE
+    exports = " ".join(f"-x {shlex.quote(f'{name}={value}')}" for name, value in path.env().items())
+    ssh = f"--mca plm_rsh_args {shlex.quote(f'-p {NCCL_SSH_PORT}')} " if host_network else ""
     launcher = ("mpirun --allow-run-as-root --hostfile /etc/volcano/worker.host "
-                f"-np {ranks} -npernode {per_node} -x NCCL_DEBUG=WARN "
+                f"-np {ranks} -npernode {per_node} {ssh}-x NCCL_DEBUG=WARN {exports + ' ' if exports else ''}"
                 "all_reduce_perf -b 512M -e 8G -f 2 -g 1")
-    worker_pod = _pod("w", None, image, {"nvidia.com/gpu": per_node},
-                      command=["/bin/sh", "-c", "mkdir -p /var/run/sshd && /usr/sbin/sshd -D"])["spec"]
+    sshd = f"/usr/sbin/sshd -D -p {NCCL_SSH_PORT}" if host_network else "/usr/sbin/sshd -D"
+    resources = {"nvidia.com/gpu": per_node}
+    if inventory.network.rdma and path.hcas:
+        resources[resource_key(inventory)] = 1  # the RDMA shared device plugin's /dev/infiniband
+    worker_pod = _pod("w", None, image, resources,
+                      command=["/bin/sh", "-c", f"mkdir -p /var/run/sshd && {sshd}"])["spec"]
+    if host_network:
+        worker_pod["hostNetwork"] = True
+        worker_pod["dnsPolicy"] = "ClusterFirstWithHostNet"  # cluster names still resolve
+    if inventory.network.rdma and path.hcas:
+        # RDMA registers (pins) memory: RLIMIT_MEMLOCK is raised only with IPC_LOCK.
+        worker_pod["containers"][0]["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     worker_pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"volcano.sh/task-spec": "worker"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     providers = {n.provider for n in gpu_nodes}
@@ -288,18 +404,22 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
     if len(gpu_nodes) < 2:
         return CheckResult("nccl", "SKIP", "no provider has two or more GPU nodes; NCCL across providers is not "
                            "measured (RDMA does not cross the internet)")
-    _create(cluster, nccl_job(inventory, gpu_nodes, facts))
+    path = nccl_paths(inventory, gpu_nodes, facts)
+    if path.problems:
+        return CheckResult("nccl", "FAIL", "cannot tell NCCL which path to measure: " + "; ".join(path.problems))
+    _create(cluster, nccl_job(inventory, gpu_nodes, facts, path))
     launcher = "nccl-launcher-0"
     phase, log, why = _pod_outcome(cluster, launcher, timeout_s)
     busbw = parse_busbw(log)
+    chosen = f" [{path.describe()}]" if path.describe() else ""
     if phase != "Succeeded" or busbw is None:
-        return CheckResult("nccl", "FAIL", f"all_reduce_perf {phase.lower()}: {_last(log) or why}")
+        return CheckResult("nccl", "FAIL", f"all_reduce_perf {phase.lower()}: {_last(log) or why}{chosen}")
     floor = nccl.min_busbw_gbps
     if floor is not None and busbw < floor:
         return CheckResult("nccl", "FAIL", f"bus bandwidth {busbw:.1f} GB/s is below the floor of {floor:g} GB/s"
-                           + within)
+                           + within + chosen)
     return CheckResult("nccl", "PASS", f"bus bandwidth {busbw:.1f} GB/s across {len(gpu_nodes)} nodes"
-                       + (f" (floor {floor:g})" if floor is not None else "") + within)
+                       + (f" (floor {floor:g})" if floor is not None else "") + within + chosen)
 
 
 def cleanup(cluster: Cluster, timeout_s: float = 120) -> None:

@@ -110,6 +110,7 @@ class XidEvent(_ToDict):
     xid: int
     uptime_s: float | None  # dmesg's [seconds] when present
     text: str  # the rest of the line, printable ASCII
+    gpu_instance: int | None = None  # the MIG GPU instance ("GPU-I:05") the Xid hit, when MIG is on
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> XidEvent:
@@ -430,8 +431,11 @@ def parse_topo_nvlinks(lines: Iterable[str] | str | None) -> dict[int, int]:
 #   NVRM: Xid (PCI:0000:18:00): 119, pid='<unknown>', name=<unknown>, Timeout after 6s ...
 #   NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.   (NVIDIA/open-gpu-kernel-modules issue 1151)
 #   NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 ...          (older drivers: no "PCI:")
+#   NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: ... (a MIG GPU instance: NVIDIA's
+#       GPU Memory Error Management guide, table 3; a compute instance may follow as GPU-C:NN)
 _XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d{1,5})\b,?\s?(.*)$")
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
+    r"(?: GPU-I:([0-9]{1,3}))?(?: GPU-C:[0-9]{1,3})?\): (\d{1,5})\b,?\s?(.*)$")
 _UPTIME = re.compile(r"\[\s*(\d{1,10}\.\d{1,9})\]")
 
 
@@ -443,14 +447,16 @@ def parse_xid(lines: Iterable[str] | str | None) -> list[XidEvent]:
         match = _XID.search(line)
         if not match:
             continue
-        pci, xid = match.group(1).lower(), int(match.group(2))
+        pci, xid = match.group(1).lower(), int(match.group(3))
         seen[(pci, xid)] += 1
         if seen[(pci, xid)] > XID_EVENTS_PER_KIND:
             continue
         uptimes = _UPTIME.findall(line[: match.start()])
+        instance = match.group(2)
         events.append(XidEvent(pci=_printable(match.group(1), 16), xid=xid,
                                uptime_s=float(uptimes[-1]) if uptimes else None,
-                               text=_printable(match.group(3), MAX_TEXT_CHARS)))
+                               text=_printable(match.group(4), MAX_TEXT_CHARS),
+                               gpu_instance=int(instance) if instance else None))
     return events
 
 

@@ -10,13 +10,27 @@ import ipaddress
 import yaml
 
 from bootstrap.hostplan.join_tokens import JoinTokens
-from bootstrap.inventory.model import Inventory, Node, Role
+from bootstrap.inventory.model import Inventory, NetworkMode, Node, Role
+from bootstrap.rules.k3s_flags import arg_name
 from bootstrap.rules.providers import topology_labels
 from bootstrap.secrets import secret_value
 
 # Spot machines get a shutdown notice: let kubelet end pods cleanly before the VM goes.
 GRACEFUL_SHUTDOWN = ("shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s")
 SUPERVISOR_PORT = 6443
+
+# A lost node's pods are evicted node-monitor-grace-period after its last heartbeat (the node
+# turns NotReady/Unknown and gets the NoExecute taints) plus the toleration every pod gets by
+# default for those taints. Upstream that is 40 s (kube-controller-manager's default; 50 s
+# since Kubernetes v1.32, kubernetes/kubernetes#126287) + 300 s (kube-apiserver's
+# default-not-ready- and default-unreachable-toleration-seconds, the DefaultTolerationSeconds
+# admission plugin, plugin/pkg/admission/defaulttolerationseconds/admission.go): about six
+# minutes of a spot loss before its pods start elsewhere (kubernetes-sigs/kubespray#7112).
+# A private network gets about a minute; the grace stays at v1.32's 50 s, above the 45 s a
+# kubelet may take to drop a broken HTTP/2 connection (HTTP2_READ_IDLE_TIMEOUT_SECONDS 30 +
+# HTTP2_PING_TIMEOUT_SECONDS 15, #121793). Internet paths flap: public mode waits longer.
+LOST_NODE_EVICTION_S = {NetworkMode.PRIVATE: 60, NetworkMode.PUBLIC: 180}
+NODE_MONITOR_GRACE_S = {NetworkMode.PRIVATE: 50, NetworkMode.PUBLIC: 60}
 
 
 def _is_ip(text: str) -> bool:
@@ -109,10 +123,32 @@ def node_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via: 
     for key, value in extra.items():
         # Repeatable flags the tool also sets (kubelet-arg, node-label, tls-san...) add up.
         if isinstance(config.get(key), list):
-            config[key] = config[key] + (value if isinstance(value, list) else [value])
+            config[key] = _add_up(key, config[key], value if isinstance(value, list) else [value])
         else:
             config[key] = value
     return config
+
+
+def _add_up(key: str, tools: list, users: list) -> list:
+    """The tool's entries, then the user's. For a component's arguments (`kube-apiserver-arg`,
+    `kubelet-arg`...) the user's entry replaces the tool's of the same argument: k3s would pass
+    both (pkg/util/args.go, GetArgs) and the component would take the last one silently."""
+    if key.endswith("-arg"):
+        theirs = {arg_name(arg) for arg in users}
+        tools = [arg for arg in tools if arg_name(arg) not in theirs]
+    return tools + users
+
+
+def eviction_args(inventory: Inventory) -> dict[str, list[str]]:
+    """The servers' arguments that evict a lost node's pods k3s.lost_node_eviction_s after
+    its last heartbeat (by default LOST_NODE_EVICTION_S for the network mode)."""
+    mode = NetworkMode.PUBLIC if inventory.network.public else NetworkMode.PRIVATE
+    total = inventory.k3s.lost_node_eviction_s or LOST_NODE_EVICTION_S[mode]
+    grace = min(NODE_MONITOR_GRACE_S[mode], total)
+    toleration = total - grace
+    return {"kube-apiserver-arg": [f"default-not-ready-toleration-seconds={toleration}",
+                                   f"default-unreachable-toleration-seconds={toleration}"],
+            "kube-controller-manager-arg": [f"node-monitor-grace-period={grace}s"]}
 
 
 def server_settings(inventory: Inventory, embedded_mirror: bool = False) -> dict:
@@ -139,6 +175,7 @@ def server_settings(inventory: Inventory, embedded_mirror: bool = False) -> dict
         settings["cluster-cidr"] = k3s.cluster_cidr
     if k3s.service_cidr:
         settings["service-cidr"] = k3s.service_cidr
+    settings.update(eviction_args(inventory))
     settings["etcd-snapshot-schedule-cron"] = k3s.snapshots.schedule
     settings["etcd-snapshot-retention"] = k3s.snapshots.retention
     settings.update(s3_settings(k3s.snapshots.s3))

@@ -86,6 +86,9 @@ class K3sSettings:
     cluster_cidr: str | None = None
     service_cidr: str | None = None
     snapshots: EtcdSnapshots = field(default_factory=EtcdSnapshots)
+    # Seconds from a node's last word to the eviction of its pods; None: by network.mode
+    # (hostplan.k3sconfig.LOST_NODE_EVICTION_S).
+    lost_node_eviction_s: int | None = None
     # More config.yaml keys (k3s flag names) for servers and for agents; k3s rejects unknown ones.
     server_config: dict = field(default_factory=dict)
     agent_config: dict = field(default_factory=dict)

@@ -25,7 +25,7 @@ from bootstrap.inventory.spec import (
     cidr_error,
     describe_type,
 )
-from bootstrap.rules.k3s_flags import flag_problem
+from bootstrap.rules.k3s_flags import EVICTION_ARGS, arg_name, component_args, flag_problem
 from bootstrap.rules.k3s_versions import VERSION_PATTERN
 
 DRIVER_MODES = ("preinstalled", "host", "operator")
@@ -216,6 +216,19 @@ def _version_xor_channel(values: dict, path: Path, ck: Checker) -> None:
                    "keep version (a pinned release) or channel (the newest release on it), not both", key=True)
 
 
+def _eviction_once(values: dict, path: Path, ck: Checker) -> None:
+    """k3s.lost_node_eviction_s writes the eviction arguments itself: the same ones under
+    server_config as well would leave two answers to one question."""
+    if values.get("lost_node_eviction_s") is None:
+        return
+    server_config = values.get("server_config") if isinstance(values.get("server_config"), dict) else {}
+    for flag, name in EVICTION_ARGS:
+        if flag in server_config and any(arg_name(a) == name for a in component_args(server_config[flag])):
+            ck.problem(path + ("server_config", flag), f"{name} is set here and by k3s.lost_node_eviction_s",
+                       f"keep k3s.lost_node_eviction_s (it sets {', '.join(n for _, n in EVICTION_ARGS)}), or "
+                       f"remove it and set each argument here")
+
+
 K3S = Record(
     fields={
         "version": Field(Str(pattern=K3S_VERSION, expected="a k3s release", example="v1.33.5+k3s1")),
@@ -231,11 +244,13 @@ K3S = Record(
         "cluster_cidr": Field(Str(validator=cidr_error, example="10.42.0.0/16")),
         "service_cidr": Field(Str(validator=cidr_error, example="10.43.0.0/16")),
         "snapshots": Field(SNAPSHOTS),
+        # The kubelet reports every 10 s: below 20 s a healthy node would be marked NotReady.
+        "lost_node_eviction_s": Field(Int(min=20, max=3600, expected="seconds", example="60")),
         "server_config": Field(k3s_flags("server")),
         "agent_config": Field(k3s_flags("agent")),
     },
     build=m.K3sSettings,
-    checks=[_version_xor_channel],
+    checks=[_version_xor_channel, _eviction_once],
 )
 
 

@@ -8,9 +8,12 @@ Severities and why:
 - ecc, error: an uncorrectable ECC error lost data; NVIDIA's guidance is to reset the GPU and
   to replace it when they recur (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/). Aggregate
   counts are the GPU's lifetime, so a machine that had them before is flagged too.
-- remap, error: a row remap pending takes effect only at a GPU reset, and until then the bad
-  row is in use; a remap failure (a bank without spare rows) is NVIDIA's RMA criterion for
-  row-remapping GPUs (same guide, "Row Remapping", "RMA Policy").
+- remap: a failure (a bank without spare rows), error: NVIDIA's RMA criterion for
+  row-remapping GPUs (same guide, "Row Remapping", "RMA Policy"). A remap pending alone,
+  warning: it takes effect at the next GPU reset, and NVML says it "won't affect future work
+  on the GPU since error-containment and dynamic page blacklisting will take care of that"
+  (nvmlDeviceGetRemappedRows); the guide's "Error Recovery and Response Flags": with the
+  flag set "new workloads can be launched". So `gpu.health: strict` keeps such a node.
 - retired-pages: pending, warning (a reset or driver reload retires the page); 64 or more,
   error: legacy page retirement "supported a maximum of 64 retirements for the frame buffer"
   (same guide's table; docs.nvidia.com/deploy/dynamic-page-retirement/), so at 64 the next
@@ -131,7 +134,8 @@ def _remap(gpu: GpuHealth) -> HealthIssue | None:
     else:
         fix = (f"{_reset(gpu)}: a pending row remap takes effect only then; ask the provider for another "
                f"machine if remaps keep coming")
-    return HealthIssue(gpu.index, "error", "remap", f"{_label(gpu)}: {' and '.join(parts)}", fix)
+    severity = "error" if gpu.remapped_rows_failure else "warning"
+    return HealthIssue(gpu.index, severity, "remap", f"{_label(gpu)}: {' and '.join(parts)}", fix)
 
 
 def _retired_pages(gpu: GpuHealth) -> HealthIssue | None:
@@ -272,12 +276,15 @@ def _xids(gpus: list[GpuHealth], xids: list[XidEvent]) -> list[HealthIssue]:
         count = len(events)
         times = "once" if count == 1 else (f"{count} or more times" if count >= XID_EVENTS_PER_KIND
                                            else f"{count} times")
+        instances = sorted({e.gpu_instance for e in events if e.gpu_instance is not None})
+        where = f" (MIG GPU instance {', '.join(map(str, instances))})" if instances else ""
         if gpu is not None:
             label = _label(gpu)
-            message = f"{label}: {named} in the kernel log, {times}"
+            message = f"{label}: {named} in the kernel log, {times}{where}"
         else:
             label = f"the GPU at PCI {events[0].pci}"
-            message = f"{named} in the kernel log, {times}, for PCI {events[0].pci}, a GPU nvidia-smi does not list"
+            message = (f"{named} in the kernel log, {times}{where}, for PCI {events[0].pci}, a GPU nvidia-smi "
+                       f"does not list")
         severity = "error" if xid in XID_ERRORS else "warning"
         issues.append(HealthIssue(gpu.index if gpu is not None else None, severity, "xid", message,
                                   _xid_fix(xid, label, gpu, _program(events[-1].text))))

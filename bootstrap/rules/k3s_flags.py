@@ -52,6 +52,23 @@ OWNED = {
 }
 OWNED_PREFIXES = {"etcd-s3": "set k3s.snapshots.s3 (the tool writes every etcd-s3 flag from it)"}
 
+# The component arguments k3s.lost_node_eviction_s sets: (k3s flag, argument name).
+EVICTION_ARGS = (("kube-apiserver-arg", "default-not-ready-toleration-seconds"),
+                 ("kube-apiserver-arg", "default-unreachable-toleration-seconds"),
+                 ("kube-controller-manager-arg", "node-monitor-grace-period"))
+
+
+def arg_name(arg: object) -> str:
+    """The argument an entry of a repeatable `*-arg` flag sets, as k3s reads it (k3s-io/k3s
+    pkg/util/args.go, GetArgs: leading "--" dropped, the name before "=", a trailing "+" or
+    "-" (append, prepend) is the same argument)."""
+    return str(arg).removeprefix("--").split("=", 1)[0].rstrip("+-")
+
+
+def component_args(values: object) -> list[str]:
+    """A `*-arg` flag's value from an inventory: one entry or a list of them."""
+    return [str(v) for v in values] if isinstance(values, list) else [str(values)]
+
 
 @cache
 def flags(role: str) -> frozenset[str]:

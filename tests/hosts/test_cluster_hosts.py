@@ -137,6 +137,8 @@ def test_nccl_all_reduce_is_judged_against_the_bandwidth_floor(cluster):
         nccl = next(c for c in json.loads(result.stdout)["checks"] if c["check"] == "nccl")
         assert nccl["status"] == expected, nccl
         assert "120.0 GB/s" in nccl["reason"]
+        # NCCL is told each node's node-ip interface (the lab hosts' own), and it is printed.
+        assert "[NCCL_SOCKET_IFNAME==" in nccl["reason"], nccl
 
 
 def test_mig_layout_is_applied_and_advertised(lab, tmp_path, airgap):

@@ -86,8 +86,12 @@ def test_a_degraded_gpu_is_named_strict_leaves_only_its_node_out_and_health_cord
     assert nodes["gh-bad"]["spec"].get("unschedulable") is True
     assert nodes["gh-bad"]["metadata"]["labels"]["bootstrap.k3s/gpu-health"] == "error"
     assert not nodes["gh-ok"]["spec"].get("unschedulable")
-    again = run_bootstrap("health", warn, timeout=600)
+    again = run_bootstrap("health", warn, "--burn-in", "10", timeout=900)
     assert "new since the last check" not in again.stdout, again.stdout  # the same Xid, seen already
+    # The burn-in runs the n-body image through its own entrypoint on the healthy node's GPU
+    # (the stand-in image refuses `nbody` by name, as the real one: not on PATH).
+    assert "burn-in gh-ok GPU 0: 27000 GFLOP/s" in again.stdout, again.stdout + again.stderr
+    assert "burn-in FAIL" not in again.stdout, again.stdout
     status = run_bootstrap("status", warn, timeout=300)
     rows = {line.split()[0]: line.split() for line in status.stdout.splitlines() if line.startswith("gh-")}
     assert "error" in rows["gh-bad"] and "ok" in rows["gh-ok"], status.stdout

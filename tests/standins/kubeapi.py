@@ -2505,6 +2505,10 @@ class PodProgram:
         ctx = self.ctx
         if "vectoradd" in name.lower():
             return (VECTORADD_OK, 0) if ctx.get("gpus") else (VECTORADD_NO_GPU, 1)
+        if argv[0] in ("/cuda-samples/sample", "/cuda-samples/nbody") and ctx.get("cuda_sample") == "nbody":
+            return run_nbody(args, ctx)
+        if name == "nbody" and "/" not in argv[0]:  # not on PATH in the k8s-samples image (above)
+            return "/bin/sh: 1: nbody: not found\n", 127
         if name == "echo":
             newline = True
             while args and args[0] in ("-n", "-e", "-ne", "-en"):
@@ -2667,11 +2671,81 @@ def nccl_output(busbw):
             + rows + "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f \n#\n" % busbw)
 
 
+# NVIDIA's k8s-samples images (nvcr.io/nvidia/k8s/cuda-sample:<sample>-cuda<version>) hold one
+# CUDA sample at /cuda-samples/<sample>, linked as /cuda-samples/sample, which is the image's
+# ENTRYPOINT; /cuda-samples is not on PATH, so a shell in the image cannot run `nbody` by name
+# (NVIDIA/k8s-samples deployments/container/Dockerfile.ubuntu at 7eab568, the commit that made
+# the cuda11.7.1 images, and deployments/container/Dockerfile at 06bd13b; the base image is
+# nvidia/cuda's Ubuntu, whose /bin/sh is dash: "/bin/sh: 1: nbody: not found", status 127).
+# A pod's `command` replaces the ENTRYPOINT and `args` follow it, as the kubelet does.
+CUDA_SAMPLE_IMAGE_RE = re.compile(r"/cuda-sample:([A-Za-z][A-Za-z0-9]*)-")
+CUDA_SAMPLE_ENTRYPOINT = ["/cuda-samples/sample"]
+NBODY_GFLOPS = {"NVIDIA H200": 27000.0}  # single precision; other models: NBODY_GFLOPS_DEFAULT
+NBODY_GFLOPS_DEFAULT = 20000.0
+# n-body's words (NVIDIA/cuda-samples Samples/5_Domain_Specific/nbody/nbody.cpp at 2e41896:
+# main, showHelp, _runBenchmark; helper_string.h takes a flag with one or two leading '-').
+NBODY_HELP = ("Run \"nbody -benchmark [-numbodies=<numBodies>]\" to measure performance.\n"
+              "\t-fullscreen       (run n-body simulation in fullscreen mode)\n"
+              "\t-fp64             (use double precision floating point values for simulation)\n"
+              "\t-hostmem          (stores simulation data in host memory)\n"
+              "\t-benchmark        (run benchmark to measure performance) \n"
+              "\t-numbodies=<N>    (number of bodies (>= 1) to run in simulation) \n"
+              "\t-device=<d>       (where d=0,1,2.... for the CUDA device to use)\n"
+              "\t-numdevices=<i>   (where i=(number of CUDA devices > 0) to use for simulation)\n"
+              "\t-compare          (compares simulation results running once on the default GPU and once on "
+              "the CPU)\n"
+              "\t-cpu              (run n-body simulation on the CPU)\n"
+              "\t-tipsy=<file.bin> (load a tipsy model file for simulation)\n\n"
+              "NOTE: The CUDA Samples are not meant for performance measurements. Results may vary when GPU "
+              "Boost is enabled.\n\n")
+
+
+def nbody_flags(args):
+    flags = {}
+    for arg in args:
+        name, _, value = arg.lstrip("-").partition("=")
+        flags[name] = value
+    return flags
+
+
+def run_nbody(args, ctx):
+    """(output, status) of /cuda-samples/nbody with `args` in a container with ctx's GPUs."""
+    flags = nbody_flags(args)
+    if "help" in flags:
+        return "\n> Command line options\n" + NBODY_HELP.split("\n", 1)[1].split("NOTE:")[0], 0
+    out = NBODY_HELP
+    gpus = ctx.get("gpus") or []
+    if "benchmark" not in flags and "compare" not in flags:
+        # Without -benchmark it opens an OpenGL window; a pod has no display.
+        return out + "freeglut (/cuda-samples/sample): failed to open display ':0'\n", 1
+    if not gpus:
+        return out + "Error: only 0 Devices available, 1 requested.  Exiting.\n", 1
+    model = re.sub(r"^GPU \d+: (.*?) \(UUID:.*", r"\1", gpus[0].splitlines()[0])
+    bodies = int(flags.get("numbodies") or 0) if (flags.get("numbodies") or "").isdigit() else 0
+    bodies = bodies or 256 * 4 * 132
+    iterations = int(flags["i"]) if (flags.get("i") or "").isdigit() and int(flags["i"]) > 0 else 10
+    gflops = NBODY_GFLOPS.get(model, NBODY_GFLOPS_DEFAULT)
+    interactions = float(bodies) * bodies * iterations
+    ms = interactions * 20 / (gflops * 1e9) * 1000
+    out += ("> Windowed mode\n> Simulation data stored in video memory\n> Single precision floating point "
+            "simulation\n> 1 Devices used for simulation\nGPU Device 0: \"Hopper\" with compute capability 9.0\n\n"
+            "> Compute 9.0 CUDA device: [%s]\n" % model)
+    if "numbodies" in flags:
+        out += "number of bodies = %d\n" % bodies
+    out += ("%d bodies, total time for %d iterations: %.3f ms\n= %.3f billion interactions per second\n"
+            "= %.3f single-precision GFLOP/s at 20 flops per interaction\n"
+            % (bodies, iterations, ms, interactions / ms / 1e6, gflops))
+    return out, 0
+
+
 def run_container(container, ctx):
     """(log text, exit code, seconds it runs or None for "until deleted")."""
     image = container.get("image", "")
     base = env_float("K3S_STANDIN_POD_SECONDS", 1.0)
-    argv = list(container.get("command") or []) + list(container.get("args") or [])
+    sample = CUDA_SAMPLE_IMAGE_RE.search(image)
+    ctx = dict(ctx, cuda_sample=sample.group(1) if sample else None)
+    entrypoint = CUDA_SAMPLE_ENTRYPOINT if sample and sample.group(1) != "vectoradd" else []
+    argv = list(container.get("command") or entrypoint) + list(container.get("args") or [])
     repo = image.rsplit("@", 1)[0]
     if "fail" in repo.lower():
         return ("standin: simulated failure: image %s exits 1\nError: task failed\n" % image, 1, base)
@@ -2816,7 +2890,10 @@ class Simulator:
             infinity` runs until deleted. restartPolicy Never/OnFailure: Succeeded or
             Failed by exit code; Always: stays Running. Images containing "vectoradd":
             the CUDA sample's output when the pod got a GPU resource, else its CUDA
-            error; images containing "fail": exit 1. Deleting a pod removes it at once.
+            error; cuda-sample:nbody-* images: their ENTRYPOINT /cuda-samples/sample (n-body)
+            with the pod's args, n-body's benchmark output per container (each its own GPU),
+            `nbody` by name not found (not on PATH); images containing "fail": exit 1.
+            Deleting a pod removes it at once.
     Storage k3s's local-path StorageClass (default, WaitForFirstConsumer) unless
             local-storage is disabled. PVCs get the default class (also later), bind
             (Immediate: when the class exists; WaitForFirstConsumer: once a pod using

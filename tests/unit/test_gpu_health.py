@@ -92,7 +92,7 @@ VARIANT_ISSUES = {
                           ["GPU 0 (00000000:00:06.0)", "2 uncorrectable ECC errors since the last reset (volatile)",
                            "2 in its lifetime (aggregate)"],
                           ["ask the provider for another machine", "sudo nvidia-smi -r -i 00000000:00:06.0"]),
-    "remap-pending": ("remap", "error",
+    "remap-pending": ("remap", "warning",  # NVML: a pending remap "won't affect future work on the GPU"
                       ["GPU 0 (00000000:00:06.0)", "a row remap pending", "1 row remapped for uncorrectable errors"],
                       ["sudo nvidia-smi -r -i 00000000:00:06.0", "takes effect only then"]),
     "slowdown-hw-thermal": ("slowdown", "error",
@@ -446,7 +446,9 @@ def test_retired_pages():
 def test_remap_failure_and_slowdown_kinds():
     failed = only_issue([real_gpu(remapped_rows_failure=True, remapped_rows_pending=True)])
     assert "row remapping failed" in failed.message and "a row remap pending" in failed.message
-    assert failed.fix.startswith("ask the provider for another machine")
+    assert failed.fix.startswith("ask the provider for another machine") and failed.severity == "error"
+    pending = only_issue([real_gpu(remapped_rows_pending=True, remapped_rows_uncorrectable=1)])
+    assert (pending.check, pending.severity) == ("remap", "warning")
     soft = only_issue([real_gpu(slowdowns_active=("sw_thermal",))])
     assert (soft.check, soft.severity) == ("slowdown", "warning")
     brake = only_issue([real_gpu(slowdowns_active=("hw_slowdown", "hw_power_brake"))])
@@ -460,3 +462,21 @@ def test_aggregate_only_ecc_and_dict_input():
                              "none since the last reset")
     xid = gh.XidEvent("0000:00:06", 48, None, "").to_dict()
     assert [i.check for i in health_issues([gpu], [xid])] == ["ecc", "xid"]
+
+
+def test_xid_lines_of_mig_gpu_instances_are_kept():
+    """With MIG on, the driver names the GPU instance after the bus id ("GPU-I:05"): such
+    lines were dropped before, so Xid 94/95 on MIG nodes never reached preflight or health."""
+    events = gh.parse_xid((VARIANTS / "dmesg-xid-mig.txt").read_text())
+    assert [(e.pci, e.xid, e.gpu_instance) for e in events] == [
+        ("0000:00:06", 94, 5), ("0000:00:06", 94, 5), ("0000:00:06", 95, 2), ("0000:00:06", 48, None)]
+    assert events[0].text == "pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"
+    assert gh.XidEvent.from_dict(json.loads(json.dumps(events[0].to_dict()))) == events[0]
+    contained, uncontained, dbe = health_issues([real_gpu()], events)
+    assert contained.message == ("GPU 0 (00000000:00:06.0): Xid 94 (" + gh.XID_MEANINGS[94] + ") in the kernel "
+                                 "log, 2 times (MIG GPU instance 5)")
+    assert (contained.severity, uncontained.severity, dbe.severity) == ("error", "error", "error")
+    assert "(MIG GPU instance" not in dbe.message
+    (compute,) = gh.parse_xid(["NVRM: Xid (PCI:0000:00:06 GPU-I:01 GPU-C:00): 43, pid=1, name=a, Ch 00000008"])
+    assert (compute.xid, compute.gpu_instance) == (43, 1)
+    assert gh.parse_xid(["NVRM: Xid (PCI:0000:00:06 GPU-I:xx): 94, pid=1"]) == []

@@ -65,7 +65,9 @@ def test_first_server_inits_etcd_and_the_others_join_it():
     assert agent["node-label"] == ["pool=h200"] and agent["node-taint"] == ["gpu=true:NoSchedule"]
     assert agent["kubelet-arg"] == ["shutdown-grace-period=30s", "shutdown-grace-period-critical-pods=10s",
                                     "max-pods=200"]
-    assert first["kube-apiserver-arg"] == ["audit-log-maxage=7"] and "kube-apiserver-arg" not in agent
+    assert first["kube-apiserver-arg"] == ["default-not-ready-toleration-seconds=10",
+                                           "default-unreachable-toleration-seconds=10", "audit-log-maxage=7"]
+    assert "kube-apiserver-arg" not in agent and "kube-controller-manager-arg" not in agent
     # Settings k3s requires equal on all servers are equal.
     for key in ("tls-san", "disable", "etcd-snapshot-schedule-cron"):
         assert first[key] == second[key]

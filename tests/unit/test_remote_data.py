@@ -45,7 +45,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN_MANIFEST = json.loads((FIXTURES / "golden" / "teardown-manifest.json").read_text())
 OUR_ID = GOLDEN_MANIFEST["cluster_id"]
 H200_XML = recorded("nvidia-smi-q-x.txt")[1]
-XID_LINES = (FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid79.txt").read_text().splitlines()
+XID_LINES = [*(FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid79.txt").read_text().splitlines(),
+             *(FIXTURES / "gpu-vm-h200-variants" / "dmesg-xid-mig.txt").read_text().splitlines()]
 HOSTILE_MANIFEST = '{"cluster_id": null, "files": [{}]}'
 FAST = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -272,6 +273,7 @@ def test_nvidia_smi_xml_and_the_kernel_log_give_data(text):
     assert isinstance(gpu_health.gpu_health(text, text, text), list)
     events = gpu_health.parse_xid(text if isinstance(text, list) else [*XID_LINES, *text.splitlines()])
     assert all(isinstance(e, gpu_health.XidEvent) and e.text.isprintable() for e in events)
+    assert all(e.gpu_instance is None or 0 <= e.gpu_instance <= 999 for e in events)
     assert isinstance(gpu_health.parse_nvlink_status(text), dict)
     assert isinstance(gpu_health.parse_topo_nvlinks(text), dict)
 
@@ -565,18 +567,21 @@ def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, seco
 
 # --- pod logs (served by the pod's node) ----------------------------------------------------------
 
-LOG_PIECES = st.sampled_from(["# Avg bus bandwidth : ", "1.2.3", ".", "12.5", "gpu 0: ", "gpu ١: ", "x = ",
-                              " single-precision GFLOP/s", "\n", "\x1b[2J", "99999999999999999999"])
+LOG_PIECES = st.sampled_from(["# Avg bus bandwidth : ", "1.2.3", ".", "12.5", "gpu 0: ", "gpu ١: ", "x = ", "= ",
+                              " single-precision GFLOP/s", " at 20 flops per interaction", "\n", "\x1b[2J",
+                              "99999999999999999999", "> Compute 9.0 CUDA device: [", "]", "\u202e"])
 
 
 @FAST
 @given(st.one_of(hostile_text, st.lists(LOG_PIECES, max_size=30).map("".join)))
 def test_pod_logs_give_numbers_or_nothing(log):
-    from bootstrap.cluster.burn_in import throughputs
+    from bootstrap.cluster.burn_in import device, gflops, throughputs
     from bootstrap.cluster.checks import parse_busbw
 
     assert parse_busbw(log) is None or isinstance(parse_busbw(log), float)
-    assert all(isinstance(v, float) for v in throughputs(log).values())
+    assert all(isinstance(v, float) for v in throughputs({0: log, 1: log}).values())
+    assert gflops(log) is None or isinstance(gflops(log), float)
+    assert device(log) is None or device(log).isprintable()
     assert parse_busbw("# Avg bus bandwidth : 1.2.3") == 1.2
 
 
