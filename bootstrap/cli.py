@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("down", "tear the cluster down and give the hosts back as they were"),
     "kubeconfig": ("kubeconfig", "fetch the cluster's kubeconfig (0600); --merge adds it to ~/.kube/config"),
     "forget-host": ("forget_host", "forget the pinned SSH host key of a replaced machine"),
+    "diagnose": ("diagnose", "collect a support bundle (.tar.gz, secrets redacted) of every host and the cluster"),
 }
 
 
@@ -122,6 +123,8 @@ def _add_options(name: str, cmd: argparse.ArgumentParser) -> None:
                          help="add it to ~/.kube/config (or $KUBECONFIG) as context bootstrap-<cluster>")
     if name == "forget-host":
         cmd.add_argument("node", metavar="NODE", nargs="+", help="node name(s) whose machine was replaced")
+    if name == "diagnose":
+        importlib.import_module("bootstrap.commands.diagnose").add_arguments(cmd)
 
 
 
