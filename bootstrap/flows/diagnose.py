@@ -297,7 +297,9 @@ def helm_releases(kubeconfig: Path) -> list[dict]:
     """`helm list` of every release in every namespace, any status, as JSON."""
     from bootstrap.helm import HelmError, helm_binary
 
-    argv = [helm_binary(), "list", "--all-namespaces", "--all", "--output", "json", "--kubeconfig", str(kubeconfig)]
+    # Status filters rather than --all, which Helm 4 dropped (it lists every status by default).
+    argv = [helm_binary(), "list", "--all-namespaces", "--deployed", "--failed", "--pending", "--uninstalling",
+            "--output", "json", "--kubeconfig", str(kubeconfig)]
     try:
         result = subprocess.run(argv, capture_output=True, timeout=HELM_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
