@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = [ROOT / "scripts" / name for name in ("test", "try-lab", "try-lab-down", "lib/install.sh")] \
+SCRIPTS = [ROOT / "scripts" / name for name in ("test", "try-lab", "try-lab-down", "lib/install.sh", "lib/lab.sh")] \
     + [ROOT / ".ci" / "run"]
 COMMANDS = [p for p in SCRIPTS if p.parent.name != "lib"]
 
@@ -50,17 +50,25 @@ def test_the_lab_script_builds_the_shipped_lab_and_says_how_to_look_around():
     text = (ROOT / "scripts" / "try-lab").read_text()
     assert "require_root" in text and "tests/testhosts.py up" in text
     for command in ('bootstrap" up "$INVENTORY"', 'bootstrap" kubeconfig "$INVENTORY" --merge',
-                    "bootstrap status $INVENTORY", "kubectl --context $context get nodes", "bootstrap down $INVENTORY"):
+                    "bootstrap status $INVENTORY", "kubectl --context $CONTEXT get nodes", "bootstrap down $INVENTORY"):
         assert command in text
+    # Run again, the machines stay (testhosts.py up would replace them); new ones forget the old pins.
+    assert "if lab_running; then" in text and "forget_old_lab" in text
     down = (ROOT / "scripts" / "try-lab-down").read_text()
-    assert 'down "$INVENTORY" --yes' in down and "tests/testhosts.py down" in down
+    assert 'down "$INVENTORY" --yes' in down and "forget_old_lab" in down and "tests/testhosts.py down" in down
 
 
-def test_the_lab_context_is_the_one_the_tool_writes():
+def test_the_lab_names_are_the_shipped_inventorys_and_the_context_the_one_the_tool_writes():
+    import yaml
+
     from bootstrap.cluster.kubeconfig_file import context_name
     from bootstrap.inventory.loader import load_inventory
 
-    assert context_name(load_inventory(str(ROOT / "inventories" / "lab.yaml"))) == "bootstrap-lab"
+    lab = (ROOT / "scripts" / "lib" / "lab.sh").read_text()
+    inventory = load_inventory(str(ROOT / re.search(r"^INVENTORY=(\S+)$", lab, re.MULTILINE).group(1)))
+    assert re.search(rf"^CONTEXT={context_name(inventory)} ", lab, re.MULTILINE)
+    nodes = re.search(r"^NODES=\((.*)\)$", lab, re.MULTILINE).group(1).split()
+    assert nodes == [n["name"] for n in yaml.safe_load((ROOT / "inventories" / "lab.yaml").read_text())["nodes"]]
 
 
 def test_the_readme_names_both_commands_on_its_first_screen():
