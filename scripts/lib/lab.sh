@@ -22,6 +22,9 @@ PY
 forget_old_lab() {
   "$VENV/bin/bootstrap" forget-host "$INVENTORY" "${NODES[@]}"
   if command -v kubectl >/dev/null 2>&1; then
+    if [ "$(kubectl config current-context 2>/dev/null)" = "$CONTEXT" ]; then
+      kubectl config unset current-context >/dev/null 2>&1 || true
+    fi
     kubectl config delete-context "$CONTEXT" >/dev/null 2>&1 || true
     kubectl config delete-cluster "$CONTEXT" >/dev/null 2>&1 || true
     kubectl config delete-user "$CONTEXT" >/dev/null 2>&1 || true
