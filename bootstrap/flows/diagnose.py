@@ -64,14 +64,16 @@ def diagnose(inventory, state, console, *, open_session=open_hosts, connect=conn
             cluster_members = collect_cluster(inventory, state, reusing_ssh(connect, session), list_releases,
                                               findings)
         findings.problems[:0] = gpu_health_problems(inventory, facts)
-        members = {"summary.txt": "\n".join(d.summary(findings)) + "\n"}
+        # Printed as written into the bundle: redacted too (a pod's status message is anyone's text).
+        summary = [redactor.apply(line) for line in d.summary(findings)]
+        members = {"summary.txt": "\n".join(summary) + "\n"}
         members.update(host_members)
         members.update(cluster_members)
         members.update(run_logs(state))
         members["inventory.yaml"] = read_local(Path(inventory.source)) if inventory.source else ""
         path = state.path / f"diagnose-{time.strftime('%Y%m%d-%H%M%S', stamp)}.tar.gz"
         write_atomically(path, bundle({name: redactor.apply(text) for name, text in members.items()}, now()))
-    return path, d.summary(findings)
+    return path, summary
 
 
 # --- secrets -----------------------------------------------------------------------------

@@ -257,6 +257,8 @@ API = {
          "spec": {"containers": [{"name": "plugin"}]},
          "status": {"phase": "Running", "containerStatuses": [
              {"name": "plugin", "ready": False, "restartCount": 6, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}},
+        {"metadata": {"namespace": "a", "name": "pending-1"}, "spec": {"containers": [{"name": "c"}]},
+         "status": {"phase": "Pending", "message": f"pulling with password {REGISTRY_PASSWORD} failed"}},
         {"metadata": {"namespace": "a", "name": "fine"}, "spec": {"containers": [{"name": "c"}]},
          "status": {"phase": "Running", "containerStatuses": [{"name": "c", "ready": True, "state": {"running": {}}}]}}]},
     "/api/v1/namespaces/gpu-operator/pods/plugin-x/log": f"plugin failed, registry password {REGISTRY_PASSWORD}\n",
@@ -279,7 +281,7 @@ def test_the_bundle_has_both_halves_a_summary_first_and_no_secret(lab):
     for member in ("cluster/nodes.json", "cluster/events.txt", "cluster/pods.txt", "cluster/helm-releases.json",
                    "inventory.yaml", "logs/20260101-000000-up.log"):
         assert f"diagnose/{member}" in members
-    (described,) = [n for n in names if n.startswith("diagnose/cluster/pods/")]
+    (described,) = [n for n in names if n.startswith("diagnose/cluster/pods/") and "plugin-x" in n]
     assert "plugin failed" in members[described] and "Back-off restarting" in members[described]
     assert "managedFields" not in members[described]
     text = members["diagnose/summary.txt"]
@@ -289,7 +291,8 @@ def test_the_bundle_has_both_halves_a_summary_first_and_no_secret(lab):
     assert "pod gpu-operator/plugin-x: Running (plugin: CrashLoopBackOff, 6 restarts)" in text
     assert "helm release volcano-system/volcano: failed" in text and "multus" not in text
     assert "gpu-1: GPU health:" in text and "cp-1: GPU health" not in text
-    for name, content in members.items():
+    assert "pod a/pending-1: Pending (pulling with password <redacted" in text  # printed as written
+    for name, content in [*members.items(), ("the printed summary", "\n".join(summary))]:
         for secret in SECRETS:
             assert secret not in content, (name, secret)
     assert "etcd-s3-secret-key: <redacted" in members["diagnose/hosts/gpu-1/config.yaml"]
