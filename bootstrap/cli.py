@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "down": "down",
     "kubeconfig": "kubeconfig",
     "forget-host": "forget_host",
+    "diagnose": "diagnose",
 }
 
 

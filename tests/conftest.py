@@ -5,11 +5,15 @@ import upstream
 
 
 def pytest_sessionstart(session):
-    """Without the upstream reference data dozens of tests could only skip: stop instead,
-    with one message, unless BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1 asks for the skips."""
+    """Where CI requires the upstream reference data (BOOTSTRAP_REQUIRE_UPSTREAM=1), its absence
+    stops the run with one line instead of skipping dozens of tests."""
     why = upstream.why_missing()
-    if why and not upstream.missing_allowed():
+    if why and upstream.required():
         raise pytest.UsageError(why)
+
+
+def pytest_report_header(config):
+    return f"upstream reference data: {upstream.why_missing() or upstream.UPSTREAM}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,5 +40,4 @@ def airgap(tmp_path):
     """A k3s air-gap folder holding the k3s stand-in, as a user's folder holds k3s."""
     from standins.airgap import build_airgap
 
-    upstream.upstream(upstream.FLAGS_NAME)  # skips only under BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1
     return build_airgap(tmp_path / "airgap")

@@ -1,40 +1,58 @@
-"""Upstream reference data (chart values, CRDs, k3s flags) read from ../shared/upstream.
+"""Upstream reference data (chart values, CRDs, examples, k3s's documented flags).
 
-Missing data is an error, not a skip: tests/conftest.py stops the session when the folder
-is absent, and a file missing from it fails the test that reads it. Only with
-BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1 do those tests skip instead (say so when you report a run)."""
+Read from the first of:
+  $BOOTSTRAP_UPSTREAM_DIR           when set
+  ../shared/upstream                next to the repository (CI has it)
+  .upstream/                        in the repository, filled by scripts/fetch-upstream (internet needed)
+
+Without any of them, each test that needs the data skips with one line saying where to get it, and
+the rest of the suite runs. BOOTSTRAP_REQUIRE_UPSTREAM=1 (CI) turns that into a stop: tests/conftest.py
+ends the session at once with the same line, and a file missing from the folder fails its test."""
 
 import os
 from pathlib import Path
 
 import pytest
 
-from standins.airgap import FLAGS_NAME, upstream_dir
+from standins.airgap import FLAGS_NAME
 
-UPSTREAM = upstream_dir()  # $BOOTSTRAP_UPSTREAM_DIR, else ../shared/upstream next to the repository
-ALLOW_MISSING = "BOOTSTRAP_ALLOW_MISSING_UPSTREAM"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "upstream"
+FETCHED = ROOT / ".upstream"
+REQUIRE = "BOOTSTRAP_REQUIRE_UPSTREAM"
+# The files the tests read, with their sha256, kept in the repository; scripts/fetch-upstream checks them.
+MANIFEST = ROOT / "tests" / "upstream.sha256"
 
 
-def missing_allowed() -> bool:
-    return os.environ.get(ALLOW_MISSING) == "1"
+def upstream_dir() -> Path:
+    env = os.environ.get("BOOTSTRAP_UPSTREAM_DIR")
+    if env:
+        return Path(env)
+    return SHARED if SHARED.is_dir() else FETCHED
+
+
+UPSTREAM = upstream_dir()
+
+
+def required() -> bool:
+    return os.environ.get(REQUIRE) == "1"
 
 
 def why_missing() -> str | None:
-    """The one message for absent upstream data, or None when it is there."""
-    if (UPSTREAM / FLAGS_NAME).is_file():
+    """The one line for absent upstream data, or None when it is there."""
+    if (UPSTREAM / FLAGS_NAME).is_file() or any(UPSTREAM.glob("*/*")):
         return None
-    return (f"upstream reference data not found at {UPSTREAM} (no {FLAGS_NAME}): set BOOTSTRAP_UPSTREAM_DIR "
-            f"to the folder that holds it (default: ../shared/upstream next to the repository), or set "
-            f"{ALLOW_MISSING}=1 to skip the tests that need it")
+    return (f"upstream reference data not found at {UPSTREAM}: run scripts/fetch-upstream (internet needed) "
+            f"or set BOOTSTRAP_UPSTREAM_DIR")
 
 
 def upstream(relative: str) -> Path:
     path = UPSTREAM / relative
     if not path.exists():
-        message = f"upstream reference data not present: {path}"
-        if missing_allowed():
-            pytest.skip(message)
-        pytest.fail(f"{message} (set BOOTSTRAP_UPSTREAM_DIR, or {ALLOW_MISSING}=1 to skip)", pytrace=False)
+        message = why_missing() or f"upstream reference data not present: {path}"
+        if required():
+            pytest.fail(f"{message} ({REQUIRE}=1)", pytrace=False)
+        pytest.skip(message)
     return path
 
 

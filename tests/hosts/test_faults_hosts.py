@@ -73,9 +73,6 @@ CASES = [("sigint", b) for b in BOUNDARIES] + \
 def fault_lab(tmp_path_factory):
     from standins.airgap import build_airgap
 
-    import upstream
-
-    upstream.upstream(upstream.FLAGS_NAME)
     folder = tmp_path_factory.mktemp("faults")
     airgap = build_airgap(folder / "airgap")
     lab = testhosts.Lab()

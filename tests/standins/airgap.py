@@ -9,10 +9,9 @@
         dest/k3s-airgap-images-amd64.tar.zst  a small, valid .tar.zst placeholder
         dest/sha256sum-amd64.txt              "<sha256>  <file>" lines, as in a release
 
-The flag names come from the upstream k3s docs list (../shared/upstream/k3s/
-flags-docs-0243496.txt, or $BOOTSTRAP_UPSTREAM_DIR/k3s/...), read at build time; pytest stops
-when it is absent (tests/conftest.py) unless BOOTSTRAP_ALLOW_MISSING_UPSTREAM=1, which makes
-the tests that need it skip (see upstream_missing()).
+The flag names come from the product's own list (bootstrap/rules/k3s_flags.txt, made from the
+k3s docs; tests/unit/test_inventory_hostile.py checks it against the upstream copy when that is
+present), read at build time: the stand-in needs nothing outside the checkout.
 
 As a command: python tests/standins/airgap.py DEST [--version vX.Y.Z+k3sN]
 """
@@ -22,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import os
 import re
 import struct
 import sys
@@ -32,7 +30,8 @@ from pathlib import Path
 STANDIN_SOURCE = Path(__file__).resolve().parent / "k3s_standin.py"
 KUBEAPI_SOURCE = Path(__file__).resolve().parent / "kubeapi.py"
 PKI_SOURCE = Path(__file__).resolve().parent / "k3s_pki.py"
-FLAGS_NAME = "k3s/flags-docs-0243496.txt"
+FLAGS_NAME = "k3s/flags-docs-0243496.txt"  # the upstream copy, under the upstream data folder
+SHIPPED_FLAGS = Path(__file__).resolve().parents[2] / "bootstrap" / "rules" / "k3s_flags.txt"
 DEFAULT_VERSION = "v1.33.5+k3s1"
 GO_VERSION = "go1.24.6"
 EMBED_LINE = "EMBEDDED = None\n"
@@ -52,23 +51,16 @@ PLACEHOLDER_IMAGES = (
 )
 
 
-def upstream_dir() -> Path:
-    """$BOOTSTRAP_UPSTREAM_DIR, else ../shared/upstream next to the repository."""
-    env = os.environ.get("BOOTSTRAP_UPSTREAM_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "upstream"
-
-
 def default_flags_file() -> Path:
-    return upstream_dir() / FLAGS_NAME
+    """The flag list the product ships and checks inventories against."""
+    return SHIPPED_FLAGS
 
 
 def upstream_missing() -> str | None:
     """Why the stand-in cannot be built here (for pytest.skip), or None."""
     path = default_flags_file()
     if not path.is_file():
-        return f"upstream k3s flag list not found at {path} (set BOOTSTRAP_UPSTREAM_DIR or provide ../shared/upstream)"
+        return f"k3s flag list not found at {path} (is this a full checkout?)"
     return None
 
 
