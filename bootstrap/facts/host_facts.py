@@ -220,6 +220,7 @@ class HostFacts(_ToDict):
     # Every address on the host's interfaces (None: `ip` could not tell) and its routes.
     addresses: list[InterfaceAddress] | None = None
     routes: list[Route] = field(default_factory=list)
+    mtus: dict[str, int] = field(default_factory=dict)  # interface -> its MTU (`ip -o link show`)
     # The WireGuard kernel module: "loaded", "builtin", "module" (on disk, loaded on first
     # use), "missing"; None: not probed.
     wireguard: str | None = None
@@ -257,6 +258,10 @@ class HostFacts(_ToDict):
     @property
     def udp_ports(self) -> set[int]:
         return {p.port for p in self.listening_ports if p.proto == "udp"}
+
+    def interface_of(self, address: str) -> str | None:
+        """The interface holding `address` (None: no interface does, or unknown)."""
+        return next((a.interface for a in self.addresses or [] if a.address == address), None)
 
     def listener(self, port: int, proto: str = "tcp") -> ListeningPort | None:
         """A socket bound to `port`, e.g. to name the process holding 6443 (IPv4 and IPv6

@@ -532,6 +532,22 @@ def parse_ip_addr(lines: Iterable[str] | None) -> list[InterfaceAddress]:
     return result
 
 
+# "2: eth0@if1209: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP ..."
+_IP_LINK = re.compile(r"^[0-9]{1,10}:\s+([A-Za-z0-9_.:-]{1,15})(?:@\S+)?:\s+<[A-Z0-9_,-]*>\s+mtu\s+([0-9]{1,6})\s",
+                      re.ASCII)
+
+
+def parse_ip_link(lines: Iterable[str] | None) -> dict[str, int]:
+    """`ip -o link show`: interface -> MTU, for MTUs a link can have (68..65536, RFC 791's
+    minimum to the kernel's largest); anything else is left out, not guessed."""
+    result: dict[str, int] = {}
+    for line in _clean(lines):
+        m = _IP_LINK.match(line.strip())
+        if m and 68 <= int(m[2]) <= 65536:
+            result.setdefault(m[1], int(m[2]))
+    return result
+
+
 _ROUTE_KINDS = {"unicast", "local", "broadcast", "multicast", "unreachable", "blackhole", "prohibit", "throw",
                 "nat", "anycast"}
 

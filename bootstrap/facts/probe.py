@@ -44,7 +44,7 @@ COMMANDS = (
 
 SECTIONS = (
     "commands", "id", "sudo", "os-release", "uname", "machine-id", "pid1", "machine", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
-    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route", "wireguard", "clock",
+    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-link", "ip-route", "wireguard", "clock",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
     "nvidia-smi-xml", "nvidia-smi-nvlink", "nvidia-smi-topo", "xid",
 )  # fmt: skip
@@ -130,6 +130,9 @@ p_sudo() { [ "$(id -u)" = 0 ] && { echo root; return 0; }; has sudo || { echo "s
 # controller looks the node's InternalIP up among the interfaces' addresses and exits when
 # none holds it), and behind a cloud's 1:1 NAT the SSH address is not.
 p_addr() { has ip || return 127; ip -o addr show; }
+# Each interface's MTU: the reachability check's full-size datagrams start there (flannel
+# sizes its overlay from its interface's MTU).
+p_links() { has ip || return 127; ip -o link show; }
 p_routes() {
   has ip || return 127
   echo "# inet"; ip -4 route show table main
@@ -221,6 +224,7 @@ probe() {
   sec ss p_ss
   [ "$rc" = 0 ] || sec proc-net p_procnet
   sec ip-addr p_addr
+  sec ip-link p_links
   sec ip-route p_routes
   sec wireguard p_wireguard
   if has nvidia-smi; then
@@ -488,6 +492,7 @@ def parse_host_facts(lines: Iterable[str] | str | bytes, received_at: float | No
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         addresses=p.parse_ip_addr(_ok(sections, "ip-addr")) or None,  # no `ip`: unknown, not "none"
         routes=p.parse_ip_route(_ok(sections, "ip-route")),
+        mtus=p.parse_ip_link(_ok(sections, "ip-link")),
         wireguard=wireguard if wireguard in ("loaded", "builtin", "module", "missing") else None,
         **_xid_facts(sections),
         clock=clock,

@@ -47,7 +47,7 @@ LISTENER = r"""
 import hmac, json, os, selectors, socket, sys, time
 cfg = json.loads(sys.stdin.buffer.read(16 << 20))
 deadline = time.monotonic() + float(cfg["seconds"])
-BATCH, LINE = 256, 512
+BATCH, LINE, DATAGRAM = 256, 512, 65536
 CAP = {"probe": 1024, "question": 16}  # open connections of each kind; more are closed at once
 expect = {(p, int(n), line.encode()): (sender, line.split()[-1]) for p, n, sender, line in cfg["expect"]}
 control_word = cfg["control"].encode()
@@ -78,22 +78,26 @@ os.setsid()
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
-got = {}
+got, biggest = {}, {}
 watch = selectors.DefaultSelector()
 for s in list(socks) + [control]:
     watch.register(s, selectors.EVENT_READ)
 conns = {}  # a probe's connection, or a question on the control socket: [kind, proto, port, data, until]
 count = {"probe": 0, "question": 0}
-def note(data, proto, port):
-    hit = expect.get((proto, port, data.strip()))
+def note(data, proto, port, size=0):
+    # The first line is the probe's; a full-size datagram pads it (its IP size: `size`).
+    hit = expect.get((proto, port, data.split(b"\n", 1)[0].strip()))
     if hit:
         got[(proto, port, hit[0])] = hit[1]
+        if size > biggest.get((proto, port, hit[0]), 0):
+            biggest[(proto, port, hit[0])] = size
 def drain(s):
     proto, port = socks[s] if s in socks else ("control", 0)
     for _ in range(BATCH):
         try:
             if proto == "udp":
-                note(s.recv(LINE), proto, port)
+                data = s.recv(DATAGRAM)
+                note(data, proto, port, len(data) + (48 if s.family == socket.AF_INET6 else 28))
                 continue
             conn, _ = s.accept()
         except OSError:
@@ -140,6 +144,8 @@ def answer(conn):
     conn.settimeout(max(0.1, min(5, deadline - time.monotonic())))
     try:
         conn.sendall(("".join("got %s %s %s %s\n" % (p, n, s, m) for (p, n, s), m in sorted(got.items()))
+                      + "".join("size %s %s %s %s %d\n" % (p, n, s, got[(p, n, s)], b)
+                                for (p, n, s), b in sorted(biggest.items()))
                       + "end\n").encode())
     except OSError:
         pass
@@ -166,20 +172,37 @@ while True:
 os._exit(0)
 """
 
-# stdin: {"timeout", "probes": [[proto, address, port, line or null]...]}
+# stdin: {"timeout", "probes": [[proto, address, port, line or null, [size...]]...]}
+# A UDP probe with sizes also sends, with the don't-fragment bit (IP_MTU_DISCOVER =
+# IP_PMTUDISC_DO: never fragmented, here or on the path), datagrams of each size in IP bytes,
+# its line padded; one the local route cannot carry (EMSGSIZE) is skipped.
 PROBER = r"""
 import json, socket, sys, threading, time
 cfg = json.loads(sys.stdin.buffer.read(16 << 20))
 timeout = float(cfg["timeout"])
 results = {}
-def probe(proto, address, port, line):
+def dont_fragment(s, v6):
+    if v6:
+        s.setsockopt(socket.IPPROTO_IPV6, getattr(socket, "IPV6_MTU_DISCOVER", 23), getattr(socket, "IPV6_PMTUDISC_DO", 2))
+    else:
+        s.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10), getattr(socket, "IP_PMTUDISC_DO", 2))
+def probe(proto, address, port, line, sizes=()):
     key = "%s %s %s" % (proto, address, port)
     hello = (line + "\n").encode() if line else None
     if proto == "udp":
+        v6 = ":" in address
         try:
-            with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+                if sizes:
+                    dont_fragment(s, v6)
                 for _ in range(3):
                     s.sendto(hello or b"\n", (address, int(port)))
+                    for size in sizes:
+                        payload = int(size) - (48 if v6 else 28)
+                        try:
+                            s.sendto(hello.ljust(payload, b"."), (address, int(port)))
+                        except OSError:
+                            pass  # larger than this host's route allows: the receiver never gets it
                     time.sleep(0.2)
             results[key] = "sent"
         except OSError as e:
@@ -266,7 +289,7 @@ def listener_command(proof: rr.Proof, node: str, listen: list[tuple[str, int, st
 def prober_command(hellos: dict[rr.Probe, str | None]) -> Command:
     return Command(_python(PROBER), _stdin({
         "timeout": CONNECT_SECONDS,
-        "probes": [[p.proto, p.address, p.port, line] for p, line in hellos.items()]}))
+        "probes": [[p.proto, p.address, p.port, line, rr.sizes(p.mtu) if line else []] for p, line in hellos.items()]}))
 
 
 def collect_command(proof: rr.Proof, node: str) -> Command:
@@ -340,6 +363,17 @@ def parse_received(text) -> set[tuple] | None:
             and rr.MAC_RE.fullmatch(w[4])}
 
 
+def parse_sizes(text) -> dict[tuple, int] | None:
+    """The listener's "size udp 8472 cp <mac> 1500" lines (the largest datagram of each probe,
+    IP bytes): {(sender, proto, port, mac): bytes}; cut short: no answer."""
+    lines = _lines(text)
+    if lines is None or not lines or lines[-1] != ["end"]:
+        return None
+    return {(w[3], w[1], _port(w[2]), w[4]): int(w[5]) for w in lines
+            if len(w) == 6 and w[0] == "size" and w[1] == "udp" and _port(w[2]) and _NODE.fullmatch(w[3])
+            and rr.MAC_RE.fullmatch(w[4]) and w[5].isascii() and w[5].isdigit() and len(w[5]) <= 5}
+
+
 @dataclass
 class Report:
     findings: list
@@ -380,22 +414,26 @@ def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_m
         trips += 1
     finally:
         received: dict = {}
+        largest: dict = {}
         if bound:
             heard = _run(session, {n: collect_command(proof, n) for n in bound}, "reachability answers")
             trips += 1
             received = {n: rr.verified(plan, proof, n, r) for n, r in ((n, parse_received(t)) for n, t in heard.items())
                         if r is not None}
+            largest = {n: rr.verified_sizes(plan, proof, n, r) for n, r in ((n, parse_sizes(t)) for n, t in heard.items())
+                       if r is not None}
     sent = {n: s for n, s in ((n, parse_sent(t)) for n, t in said.items()) if s is not None}
-    results = rr.outcomes(plan, sent, received, bound)
+    results = rr.outcomes(plan, sent, received, bound, largest)
     findings = rr.findings(inventory, plan, results)
     names = [n.name for n in inventory.nodes if n.name in facts]
-    bad = [r for r in results if r.ok is not True]
+    bad = [r for r in results if r.ok is not True or r.mtu_short]
     counts = [(sum(r.ok is True for r in results), "got through"), (sum(r.ok is False for r in results), "failed"),
               (sum(r.ok is None for r in results), "not tested")]
     where = "their public addresses (network.mode public)" if plan.public else "the cluster's addresses"
     lines = [f"reachability: {len(results)} probes between {len(names)} nodes on {where}: "
              + ", ".join(f"{n} {words}" for n, words in counts if n)]
-    if any(r.ok is False for r in results):
+    lines += rr.mtu_lines(results)
+    if any(r.ok is False or r.mtu_short for r in results):
         involved = [n for n in names if any(n in (r.probe.sender, r.probe.receiver) for r in bad)]
         lines += ["  what did not get through (from the row's node to the column's):",
                   *rr.render_matrix(involved, results, plan.label)]

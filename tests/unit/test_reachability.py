@@ -6,7 +6,10 @@ import subprocess
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from bootstrap.facts import parsers
 from bootstrap.facts.host_facts import HostFacts, InterfaceAddress, K3sInstall, ListeningPort, SystemdUnit
 from bootstrap.hosts import reachability as hr
 from bootstrap.inventory.loader import parse_inventory
@@ -209,7 +212,7 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
                           "  - {name: b, address: 127.0.0.2}\n")
     facts = {"a": HostFacts(commands={"python3": "/usr/bin/python3"},
                             addresses=[InterfaceAddress("lo", "127.0.0.1", 8, "host")]),
-             "b": HostFacts(commands={"python3": "/usr/bin/python3"},
+             "b": HostFacts(commands={"python3": "/usr/bin/python3"}, mtus={"lo": 9000},
                             addresses=[InterfaceAddress("lo", "127.0.0.2", 8, "host")],
                             k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                            [SystemdUnit("k3s-agent.service", "loaded", "active")]),
@@ -234,7 +237,9 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     assert [f.message for f in report.findings] == [f"TCP {busy} from b not tested: could not listen: "
                                                     "Address already in use"]
     assert report.lines == ["reachability: 4 probes between 2 nodes on the cluster's addresses: 3 got through, "
-                            "1 not tested"]
+                            "1 not tested",
+                            # b's 9000-byte datagrams with don't-fragment got through loopback
+                            "path MTU: 1 of 1 pairs carry their interface's MTU"]
     for port, kind in ((tcp, socket.SOCK_STREAM), (udp, socket.SOCK_DGRAM)):  # the listener is gone
         with socket.socket(socket.AF_INET, kind) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT is no listener
@@ -451,6 +456,10 @@ def test_prober_and_collector_output_parse_and_a_cut_answer_is_no_answer():
     assert hr.parse_received(f"got udp 8472 cp-1 {mac}\ngot tcp 10250 gpu-1 {mac}\nend\n") == {
         ("cp-1", "udp", 8472, mac), ("gpu-1", "tcp", 10250, mac)}
     assert hr.parse_received(f"got udp 8472 cp-1 {mac}\n") is None  # the listener died mid-answer
+    assert hr.parse_sizes(f"got udp 8472 cp-1 {mac}\nsize udp 8472 cp-1 {mac} 1400\nsize tcp 6443 cp-1 {mac} 9\n"
+                          f"size udp 8472 cp-1 {mac} \u0661\u0664\nsize udp 8472 cp-1 {mac} 999999\nend\n") == {
+        ("cp-1", "udp", 8472, mac): 1400}
+    assert hr.parse_sizes(f"size udp 8472 cp-1 {mac} 1400\n") is None
 
 
 @pytest.mark.parametrize("parse", [hr.parse_bound, hr.parse_sent, hr.parse_received])
@@ -564,3 +573,25 @@ def test_pair_keys_and_macs_depend_on_direction_port_run_and_secret():
                 mac(secret=b"t" * 32), mac(receiver="c")]
     assert len(set(variants)) == len(variants)
     assert rr.MAC_RE.fullmatch(mac())
+
+
+# --- the interfaces' MTUs (the facts probe's "ip-link" section): hostile until checked -----------
+
+LINK_WORDS = st.sampled_from(["1:", "2:", "eth0:", "eth0@if9:", "<UP>", "<BROADCAST,UP,LOWER_UP>", "mtu", "1500",
+                              "65536", "65537", "67", "0", "\u0661\u0665\u0660\u0660", "qdisc", "\x1b[2J", "lo:"])
+
+
+def test_parse_ip_link_reads_real_lines_only():
+    lines = ["1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen "
+             "1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00",
+             "2: eth0@if1209: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT",
+             "3: ens5: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9001 qdisc mq state UP",
+             "4: bad: <UP> mtu 65537 qdisc x", "5: worse: <UP> mtu 1\u0665\u0660\u0660 qdisc x",
+             "6: eth0: <UP> mtu 1400 qdisc x"]  # a repeated name keeps the first
+    assert parsers.parse_ip_link(lines) == {"lo": 65536, "eth0": 1500, "ens5": 9001}
+
+
+@given(st.lists(st.one_of(st.text(max_size=60), st.lists(LINK_WORDS, max_size=10).map(" ".join)), max_size=40))
+def test_parse_ip_link_never_raises_and_keeps_only_possible_mtus(lines):
+    for name, mtu in parsers.parse_ip_link(lines).items():
+        assert name.isascii() and name.isprintable() and 1 <= len(name) <= 15 and 68 <= mtu <= 65536
