@@ -392,9 +392,10 @@ def mtu_lines(results: list[Outcome]) -> list[str]:
 #   its own TCP connects succeeded: a lying party to a pair can only misreport that pair;
 # - someone on the path between A and B (or C relaying A's datagram by another route) can
 #   replay A's probe: the MAC says who sent it, not which way it travelled;
-# - a flood can still drown real probes (a false "nothing arrived"), and a local user of the
-#   receiving host can keep its listener from answering (its probes then read "not tested"):
-#   either can hide a pair that works, neither can show one that does not.
+# - a flood can still drown real probes (a false "nothing arrived"), a local user of the
+#   receiving host can kill its listener (its probes then read "not tested"), and whoever
+#   sees a probe can quote it in a forged acknowledgement that stops its sender early:
+#   each can hide a pair that works, none can show one that does not.
 
 MAGIC = "bootstrap-reach"
 MAC_RE = re.compile(r"[0-9a-f]{64}")
@@ -415,12 +416,6 @@ def hello(run_id: str, sender: str, mac: str) -> str:
     return f"{MAGIC} {run_id} {sender} {mac}"
 
 
-def control_secret(run_secret: bytes, receiver: str) -> str:
-    """What the collect command shows a receiver's listener before it answers and ends (the
-    listener's socket name is visible to every local user of the host)."""
-    return hmac.new(run_secret, f"collect {receiver}".encode(), hashlib.sha256).hexdigest()
-
-
 @dataclass(frozen=True)
 class Proof:
     run_id: str  # public: it names the listeners' sockets and is in every probe
@@ -430,13 +425,13 @@ class Proof:
         return probe_mac(self.secret, self.run_id, p.sender, p.receiver, p.proto, p.port)
 
 
-def expected_by_receiver(plan: ProbePlan, proof: Proof) -> dict[str, list[tuple[str, int, str, str]]]:
-    """receiver -> (proto, port, sender, mac) of each probe its listener may hear: all a
-    receiving host is told."""
-    out: dict[str, list[tuple[str, int, str, str]]] = {}
+def expected_by_receiver(plan: ProbePlan, proof: Proof) -> dict[str, list[tuple[str, int, str, str, int]]]:
+    """receiver -> (proto, port, sender, mac, mtu) of each probe its listener may hear (mtu:
+    the full-size datagram the sender starts at, 0 for none): all a receiving host is told."""
+    out: dict[str, list[tuple[str, int, str, str, int]]] = {}
     for p in plan.probes:
         if p.listen:
-            out.setdefault(p.receiver, []).append((p.proto, p.port, p.sender, proof.mac(p)))
+            out.setdefault(p.receiver, []).append((p.proto, p.port, p.sender, proof.mac(p), p.mtu))
     return out
 
 

@@ -166,7 +166,7 @@ def test_the_matrix_shows_what_did_not_get_through_from_row_to_column():
 
 
 class LocalSession:
-    """Runs each host's command here, as a host would (for the scripts' own test)."""
+    """Runs each host's command here, all at once, as the hosts' session does."""
 
     def __init__(self):
         self.calls = 0
@@ -175,12 +175,23 @@ class LocalSession:
     def run_each(self, commands, what="command", stdin=None, timeout=None):
         self.calls += 1
         self.commands += list(commands.values())
-        out = {}
-        for name, command in commands.items():
-            proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60,
-                                  input=(stdin or {}).get(name, ""))
-            out[name] = proc.stdout if proc.returncode == 0 else None
-        return out
+        procs = {name: start_command(hr.Command(command, (stdin or {}).get(name, ""))) for name, command in commands.items()}
+        return {name: finish(proc) for name, proc in procs.items()}
+
+
+def start_command(command):
+    """A host's command, here, in the background: its line through the shell, its stdin given."""
+    proc = subprocess.Popen(command.line, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(command.stdin)
+    proc.stdin.close()
+    return proc
+
+
+def finish(proc, timeout=60):
+    """What the command printed, once it ended (None: it failed, as a host that did not report)."""
+    out = proc.stdout.read()  # the command ends by its own deadline (a watchdog at worst)
+    proc.stdout.close()
+    return out if proc.wait(timeout) == 0 else None
 
 
 def free_ports(n):
@@ -202,9 +213,9 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     a's listener binds a's address only: b's k3s holds the same port on 127.0.0.2 (with a
     wildcard listener on a, the probe of b would have been answered by a)."""
     import socket
+    import time
 
     tcp, udp, busy = free_ports(3)
-    monkeypatch.setattr(hr, "LISTEN_SECONDS", 20)
     monkeypatch.setattr(hr, "secrets", FixedSecrets)
     monkeypatch.setattr(rr, "rules", lambda inventory, mirror, family=4: [
         rr.Rule("tcp", tcp, "kubelet"), rr.Rule("udp", udp, "flannel VXLAN"), rr.Rule("tcp", busy, "taken")])
@@ -227,12 +238,14 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     holder.bind(("0.0.0.0", busy))  # taken after the facts were read: the listener says so
     holder.listen()
     session = LocalSession()
+    begun = time.monotonic()
     try:
         report = hr.check(session, inv, facts, False)
     finally:
         holder.close()
         k3s_on_b.close()
-    assert session.calls == report.round_trips == 3
+    assert session.calls == report.round_trips == 1  # one command per host: listen and probe at once
+    assert time.monotonic() - begun < hr.WINDOW_SECONDS  # everything arrived: nobody waited out the window
     assert not [f for f in report.findings if f.severity == "error"], report.findings
     assert [f.message for f in report.findings] == [f"TCP {busy} from b not tested: could not listen: "
                                                     "Address already in use"]
@@ -247,8 +260,7 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     # No secret on any command line: the run secret, the MACs and the control secrets
     # travelled on stdin only.
     plan = rr.plan_probes(inv, facts, False)
-    secret_words = [FixedSecrets.SECRET.hex(), rr.control_secret(FixedSecrets.SECRET, "a")] + \
-        [FIXED_PROOF.mac(p) for p in plan.probes]
+    secret_words = [FixedSecrets.SECRET.hex()] + [FIXED_PROOF.mac(p) for p in plan.probes]
     assert session.commands and not [w for w in secret_words for c in session.commands if w in c]
 
 
@@ -267,17 +279,12 @@ class FixedSecrets:
 FIXED_PROOF = rr.Proof("0123456789abcdef", FixedSecrets.SECRET)
 
 
-def run(command, timeout=30):
-    """A host's command, here: its line through the shell, its stdin given."""
-    return subprocess.run(command.line, shell=True, input=command.stdin, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def test_the_listener_hears_every_node_when_all_connect_at_once():
     """50 agents probe the server's ports at the same moment: 300 TCP connections arrive
     together (more than a default listen backlog of 128), some hold their hello back.
     Every hello is heard: none is dropped as a SYN the backlog had no room for, and no
-    connection waits for the one before it to speak."""
+    connection waits for the one before it to speak. Having heard them all, the command
+    ends at once, long before its deadline."""
     import socket
     import threading
     import time
@@ -286,20 +293,29 @@ def test_the_listener_hears_every_node_when_all_connect_at_once():
     proof = FIXED_PROOF
     port_of = {i: tcp if i % 2 else other for i in range(300)}
     mac = {i: rr.probe_mac(proof.secret, proof.run_id, f"n{i}", "srv", "tcp", port_of[i]) for i in range(300)}
-    started = run(hr.listener_command(proof, "srv", [("tcp", tcp, "127.0.0.1"), ("tcp", other, "127.0.0.1")],
-                                      [("tcp", port_of[i], f"n{i}", mac[i]) for i in range(300)]))
-    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("tcp", other): "ok"}
+    srv = start_command(hr.reach_command(proof, "srv", [("tcp", tcp, "127.0.0.1"), ("tcp", other, "127.0.0.1")],
+                                         [("tcp", port_of[i], f"n{i}", mac[i], 0) for i in range(300)], {},
+                                         seconds=30))
     failures = []
 
     def node(i):
-        try:
-            with socket.create_connection(("127.0.0.1", port_of[i]), 3) as s:
-                if i % 10 == 0:
-                    time.sleep(1.5)  # a slow sender must not hold up the others
-                s.sendall((rr.hello(proof.run_id, f"n{i}", mac[i]) + "\n").encode())
-                time.sleep(0.1)
-        except OSError as exc:
-            failures.append((i, exc))
+        until = time.monotonic() + 5
+        while True:  # as a probe does: a listener whose command starts later is tried again
+            try:
+                with socket.create_connection(("127.0.0.1", port_of[i]), 3) as s:
+                    if i % 10 == 0:
+                        time.sleep(1.5)  # a slow sender must not hold up the others
+                    s.sendall((rr.hello(proof.run_id, f"n{i}", mac[i]) + "\n").encode())
+                    time.sleep(0.1)
+                return
+            except ConnectionRefusedError:
+                if time.monotonic() > until:
+                    failures.append(i)
+                    return
+                time.sleep(0.05)
+            except OSError as exc:
+                failures.append((i, exc))
+                return
 
     threads = [threading.Thread(target=node, args=(i,)) for i in range(300)]
     begun = time.monotonic()
@@ -307,9 +323,10 @@ def test_the_listener_hears_every_node_when_all_connect_at_once():
         t.start()
     for t in threads:
         t.join()
+    answer = finish(srv)
     assert failures == [] and time.monotonic() - begun < 10
-    heard = hr.parse_received(run(hr.collect_command(proof, "srv")).stdout)
-    assert heard == {(f"n{i}", "tcp", port_of[i], mac[i]) for i in range(300)}
+    assert hr.parse_bound(answer) == {("tcp", tcp): "ok", ("tcp", other): "ok"}
+    assert hr.parse_received(answer) == {(f"n{i}", "tcp", port_of[i], mac[i]) for i in range(300)}
 
 
 def listener_gone(ports, address="127.0.0.1"):
@@ -325,13 +342,22 @@ def listener_gone(ports, address="127.0.0.1"):
     return True
 
 
+def wait_bound(ports, address="127.0.0.1", seconds=10):
+    import time
+
+    until = time.monotonic() + seconds
+    while listener_gone(ports, address) and time.monotonic() < until:
+        time.sleep(0.02)
+    assert not listener_gone(ports, address)
+
+
 def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pairs_mac():
     """b's listener binds 127.0.0.1 (not 127.0.0.2, not the wildcard), and of what arrives it
     keeps only the probe whose MAC it was told: c, which knows its own key only, can neither
     pass as a (its MAC is for c->b, a's name with it is refused) nor bring a stale or
-    made-up MAC; a probe for another port does not count on this one. The tool checks again."""
+    made-up MAC; a probe for another port does not count on this one, and none of them is
+    acknowledged. The tool checks again."""
     import socket
-    import time
 
     tcp, udp = free_ports(2)
     proof = FIXED_PROOF
@@ -339,9 +365,9 @@ def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pa
                          for s in ("a", "c") for proto, port in (("tcp", tcp), ("udp", udp))], [], {})
     expected = rr.expected_by_receiver(plan, proof)["b"]
     expected_a = [e for e in expected if e[2] == "a"]  # b hears from a only, in this run
-    started = run(hr.listener_command(proof, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
-                                      expected_a, seconds=20))
-    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("udp", udp): "ok"}
+    b = start_command(hr.reach_command(proof, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
+                                       expected_a, {}, seconds=3, window=1))
+    wait_bound([("tcp", tcp), ("udp", udp)])
     with pytest.raises(ConnectionRefusedError):  # nothing listens on another address of the host
         socket.create_connection(("127.0.0.2", tcp), 2).close()
 
@@ -353,38 +379,50 @@ def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pa
               rr.hello(other.run_id, "a", rr.probe_mac(other.secret, other.run_id, "a", "b", "udp", udp)),  # stale run
               rr.hello(proof.run_id, "a", rr.probe_mac(proof.secret, proof.run_id, "a", "b", "tcp", tcp))]  # tcp's
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.5)
         for line in forged:
             s.sendto((line + "\n").encode(), ("127.0.0.1", udp))
+        with pytest.raises(TimeoutError):
+            s.recv(1024)  # no acknowledgement for what it was not told to expect
     good_tcp = next(e for e in expected_a if e[0] == "tcp")
     with socket.create_connection(("127.0.0.1", tcp), 2) as s:
         s.sendall((rr.hello(proof.run_id, "a", good_tcp[3]) + "\n").encode())
-    time.sleep(0.3)
-    answer = run(hr.collect_command(proof, "b"))
-    heard = hr.parse_received(answer.stdout)
+    heard = hr.parse_received(finish(b))
     assert heard == {("a", "tcp", tcp, good_tcp[3])}  # the UDP lines were all refused
     assert rr.verified(plan, proof, "b", heard) == {("a", "tcp", tcp)}
     # The tool recomputes: a report of a pair with a MAC it did not make is dropped.
     lied = heard | {("c", "udp", udp, "1" * 64), ("a", "udp", udp, c_key_mac)}
     assert rr.verified(plan, proof, "b", lied) == {("a", "tcp", tcp)}
     assert rr.verified(plan, other, "b", heard) == set()  # another run's secret: nothing
-    deadline = time.monotonic() + 5
-    while not listener_gone([("tcp", tcp), ("udp", udp)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert listener_gone([("tcp", tcp), ("udp", udp)])
+    assert listener_gone([("tcp", tcp), ("udp", udp)])  # gone with its command
 
 
-def test_a_question_without_the_control_secret_neither_ends_the_listener_nor_reads_it():
-    """The listener's socket name is listed in /proc/net/unix for every local user: a
-    question must carry the control secret (which came on stdin)."""
-    tcp, = free_ports(1)
+def test_a_listener_whose_command_starts_late_is_still_reached_and_a_missing_one_costs_the_window():
+    """The hosts' commands do not start at the same moment: a's probes keep trying until b's
+    listener, started a second later, hears them (and acknowledges the datagram, full size
+    included). A node whose command never ran (c) is tried for the window only."""
+    import time
+
+    tcp, udp, silent = free_ports(3)
     proof = FIXED_PROOF
-    run(hr.listener_command(proof, "b", [("tcp", tcp, "127.0.0.1")], [], seconds=20))
-    wrong = hr.Command(hr.collect_command(proof, "b").line,
-                       hr.collect_command(rr.Proof(proof.run_id, bytes(32)), "b").stdin)
-    assert hr.parse_received(run(wrong).stdout) is None  # no answer
-    assert not listener_gone([("tcp", tcp)])  # and still listening
-    assert hr.parse_received(run(hr.collect_command(proof, "b")).stdout) == set()
-    assert listener_gone([("tcp", tcp)])
+    probes = [rr.Probe("a", "b", "127.0.0.1", "tcp", tcp, True, "127.0.0.1"),
+              rr.Probe("a", "b", "127.0.0.1", "udp", udp, True, "127.0.0.1", mtu=9000, interface="lo"),
+              rr.Probe("a", "c", "127.0.0.1", "tcp", silent, True, "127.0.0.1")]
+    plan = rr.ProbePlan(probes, [], {"a": "127.0.0.2", "b": "127.0.0.1", "c": "127.0.0.1"})
+    begun = time.monotonic()
+    a = start_command(hr.reach_command(proof, "a", [], [], rr.hellos_by_sender(plan, proof)["a"], window=3))
+    time.sleep(1)
+    b = start_command(hr.reach_command(proof, "b", plan.listeners()["b"], rr.expected_by_receiver(plan, proof)["b"],
+                                       {}, seconds=4, window=3))
+    answer = finish(b)
+    b_took = time.monotonic() - begun
+    said = hr.parse_sent(finish(a))
+    assert hr.parse_received(answer) == {("a", "tcp", tcp, proof.mac(probes[0])), ("a", "udp", udp, proof.mac(probes[1]))}
+    assert hr.parse_sizes(answer) == {("a", "udp", udp, proof.mac(probes[1])): 9000}
+    assert b_took < 2.5  # b ended once it had heard a's probes, full-size datagram included
+    assert said == {("127.0.0.1", "tcp", tcp): "ok", ("127.0.0.1", "udp", udp): "sent",
+                    ("127.0.0.1", "tcp", silent): "refused"}
+    assert 3 <= time.monotonic() - begun < 6  # c was tried for the window, no longer
 
 
 def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_deadline():
@@ -396,9 +434,9 @@ def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_
 
     tcp, udp = free_ports(2)
     started_at = time.monotonic()
-    started = run(hr.listener_command(FIXED_PROOF, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
-                                      [("udp", udp, "a", "0" * 64)], seconds=2))
-    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("udp", udp): "ok"}
+    b = start_command(hr.reach_command(FIXED_PROOF, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
+                                       [("udp", udp, "a", "0" * 64, 1500)], {}, seconds=2, window=1))
+    wait_bound([("tcp", tcp), ("udp", udp)])
     stop = threading.Event()
 
     def datagrams():
@@ -438,6 +476,7 @@ def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_
         for t in threads:
             t.join()
     assert listener_gone([("tcp", tcp), ("udp", udp)]) and lived < 4.5, lived
+    assert hr.parse_bound(finish(b)) == {("tcp", tcp): "ok", ("udp", udp): "ok"}  # and it answered
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -524,15 +563,10 @@ def test_in_public_mode_a_natd_listener_binds_the_address_the_public_one_is_tran
 
 
 def every_input(plan, proof):
-    """What each host is given in one run: {node: [command line and stdin, ...]}."""
-    listeners, expected = plan.listeners(), rr.expected_by_receiver(plan, proof)
-    out = {}
-    for n, ports in listeners.items():
-        out.setdefault(n, []).append(hr.listener_command(proof, n, ports, expected.get(n, [])))
-        out[n].append(hr.collect_command(proof, n))
-    for n, hellos in rr.hellos_by_sender(plan, proof).items():
-        out.setdefault(n, []).append(hr.prober_command(hellos))
-    return out
+    """What each host is given in one run: {node: [its command line and stdin]}."""
+    listeners, expected, hellos = plan.listeners(), rr.expected_by_receiver(plan, proof), rr.hellos_by_sender(plan, proof)
+    return {n: [hr.reach_command(proof, n, listeners.get(n, []), expected.get(n, []), hellos.get(n, {}))]
+            for n in set(listeners) | set(hellos)}
 
 
 def test_each_node_is_given_only_the_macs_of_its_own_pairs_and_no_secret_on_a_command_line():
@@ -557,11 +591,8 @@ def test_each_node_is_given_only_the_macs_of_its_own_pairs_and_no_secret_on_a_co
                 else:
                     assert not [m for m in macs if m in text], (third, a, b)
         assert proof.secret.hex() not in text
-        assert not [c for c in given[third] for word in (proof.secret.hex(), *(proof.mac(p) for p in plan.probes),
-                                                         *(rr.control_secret(proof.secret, n) for n in names))
+        assert not [c for c in given[third] for word in (proof.secret.hex(), *(proof.mac(p) for p in plan.probes))
                     if word in c.line]
-    # Another node's control secret is not given either: only the tool asks a listener.
-    assert rr.control_secret(proof.secret, "cp-1") not in "".join(c.stdin for c in given["cp-2"])
 
 
 def test_pair_keys_and_macs_depend_on_direction_port_run_and_secret():
