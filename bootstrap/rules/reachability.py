@@ -154,7 +154,8 @@ def _overlay_mtu(rule: Rule, sender: HostFacts, node_ip: str) -> tuple[str, int]
     if rule.what not in OVERHEAD:
         return "", 0
     interface = sender.interface_of(node_ip)
-    return (interface, sender.mtus[interface]) if interface in sender.mtus else ("", 0)
+    # An IPv4 datagram is at most 65535 bytes (loopback's 65536 is the largest MTU a link has).
+    return (interface, min(sender.mtus[interface], 65535)) if interface in sender.mtus else ("", 0)
 
 
 def _applies(rule: Rule, sender: Node, receiver: Node) -> bool:

@@ -501,12 +501,14 @@ def test_prober_and_collector_output_parse_and_a_cut_answer_is_no_answer():
     assert hr.parse_sizes(f"size udp 8472 cp-1 {mac} 1400\n") is None
 
 
-@pytest.mark.parametrize("parse", [hr.parse_bound, hr.parse_sent, hr.parse_received])
+@pytest.mark.parametrize("parse", [hr.parse_bound, hr.parse_sent, hr.parse_received, hr.parse_sizes])
 @pytest.mark.parametrize("text", [
     None, 42, b"bound tcp 6443\n", ["end"], "x" * (hr.MAX_ANSWER + 1),
     "bound tcp 99999999999999999999\nbusy udp -1 x\nbound tcp \u0664\u0664\u0663\nsent tcp 10.0.0.1 0 ok\n"
     "sent tcp not-an-ip 6443 ok\ngot udp 8472 CP_1 zz\ngot udp 8472 cp-1 " + "a" * 63 + "\nend\n",
     "\x1b]52;c;AAAA\x07\nbusy tcp 6443 \x1b[2J\nsent tcp 10.0.0.1 6443 \x1b[2Jok\nend\n",
+    "size udp 8472 cp-1 " + "a" * 64 + " \u0661\u0665\u0660\u0660\nsize udp 8472 cp-1 " + "a" * 64 + " -1\n"
+    "size udp 8472 cp-1 " + "a" * 64 + " 99999999999999999999\nsize udp 8472 cp-1 " + "a" * 64 + " 1e3\nend\n",
 ])
 def test_what_a_host_prints_back_never_raises_and_keeps_only_checked_fields(parse, text):
     """A lying host's answer: wrong types, huge, non-ASCII digits, bad addresses and names,
@@ -520,7 +522,8 @@ def test_what_a_host_prints_back_never_raises_and_keeps_only_checked_fields(pars
         assert all(isinstance(x, str) and x.isascii() and x.isprintable() or isinstance(x, int) and 0 < x < 65536
                    for x in key), key
     if isinstance(got, dict):
-        assert all(v.isascii() and v.isprintable() for v in got.values()), got
+        assert all(isinstance(v, int) and 0 < v < 100000 or isinstance(v, str) and v.isascii() and v.isprintable()
+                   for v in got.values()), got
 
 
 def test_a_host_that_hangs_or_drops_its_connection_is_one_host_not_reporting():
