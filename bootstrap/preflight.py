@@ -14,7 +14,7 @@ from bootstrap.console_text import printable
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES
 from bootstrap.inventory.model import Inventory, Node, Role
-from bootstrap.rules import cuda, mig
+from bootstrap.rules import cuda, machine_kind, mig
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 SUPPORTED_ARCH = ("amd64", "arm64")
@@ -296,9 +296,8 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
              "use Ubuntu 22.04/24.04 or Debian 12")
     if host.arch not in SUPPORTED_ARCH:
         fail("arch", f"architecture {host.arch or 'unknown'} is not supported", "use an amd64 or arm64 machine")
-    if not host.has_systemd:
-        fail("init", f"PID 1 is {host.init_process or 'unknown'}, not systemd (a container, not a VM?)",
-             "k3s runs as a systemd service: rent a full VM or bare-metal machine")
+    for verdict in machine_kind.judge(host):  # a container sold as a "GPU pod" cannot run k3s
+        fail("machine", verdict.message, verdict.fix, verdict.severity)
     gpu_node = is_gpu_node(inventory, node, host)
     need = MIN_FREE_GIB["gpu" if gpu_node else "cpu"]
     free = host.disk_free_gib.get("/var/lib/rancher", host.disk_free_gib.get("/"))

@@ -159,6 +159,22 @@ class Route(_ToDict):
 
 
 @dataclass(frozen=True)
+class MachineKind(_ToDict):
+    """Whether the machine is a container, and whether it has what k3s needs from the kernel
+    (bootstrap.rules.machine_kind judges). None: the probe could not tell."""
+
+    container: str | None = None  # `systemd-detect-virt --container`: "none", "docker", "lxc", "systemd-nspawn"...
+    markers: list[str] = field(default_factory=list)  # "/.dockerenv", "/run/.containerenv": present
+    cgroup: str | None = None  # "v2", "v1" (mounted at /sys/fs/cgroup)
+    # "all": every cgroup mount is read-write; "none": none is (docker mounts them read-only);
+    # "some": v1 controllers read-only beside a writable name=systemd (systemd-nspawn on a v1 host)
+    cgroup_writable: str | None = None
+    read_only: list[str] = field(default_factory=list)  # the read-only cgroup mounts ("memory", "cpu"; "/" for v2)
+    netns: bool | None = None  # a network namespace could be made (`unshare -n`, as root)
+    netfilter: str | None = None  # "ok", "denied" (iptables/nft refused, as root), "missing" (neither installed)
+
+
+@dataclass(frozen=True)
 class HostFacts(_ToDict):
     hostname: str | None = None
     machine_id: str | None = None  # /etc/machine-id, as kubelet reports it in its Node's nodeInfo
@@ -175,6 +191,7 @@ class HostFacts(_ToDict):
     disk_free_gib: dict[str, float] = field(default_factory=dict)
     has_systemd: bool = False
     init_process: str | None = None  # comm of PID 1
+    machine: MachineKind | None = None  # container or not, and what k3s needs; None: not probed
     probe_uid: int | None = None  # 0 when probed as root (process names fully visible)
     sudo_ok: bool | None = None  # `sudo -n` works (or we are root); None when not probed
     sudo_error: str | None = None
@@ -203,6 +220,7 @@ class HostFacts(_ToDict):
     # Every address on the host's interfaces (None: `ip` could not tell) and its routes.
     addresses: list[InterfaceAddress] | None = None
     routes: list[Route] = field(default_factory=list)
+    mtus: dict[str, int] = field(default_factory=dict)  # interface -> its MTU (`ip -o link show`)
     # The WireGuard kernel module: "loaded", "builtin", "module" (on disk, loaded on first
     # use), "missing"; None: not probed.
     wireguard: str | None = None
@@ -240,6 +258,10 @@ class HostFacts(_ToDict):
     @property
     def udp_ports(self) -> set[int]:
         return {p.port for p in self.listening_ports if p.proto == "udp"}
+
+    def interface_of(self, address: str) -> str | None:
+        """The interface holding `address` (None: no interface does, or unknown)."""
+        return next((a.interface for a in self.addresses or [] if a.address == address), None)
 
     def listener(self, port: int, proto: str = "tcp") -> ListeningPort | None:
         """A socket bound to `port`, e.g. to name the process holding 6443 (IPv4 and IPv6

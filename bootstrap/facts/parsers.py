@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
-from .host_facts import (ContainerdConfig, FileState, Gpu, InterfaceAddress, ListeningPort, MigProfile, PciDevice,
-                         RdmaDevice, Route, SystemdUnit)
+from .host_facts import (ContainerdConfig, FileState, Gpu, InterfaceAddress, ListeningPort, MachineKind, MigProfile,
+                         PciDevice, RdmaDevice, Route, SystemdUnit)
 
 # What nvidia-smi prints for a value the GPU or driver does not have.
 _NA = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
@@ -121,6 +121,60 @@ def parse_machine_id(lines: Iterable[str] | None) -> str | None:
     anything else is unknown."""
     word = parse_first_word(lines)
     return word if word and re.fullmatch(r"[0-9a-f]{32}", word) else None
+
+
+_CONTAINER = re.compile(r"[a-z][a-z0-9-]{0,31}")
+_MARKERS = ("/.dockerenv", "/run/.containerenv")
+_CGROUP_ROOT = "/sys/fs/cgroup"
+_VERDICTS = {"ok": True, "denied": False}
+
+
+def _cgroup_mount(words: list[str]) -> tuple[str, str, bool] | None:
+    """One /proc/self/mountinfo line ("36 25 0:31 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2
+    rw"): (mount point, fstype, read-write), or None when it is not such a line."""
+    if "-" not in words[6:]:
+        return None
+    dash = words.index("-", 6)
+    if len(words) < dash + 2 or not (words[4] == _CGROUP_ROOT or words[4].startswith(_CGROUP_ROOT + "/")):
+        return None
+    return words[4], words[dash + 1], "rw" in words[5].split(",")
+
+
+def _cgroup(mounts: list[tuple[str, str, bool]]) -> tuple[str | None, str | None, list[str]]:
+    """v2: /sys/fs/cgroup is cgroup2, writable as that mount is. v1 (or hybrid): the cgroup
+    mounts below it (controllers, name=systemd, unified): "all", "none" or "some" writable."""
+    root = next((m for m in mounts if m[0] == _CGROUP_ROOT), None)
+    if root and root[1] == "cgroup2":
+        return "v2", "all" if root[2] else "none", [] if root[2] else ["/"]
+    below = [m for m in mounts if m[1] in ("cgroup", "cgroup2") and m[0] != _CGROUP_ROOT]
+    if not any(m[1] == "cgroup" for m in below):
+        return None, None, []
+    read_only = sorted(m[0][len(_CGROUP_ROOT) + 1:] for m in below if not m[2])
+    return "v1", "all" if not read_only else "none" if len(read_only) == len(below) else "some", read_only
+
+
+def parse_machine(lines: Iterable[str] | None) -> MachineKind:
+    """The probe's "machine" section: "virt <word>", "marker <path>", "cgroup <mountinfo
+    line>", "netns ok|denied|unknown", "netfilter ok|denied|missing|unknown". Each word is
+    one the probe prints or it is unknown: a host cannot make a container look like a VM by
+    printing something else, only by printing the VM's words (its own machine, its own risk)."""
+    container, markers, mounts, netns, netfilter = None, set(), [], None, None
+    for line in _clean(lines):
+        words = line.split()
+        if len(words) == 2 and words[0] == "virt" and _CONTAINER.fullmatch(words[1]):
+            container = words[1]
+        elif len(words) == 2 and words[0] == "marker" and words[1] in _MARKERS:
+            markers.add(words[1])
+        elif len(words) >= 2 and words[0] == "cgroup" and len(mounts) < 64:
+            mount = _cgroup_mount(words[1:])
+            if mount:
+                mounts.append(mount)
+        elif len(words) == 2 and words[0] == "netns":
+            netns = _VERDICTS.get(words[1])
+        elif len(words) == 2 and words[0] == "netfilter" and words[1] in ("ok", "denied", "missing"):
+            netfilter = words[1]
+    cgroup, writable, read_only = _cgroup(mounts)
+    return MachineKind(container, sorted(markers), cgroup, writable, read_only, netns, netfilter)
 
 
 def parse_meminfo(lines: Iterable[str] | None) -> dict[str, int]:
@@ -475,6 +529,22 @@ def parse_ip_addr(lines: Iterable[str] | None) -> list[InterfaceAddress]:
         # IPv4 lines end with the address's label ("eth0", "eth0:1"); the rest are flags.
         flags = [w for w in after if w != interface and not w.startswith(interface + ":")]
         result.append(InterfaceAddress(interface, address, prefix, scope, flags))
+    return result
+
+
+# "2: eth0@if1209: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP ..."
+_IP_LINK = re.compile(r"^[0-9]{1,10}:\s+([A-Za-z0-9_.:-]{1,15})(?:@\S+)?:\s+<[A-Z0-9_,-]*>\s+mtu\s+([0-9]{1,6})\s",
+                      re.ASCII)
+
+
+def parse_ip_link(lines: Iterable[str] | None) -> dict[str, int]:
+    """`ip -o link show`: interface -> MTU, for MTUs a link can have (68..65536, RFC 791's
+    minimum to the kernel's largest); anything else is left out, not guessed."""
+    result: dict[str, int] = {}
+    for line in _clean(lines):
+        m = _IP_LINK.match(line.strip())
+        if m and 68 <= int(m[2]) <= 65536:
+            result.setdefault(m[1], int(m[2]))
     return result
 
 

@@ -44,8 +44,8 @@ COMMANDS = (
 )  # fmt: skip
 
 SECTIONS = (
-    "commands", "id", "sudo", "os-release", "uname", "machine-id", "pid1", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
-    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-route", "wireguard", "clock",
+    "commands", "id", "sudo", "os-release", "uname", "machine-id", "pid1", "machine", "nproc", "meminfo", "df", "rdma", "pci-nvidia", "files", "modules", "sysctl", "packages", "containerd", "manifest", "images",
+    "k3s", "k3s-units", "ss", "proc-net", "ip-addr", "ip-link", "ip-route", "wireguard", "clock",
     "nvidia-smi", "nvidia-smi-query", "nvidia-smi-mig-lgip", "nvidia-smi-mig-lgipp",
     "nvidia-smi-xml", "nvidia-smi-nvlink", "nvidia-smi-topo", "xid",
 )  # fmt: skip
@@ -71,6 +71,24 @@ p_os() { cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release; }
 # What kubelet reports as its Node's machineID (cAdvisor reads these two, in this order):
 # a Node whose machineID differs from its host's is another machine under the same name.
 p_machine_id() { cat /etc/machine-id 2>/dev/null || cat /var/lib/dbus/machine-id; }
+# Can this machine run k3s, or is it a container sold as a "GPU pod" (bootstrap.rules.
+# machine_kind)? What says "container", then what k3s needs from the kernel: a writable
+# cgroup hierarchy (the mount's own options, /proc/self/mountinfo), network namespaces (a
+# throwaway one: `unshare -n` leaves nothing, unlike `ip netns add`) and netfilter (listing
+# one chain). The last two need root: without it they stay unknown.
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif sudo -n true 2>/dev/null; then sudo -n "$@"; else return 126; fi; }
+verdict() { case $1 in 0) echo ok ;; 126) echo unknown ;; *) echo denied ;; esac; }
+p_machine() {
+  printf 'virt %s\n' "$(systemd-detect-virt --container 2>/dev/null)"
+  for f in /.dockerenv /run/.containerenv; do [ -e "$f" ] && echo "marker $f"; done
+  awk '$5 == "/sys/fs/cgroup" || index($5, "/sys/fs/cgroup/") == 1 { if (++n <= 40) print "cgroup", $0 }' \
+    /proc/self/mountinfo
+  if has unshare; then as_root unshare -n true >/dev/null 2>&1; echo "netns $(verdict $?)"; else echo "netns unknown"; fi
+  if has iptables; then as_root iptables -w 5 -n -L INPUT >/dev/null 2>&1; echo "netfilter $(verdict $?)"
+  elif has nft; then as_root nft list tables >/dev/null 2>&1; echo "netfilter $(verdict $?)"
+  else echo "netfilter missing"; fi
+  return 0
+}
 # nproc obeys OMP_NUM_THREADS, which GPU images often set system-wide; getconf does not.
 p_nproc() { getconf _NPROCESSORS_ONLN 2>/dev/null || nproc; }
 p_meminfo() { grep -E '^(MemTotal|MemAvailable|SwapTotal|SwapFree):' /proc/meminfo; }
@@ -113,6 +131,9 @@ p_sudo() { [ "$(id -u)" = 0 ] && { echo root; return 0; }; has sudo || { echo "s
 # controller looks the node's InternalIP up among the interfaces' addresses and exits when
 # none holds it), and behind a cloud's 1:1 NAT the SSH address is not.
 p_addr() { has ip || return 127; ip -o addr show; }
+# Each interface's MTU: the reachability check's full-size datagrams start there (flannel
+# sizes its overlay from its interface's MTU).
+p_links() { has ip || return 127; ip -o link show; }
 p_routes() {
   has ip || return 127
   echo "# inet"; ip -4 route show table main
@@ -184,6 +205,7 @@ probe() {
   sec uname uname -n -r -m
   sec machine-id p_machine_id
   sec pid1 cat /proc/1/comm
+  sec machine p_machine
   sec nproc p_nproc
   sec meminfo p_meminfo
   sec df p_df
@@ -203,6 +225,7 @@ probe() {
   sec ss p_ss
   [ "$rc" = 0 ] || sec proc-net p_procnet
   sec ip-addr p_addr
+  sec ip-link p_links
   sec ip-route p_routes
   sec wireguard p_wireguard
   if has nvidia-smi; then
@@ -445,6 +468,7 @@ def parse_host_facts(lines: Iterable[str] | str | bytes, received_at: float | No
         disk_free_gib=_disk_free_gib(sections),
         has_systemd=init == "systemd",
         init_process=init,
+        machine=p.parse_machine(_ok(sections, "machine")) if "machine" in sections else None,
         probe_uid=p.parse_first_int(_ok(sections, "id")),
         sudo_ok=sections["sudo"].rc == 0 if "sudo" in sections else None,
         sudo_error=None if "sudo" not in sections or sections["sudo"].rc == 0
@@ -465,6 +489,7 @@ def parse_host_facts(lines: Iterable[str] | str | bytes, received_at: float | No
         listening_ports=sorted(listening, key=lambda s: (s.proto, s.port, s.address)),
         addresses=p.parse_ip_addr(_ok(sections, "ip-addr")) or None,  # no `ip`: unknown, not "none"
         routes=p.parse_ip_route(_ok(sections, "ip-route")),
+        mtus=p.parse_ip_link(_ok(sections, "ip-link")),
         wireguard=wireguard if wireguard in ("loaded", "builtin", "module", "missing") else None,
         **_xid_facts(sections),
         clock=clock,

@@ -15,6 +15,9 @@ Every pair is probed on the address the cluster will use (each node's node-ip) b
 host changes. Nodes that both run k3s already are one cluster: the running cluster is the
 evidence, so a converged cluster is not probed at all (a no-op `up` costs no round trip).
 
+The overlay's UDP probe also measures the path MTU (the "path MTU" section): flannel sizes
+its overlay from its interface's MTU, so a path that carries less passes pings and stalls TCP.
+
 A probe proves where it came from (the last section): every node knows the run, so a bare
 word would let any node (or anyone on the path) claim "A reached B" for a pair it is not
 part of. Each ordered pair gets its own key, derived from a run secret that never leaves
@@ -26,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node, Role
@@ -76,6 +79,8 @@ class Probe:
     port: int
     listen: bool  # a short-lived listener answers; False: the receiver's running k3s does (TCP)
     bind: str = ""  # the receiver's own address its listener binds (the one `address` reaches)
+    mtu: int = 0  # the overlay's probe: the sender's interface MTU, where full-size datagrams start (0: none)
+    interface: str = ""  # the sender's interface that MTU is of (flannel-iface: the one holding node-ip)
 
 
 @dataclass(frozen=True)
@@ -135,10 +140,21 @@ def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirr
                 # A public address the host does not hold is a 1:1 NAT to its node-ip:
                 # the listener binds that one, as k3s will.
                 bind = address if on_host(there, address) else internal[receiver.name]
+                interface, mtu = _overlay_mtu(rule, here, internal[sender.name])
                 probes.append(Probe(sender.name, receiver.name, address, rule.proto, rule.port,
-                                    listen=not runs_k3s(there), bind=bind))
+                                    listen=not runs_k3s(there), bind=bind, mtu=mtu, interface=interface))
     return ProbePlan(probes, untested, addresses, family, public=inventory.network.public,
                      providers={n.name: n.provider for n in inventory.nodes if n.provider})
+
+
+def _overlay_mtu(rule: Rule, sender: HostFacts, node_ip: str) -> tuple[str, int]:
+    """The overlay's UDP probe starts at the MTU of the sender's interface holding its
+    node-ip (k3s's default flannel-iface); ("", 0) for other probes or when unknown."""
+    if rule.what not in OVERHEAD:
+        return "", 0
+    interface = sender.interface_of(node_ip)
+    # An IPv4 datagram is at most 65535 bytes (loopback's 65536 is the largest MTU a link has).
+    return (interface, min(sender.mtus[interface], 65535)) if interface in sender.mtus else ("", 0)
 
 
 def _applies(rule: Rule, sender: Node, receiver: Node) -> bool:
@@ -186,14 +202,33 @@ class Outcome:
     probe: Probe
     ok: bool | None  # None: not known (a host did not report)
     detail: str = ""  # "timed out", "refused", "no answer", ...
+    path_mtu: int | None = None  # the largest datagram (IP bytes) that got through with don't-fragment
+
+    @property
+    def mtu_short(self) -> bool:
+        """The overlay's probe got through, its full-size datagrams did not."""
+        return self.ok is True and bool(self.probe.mtu) and (self.path_mtu or 0) < self.probe.mtu
 
 
 def outcomes(plan: ProbePlan, sent: dict[str, dict[tuple, str]], received: dict[str, set[tuple]],
-             bound: dict[str, dict[tuple, str]]) -> list[Outcome]:
+             bound: dict[str, dict[tuple, str]], largest: dict[str, dict[tuple, int]] | None = None) -> list[Outcome]:
     """`sent[sender][(address, proto, port)]`: the prober's word ("ok", "timeout", "refused",
     "sent", an error); `received[receiver]`: the (sender, proto, port)s its listener logged;
-    `bound[receiver][(proto, port)]`: "ok" or why its listener could not bind. A host that
-    did not report is missing from its dict."""
+    `bound[receiver][(proto, port)]`: "ok" or why its listener could not bind; `largest[receiver]
+    [(sender, proto, port)]`: the largest datagram it got (verified). A host that did not
+    report is missing from its dict."""
+    return [_with_size(o, (largest or {}).get(o.probe.receiver, {})) for o in _outcomes(plan, sent, received, bound)]
+
+
+def _with_size(outcome: Outcome, sizes: dict[tuple, int]) -> Outcome:
+    p = outcome.probe
+    if not p.mtu or outcome.ok is not True:
+        return outcome
+    return replace(outcome, path_mtu=sizes.get((p.sender, p.proto, p.port)))
+
+
+def _outcomes(plan: ProbePlan, sent: dict[str, dict[tuple, str]], received: dict[str, set[tuple]],
+              bound: dict[str, dict[tuple, str]]) -> list[Outcome]:
     out = []
     for p in plan.probes:
         said = sent.get(p.sender, {}).get((p.address, p.proto, p.port))
@@ -227,6 +262,8 @@ def render_matrix(names: list[str], results: list[Outcome], label=str) -> list[s
             cell.append(f"{r.probe.proto}/{r.probe.port}")
         elif r.ok is None:
             cell.append(f"{r.probe.proto}/{r.probe.port}?")
+        elif r.mtu_short:
+            cell.append(f"mtu{r.path_mtu}" if r.path_mtu else f"mtu<{min(sizes(r.probe.mtu))}")
 
     def cell(sender: str, receiver: str) -> str:
         if sender == receiver:
@@ -277,6 +314,7 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
     for (receiver, proto, port, _), rs in sorted(unknown.items()):
         out.append(Finding(receiver, "reachability", f"{proto.upper()} {port} from {', '.join(r.probe.sender for r in rs)} "
                            f"not tested: {rs[0].detail}", None, severity="warning"))
+    out += [_mtu_finding(plan, r, what) for r in results if r.mtu_short]
     untested: dict[tuple, list[Untested]] = {}
     for u in plan.untested:
         untested.setdefault((u.receiver, u.label, u.why), []).append(u)
@@ -285,6 +323,56 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
             out.append(Finding(receiver, "reachability", f"{label} from {', '.join(u.sender for u in us)} not tested: "
                                f"{why}", "install python3 on the host to have it checked", severity="warning"))
     return out
+
+
+# --- path MTU ------------------------------------------------------------------------------------
+#
+# flannel gives its overlay device, and so every pod, its interface's MTU less the backend's
+# overhead (flannel-io/flannel pkg/backend/vxlan/vxlan_network.go: `encapOverhead = 50`,
+# `MTU() = ExtIface.Iface.MTU - encapOverhead`, commit 067ed7f; pkg/backend/wireguard/
+# wireguard_network.go: `overhead = 80`, commit 0f89b8d). So the encapsulated packets are as
+# large as the interface's MTU, and a path between two nodes must carry that much. A provider
+# network that carries less (a tunnelled VPC, an internet path) drops them silently or with
+# an ICMP message a firewall eats: pings and handshakes pass, full-size TCP segments stall.
+# The overlay's UDP probe therefore also sends, with the don't-fragment bit, datagrams of the
+# sender's interface MTU and of each smaller size on MTU_LADDER (each carrying the probe's
+# MAC); the receiver reports the largest it got.
+
+OVERHEAD = {"flannel VXLAN": 50, "flannel WireGuard": 80}  # by Rule.what
+# Common path MTUs below 1500 and the jumbo sizes: what providers' networks actually carry.
+MTU_LADDER = (9001, 9000, 8950, 8500, 4000, 1500, 1460, 1450, 1420, 1400, 1380, 1350, 1300, 1280)
+
+
+def sizes(mtu: int) -> list[int]:
+    """The full-size datagrams (IP bytes) a sender tries, largest first."""
+    return [mtu] + [s for s in MTU_LADDER if s < mtu] if mtu else []
+
+
+def _mtu_finding(plan: ProbePlan, r: Outcome, what: dict) -> Finding:
+    p = r.probe
+    overlay = what.get((p.proto, p.port), "flannel VXLAN")
+    overhead = OVERHEAD.get(overlay, 50)
+    got = f"{r.path_mtu} bytes" if r.path_mtu else f"less than {min(sizes(p.mtu))} bytes"
+    fit = r.path_mtu or min(sizes(p.mtu))
+    fix = (f"set the MTU of {p.sender}'s {p.interface} (flannel-iface) to {fit} on every node, so pods get "
+           f"{fit - overhead}, or turn on the provider's jumbo frames / larger MTU on the network between "
+           f"{p.sender} and {p.receiver} so {p.mtu} bytes get through")
+    return Finding(p.sender, "mtu",
+                   f"path MTU from {plan.label(p.sender)} to {plan.label(p.receiver)} ({p.address}): {got} get "
+                   f"through with don't-fragment, less than {p.sender}'s {p.interface} MTU {p.mtu}, which "
+                   f"{overlay} fills (it adds {overhead} bytes and gives pods {p.mtu - overhead}): full-size "
+                   "packets between pods would be lost (pings pass, TCP stalls)", fix)
+
+
+def mtu_lines(results: list[Outcome]) -> list[str]:
+    """For people: the largest datagram that got through, per pair measured."""
+    measured = [r for r in results if r.probe.mtu and r.ok is True]
+    if not measured:
+        return []
+    short = [r for r in measured if r.mtu_short]
+    return [f"path MTU: {len(measured) - len(short)} of {len(measured)} pairs carry their interface's MTU"
+            + "".join(f"; {r.probe.sender} -> {r.probe.receiver}: {r.path_mtu or 'under ' + str(min(sizes(r.probe.mtu)))}"
+                      f" of {r.probe.mtu}" for r in short)]
 
 
 # --- proof of origin: a MAC per ordered pair ----------------------------------------------------
@@ -304,9 +392,10 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
 #   its own TCP connects succeeded: a lying party to a pair can only misreport that pair;
 # - someone on the path between A and B (or C relaying A's datagram by another route) can
 #   replay A's probe: the MAC says who sent it, not which way it travelled;
-# - a flood can still drown real probes (a false "nothing arrived"), and a local user of the
-#   receiving host can keep its listener from answering (its probes then read "not tested"):
-#   either can hide a pair that works, neither can show one that does not.
+# - a flood can still drown real probes (a false "nothing arrived"), a local user of the
+#   receiving host can kill its listener (its probes then read "not tested"), and whoever
+#   sees a probe can quote it in a forged acknowledgement that stops its sender early:
+#   each can hide a pair that works, none can show one that does not.
 
 MAGIC = "bootstrap-reach"
 MAC_RE = re.compile(r"[0-9a-f]{64}")
@@ -327,12 +416,6 @@ def hello(run_id: str, sender: str, mac: str) -> str:
     return f"{MAGIC} {run_id} {sender} {mac}"
 
 
-def control_secret(run_secret: bytes, receiver: str) -> str:
-    """What the collect command shows a receiver's listener before it answers and ends (the
-    listener's socket name is visible to every local user of the host)."""
-    return hmac.new(run_secret, f"collect {receiver}".encode(), hashlib.sha256).hexdigest()
-
-
 @dataclass(frozen=True)
 class Proof:
     run_id: str  # public: it names the listeners' sockets and is in every probe
@@ -342,13 +425,13 @@ class Proof:
         return probe_mac(self.secret, self.run_id, p.sender, p.receiver, p.proto, p.port)
 
 
-def expected_by_receiver(plan: ProbePlan, proof: Proof) -> dict[str, list[tuple[str, int, str, str]]]:
-    """receiver -> (proto, port, sender, mac) of each probe its listener may hear: all a
-    receiving host is told."""
-    out: dict[str, list[tuple[str, int, str, str]]] = {}
+def expected_by_receiver(plan: ProbePlan, proof: Proof) -> dict[str, list[tuple[str, int, str, str, int]]]:
+    """receiver -> (proto, port, sender, mac, mtu) of each probe its listener may hear (mtu:
+    the full-size datagram the sender starts at, 0 for none): all a receiving host is told."""
+    out: dict[str, list[tuple[str, int, str, str, int]]] = {}
     for p in plan.probes:
         if p.listen:
-            out.setdefault(p.receiver, []).append((p.proto, p.port, p.sender, proof.mac(p)))
+            out.setdefault(p.receiver, []).append((p.proto, p.port, p.sender, proof.mac(p), p.mtu))
     return out
 
 
@@ -371,4 +454,18 @@ def verified(plan: ProbePlan, proof: Proof, receiver: str,
         p = wanted.get((sender, proto, port))
         if p is not None and hmac.compare_digest(proof.mac(p), mac):
             out.add((sender, proto, port))
+    return out
+
+
+def verified_sizes(plan: ProbePlan, proof: Proof, receiver: str,
+                   reported: dict[tuple[str, str, int, str], int]) -> dict[tuple[str, str, int], int]:
+    """Of the largest datagrams `receiver` says it got, {(sender, proto, port, mac): bytes},
+    those of this plan's measured probes whose MAC the tool computes too, within what the
+    sender tried (a receiver can misreport its own pair only)."""
+    wanted = {(p.sender, p.proto, p.port): p for p in plan.probes if p.receiver == receiver and p.listen and p.mtu}
+    out = {}
+    for (sender, proto, port, mac), size in reported.items():
+        p = wanted.get((sender, proto, port))
+        if p is not None and hmac.compare_digest(proof.mac(p), mac) and 0 < size <= p.mtu:
+            out[(sender, proto, port)] = size
     return out

@@ -81,3 +81,30 @@ def test_dropped_ports_stop_up_before_any_change_and_name_the_rule_to_open(lab, 
     a3.ssh("iptables -F INPUT", user="root")
     cp.ssh("iptables -F INPUT", user="root")
     assert run_bootstrap("up", grown, "--hosts-only").returncode == 0
+
+
+def test_a_link_with_a_lower_mtu_is_an_error_naming_the_pair_and_the_mtu_to_set(lab, tmp_path, airgap):
+    """mt-a2's port on the lab bridge carries 1400 bytes while every interface says 1500: the
+    bridge drops larger frames silently, as a tunnelled provider network does. Pings and the
+    small probes pass; the full-size datagrams with don't-fragment show the path's MTU."""
+    hosts = lab.start(["mt-cp", "mt-a1", "mt-a2"])
+    cp, a1, a2 = hosts
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
+    testhosts._run("ip", "link", "set", a2.veth, "mtu", "1400")
+    try:
+        check = run_bootstrap("check", inventory, "--hosts")
+    finally:
+        testhosts._run("ip", "link", "set", a2.veth, "mtu", "1500")
+    out = check.stdout
+    assert check.returncode == 1, out + check.stderr
+    for sender, receiver in ((cp, a2), (a1, a2), (a2, cp), (a2, a1)):
+        assert f"FAIL {sender.name}: mtu: path MTU from {sender.name} to {receiver.name} ({receiver.address}): 1400 " \
+               f"bytes get through with don't-fragment, less than {sender.name}'s eth0 MTU 1500, which flannel VXLAN " \
+               "fills (it adds 50 bytes and gives pods 1450)" in out, out
+    assert f"fix: set the MTU of {cp.name}'s eth0 (flannel-iface) to 1400 on every node, so pods get 1350" in out
+    assert "path MTU: 2 of 6 pairs carry their interface's MTU" in out  # mt-cp <-> mt-a1 is fine
+    assert "FAIL mt-cp: reachability" not in out and "no host was changed" in check.stderr
+
+    again = run_bootstrap("check", inventory, "--hosts")  # the link back at 1500: no MTU finding
+    assert "path MTU: 6 of 6 pairs carry their interface's MTU" in again.stdout, again.stdout
+    assert ": mtu:" not in again.stdout

@@ -99,7 +99,7 @@ def test_host_problems_all_reported_at_once():
                   has_systemd=False, init_process="tini", disk_free_gib={"/": 2.0},
                   listening_ports=[ListeningPort("tcp", 6443, "0.0.0.0", "nginx", 10)])
     checks = {f.check for f in errors(inventory(), {"cp-1": bad, "gpu-1": H200})}
-    assert {"os", "arch", "init", "disk", "ports"} <= checks
+    assert {"os", "arch", "machine", "disk", "ports"} <= checks
 
 
 def test_port_owned_by_k3s_is_fine():

@@ -6,7 +6,10 @@ import subprocess
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from bootstrap.facts import parsers
 from bootstrap.facts.host_facts import HostFacts, InterfaceAddress, K3sInstall, ListeningPort, SystemdUnit
 from bootstrap.hosts import reachability as hr
 from bootstrap.inventory.loader import parse_inventory
@@ -163,7 +166,7 @@ def test_the_matrix_shows_what_did_not_get_through_from_row_to_column():
 
 
 class LocalSession:
-    """Runs each host's command here, as a host would (for the scripts' own test)."""
+    """Runs each host's command here, all at once, as the hosts' session does."""
 
     def __init__(self):
         self.calls = 0
@@ -172,12 +175,23 @@ class LocalSession:
     def run_each(self, commands, what="command", stdin=None, timeout=None):
         self.calls += 1
         self.commands += list(commands.values())
-        out = {}
-        for name, command in commands.items():
-            proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60,
-                                  input=(stdin or {}).get(name, ""))
-            out[name] = proc.stdout if proc.returncode == 0 else None
-        return out
+        procs = {name: start_command(hr.Command(command, (stdin or {}).get(name, ""))) for name, command in commands.items()}
+        return {name: finish(proc) for name, proc in procs.items()}
+
+
+def start_command(command):
+    """A host's command, here, in the background: its line through the shell, its stdin given."""
+    proc = subprocess.Popen(command.line, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdin.write(command.stdin)
+    proc.stdin.close()
+    return proc
+
+
+def finish(proc, timeout=60):
+    """What the command printed, once it ended (None: it failed, as a host that did not report)."""
+    out = proc.stdout.read()  # the command ends by its own deadline (a watchdog at worst)
+    proc.stdout.close()
+    return out if proc.wait(timeout) == 0 else None
 
 
 def free_ports(n):
@@ -199,9 +213,9 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     a's listener binds a's address only: b's k3s holds the same port on 127.0.0.2 (with a
     wildcard listener on a, the probe of b would have been answered by a)."""
     import socket
+    import time
 
     tcp, udp, busy = free_ports(3)
-    monkeypatch.setattr(hr, "LISTEN_SECONDS", 20)
     monkeypatch.setattr(hr, "secrets", FixedSecrets)
     monkeypatch.setattr(rr, "rules", lambda inventory, mirror, family=4: [
         rr.Rule("tcp", tcp, "kubelet"), rr.Rule("udp", udp, "flannel VXLAN"), rr.Rule("tcp", busy, "taken")])
@@ -209,7 +223,7 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
                           "  - {name: b, address: 127.0.0.2}\n")
     facts = {"a": HostFacts(commands={"python3": "/usr/bin/python3"},
                             addresses=[InterfaceAddress("lo", "127.0.0.1", 8, "host")]),
-             "b": HostFacts(commands={"python3": "/usr/bin/python3"},
+             "b": HostFacts(commands={"python3": "/usr/bin/python3"}, mtus={"lo": 9000},
                             addresses=[InterfaceAddress("lo", "127.0.0.2", 8, "host")],
                             k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                            [SystemdUnit("k3s-agent.service", "loaded", "active")]),
@@ -224,17 +238,21 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     holder.bind(("0.0.0.0", busy))  # taken after the facts were read: the listener says so
     holder.listen()
     session = LocalSession()
+    begun = time.monotonic()
     try:
         report = hr.check(session, inv, facts, False)
     finally:
         holder.close()
         k3s_on_b.close()
-    assert session.calls == report.round_trips == 3
+    assert session.calls == report.round_trips == 1  # one command per host: listen and probe at once
+    assert time.monotonic() - begun < hr.WINDOW_SECONDS  # everything arrived: nobody waited out the window
     assert not [f for f in report.findings if f.severity == "error"], report.findings
     assert [f.message for f in report.findings] == [f"TCP {busy} from b not tested: could not listen: "
                                                     "Address already in use"]
     assert report.lines == ["reachability: 4 probes between 2 nodes on the cluster's addresses: 3 got through, "
-                            "1 not tested"]
+                            "1 not tested",
+                            # b's 9000-byte datagrams with don't-fragment got through loopback
+                            "path MTU: 1 of 1 pairs carry their interface's MTU"]
     for port, kind in ((tcp, socket.SOCK_STREAM), (udp, socket.SOCK_DGRAM)):  # the listener is gone
         with socket.socket(socket.AF_INET, kind) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT is no listener
@@ -242,8 +260,7 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
     # No secret on any command line: the run secret, the MACs and the control secrets
     # travelled on stdin only.
     plan = rr.plan_probes(inv, facts, False)
-    secret_words = [FixedSecrets.SECRET.hex(), rr.control_secret(FixedSecrets.SECRET, "a")] + \
-        [FIXED_PROOF.mac(p) for p in plan.probes]
+    secret_words = [FixedSecrets.SECRET.hex()] + [FIXED_PROOF.mac(p) for p in plan.probes]
     assert session.commands and not [w for w in secret_words for c in session.commands if w in c]
 
 
@@ -262,17 +279,12 @@ class FixedSecrets:
 FIXED_PROOF = rr.Proof("0123456789abcdef", FixedSecrets.SECRET)
 
 
-def run(command, timeout=30):
-    """A host's command, here: its line through the shell, its stdin given."""
-    return subprocess.run(command.line, shell=True, input=command.stdin, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def test_the_listener_hears_every_node_when_all_connect_at_once():
     """50 agents probe the server's ports at the same moment: 300 TCP connections arrive
     together (more than a default listen backlog of 128), some hold their hello back.
     Every hello is heard: none is dropped as a SYN the backlog had no room for, and no
-    connection waits for the one before it to speak."""
+    connection waits for the one before it to speak. Having heard them all, the command
+    ends at once, long before its deadline."""
     import socket
     import threading
     import time
@@ -281,20 +293,29 @@ def test_the_listener_hears_every_node_when_all_connect_at_once():
     proof = FIXED_PROOF
     port_of = {i: tcp if i % 2 else other for i in range(300)}
     mac = {i: rr.probe_mac(proof.secret, proof.run_id, f"n{i}", "srv", "tcp", port_of[i]) for i in range(300)}
-    started = run(hr.listener_command(proof, "srv", [("tcp", tcp, "127.0.0.1"), ("tcp", other, "127.0.0.1")],
-                                      [("tcp", port_of[i], f"n{i}", mac[i]) for i in range(300)]))
-    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("tcp", other): "ok"}
+    srv = start_command(hr.reach_command(proof, "srv", [("tcp", tcp, "127.0.0.1"), ("tcp", other, "127.0.0.1")],
+                                         [("tcp", port_of[i], f"n{i}", mac[i], 0) for i in range(300)], {},
+                                         seconds=30))
     failures = []
 
     def node(i):
-        try:
-            with socket.create_connection(("127.0.0.1", port_of[i]), 3) as s:
-                if i % 10 == 0:
-                    time.sleep(1.5)  # a slow sender must not hold up the others
-                s.sendall((rr.hello(proof.run_id, f"n{i}", mac[i]) + "\n").encode())
-                time.sleep(0.1)
-        except OSError as exc:
-            failures.append((i, exc))
+        until = time.monotonic() + 5
+        while True:  # as a probe does: a listener whose command starts later is tried again
+            try:
+                with socket.create_connection(("127.0.0.1", port_of[i]), 3) as s:
+                    if i % 10 == 0:
+                        time.sleep(1.5)  # a slow sender must not hold up the others
+                    s.sendall((rr.hello(proof.run_id, f"n{i}", mac[i]) + "\n").encode())
+                    time.sleep(0.1)
+                return
+            except ConnectionRefusedError:
+                if time.monotonic() > until:
+                    failures.append(i)
+                    return
+                time.sleep(0.05)
+            except OSError as exc:
+                failures.append((i, exc))
+                return
 
     threads = [threading.Thread(target=node, args=(i,)) for i in range(300)]
     begun = time.monotonic()
@@ -302,9 +323,10 @@ def test_the_listener_hears_every_node_when_all_connect_at_once():
         t.start()
     for t in threads:
         t.join()
+    answer = finish(srv)
     assert failures == [] and time.monotonic() - begun < 10
-    heard = hr.parse_received(run(hr.collect_command(proof, "srv")).stdout)
-    assert heard == {(f"n{i}", "tcp", port_of[i], mac[i]) for i in range(300)}
+    assert hr.parse_bound(answer) == {("tcp", tcp): "ok", ("tcp", other): "ok"}
+    assert hr.parse_received(answer) == {(f"n{i}", "tcp", port_of[i], mac[i]) for i in range(300)}
 
 
 def listener_gone(ports, address="127.0.0.1"):
@@ -320,13 +342,22 @@ def listener_gone(ports, address="127.0.0.1"):
     return True
 
 
+def wait_bound(ports, address="127.0.0.1", seconds=10):
+    import time
+
+    until = time.monotonic() + seconds
+    while listener_gone(ports, address) and time.monotonic() < until:
+        time.sleep(0.02)
+    assert not listener_gone(ports, address)
+
+
 def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pairs_mac():
     """b's listener binds 127.0.0.1 (not 127.0.0.2, not the wildcard), and of what arrives it
     keeps only the probe whose MAC it was told: c, which knows its own key only, can neither
     pass as a (its MAC is for c->b, a's name with it is refused) nor bring a stale or
-    made-up MAC; a probe for another port does not count on this one. The tool checks again."""
+    made-up MAC; a probe for another port does not count on this one, and none of them is
+    acknowledged. The tool checks again."""
     import socket
-    import time
 
     tcp, udp = free_ports(2)
     proof = FIXED_PROOF
@@ -334,9 +365,9 @@ def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pa
                          for s in ("a", "c") for proto, port in (("tcp", tcp), ("udp", udp))], [], {})
     expected = rr.expected_by_receiver(plan, proof)["b"]
     expected_a = [e for e in expected if e[2] == "a"]  # b hears from a only, in this run
-    started = run(hr.listener_command(proof, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
-                                      expected_a, seconds=20))
-    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("udp", udp): "ok"}
+    b = start_command(hr.reach_command(proof, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
+                                       expected_a, {}, seconds=3, window=1))
+    wait_bound([("tcp", tcp), ("udp", udp)])
     with pytest.raises(ConnectionRefusedError):  # nothing listens on another address of the host
         socket.create_connection(("127.0.0.2", tcp), 2).close()
 
@@ -348,38 +379,50 @@ def test_the_listener_binds_only_the_address_under_test_and_records_only_this_pa
               rr.hello(other.run_id, "a", rr.probe_mac(other.secret, other.run_id, "a", "b", "udp", udp)),  # stale run
               rr.hello(proof.run_id, "a", rr.probe_mac(proof.secret, proof.run_id, "a", "b", "tcp", tcp))]  # tcp's
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.5)
         for line in forged:
             s.sendto((line + "\n").encode(), ("127.0.0.1", udp))
+        with pytest.raises(TimeoutError):
+            s.recv(1024)  # no acknowledgement for what it was not told to expect
     good_tcp = next(e for e in expected_a if e[0] == "tcp")
     with socket.create_connection(("127.0.0.1", tcp), 2) as s:
         s.sendall((rr.hello(proof.run_id, "a", good_tcp[3]) + "\n").encode())
-    time.sleep(0.3)
-    answer = run(hr.collect_command(proof, "b"))
-    heard = hr.parse_received(answer.stdout)
+    heard = hr.parse_received(finish(b))
     assert heard == {("a", "tcp", tcp, good_tcp[3])}  # the UDP lines were all refused
     assert rr.verified(plan, proof, "b", heard) == {("a", "tcp", tcp)}
     # The tool recomputes: a report of a pair with a MAC it did not make is dropped.
     lied = heard | {("c", "udp", udp, "1" * 64), ("a", "udp", udp, c_key_mac)}
     assert rr.verified(plan, proof, "b", lied) == {("a", "tcp", tcp)}
     assert rr.verified(plan, other, "b", heard) == set()  # another run's secret: nothing
-    deadline = time.monotonic() + 5
-    while not listener_gone([("tcp", tcp), ("udp", udp)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert listener_gone([("tcp", tcp), ("udp", udp)])
+    assert listener_gone([("tcp", tcp), ("udp", udp)])  # gone with its command
 
 
-def test_a_question_without_the_control_secret_neither_ends_the_listener_nor_reads_it():
-    """The listener's socket name is listed in /proc/net/unix for every local user: a
-    question must carry the control secret (which came on stdin)."""
-    tcp, = free_ports(1)
+def test_a_listener_whose_command_starts_late_is_still_reached_and_a_missing_one_costs_the_window():
+    """The hosts' commands do not start at the same moment: a's probes keep trying until b's
+    listener, started a second later, hears them (and acknowledges the datagram, full size
+    included). A node whose command never ran (c) is tried for the window only."""
+    import time
+
+    tcp, udp, silent = free_ports(3)
     proof = FIXED_PROOF
-    run(hr.listener_command(proof, "b", [("tcp", tcp, "127.0.0.1")], [], seconds=20))
-    wrong = hr.Command(hr.collect_command(proof, "b").line,
-                       hr.collect_command(rr.Proof(proof.run_id, bytes(32)), "b").stdin)
-    assert hr.parse_received(run(wrong).stdout) is None  # no answer
-    assert not listener_gone([("tcp", tcp)])  # and still listening
-    assert hr.parse_received(run(hr.collect_command(proof, "b")).stdout) == set()
-    assert listener_gone([("tcp", tcp)])
+    probes = [rr.Probe("a", "b", "127.0.0.1", "tcp", tcp, True, "127.0.0.1"),
+              rr.Probe("a", "b", "127.0.0.1", "udp", udp, True, "127.0.0.1", mtu=9000, interface="lo"),
+              rr.Probe("a", "c", "127.0.0.1", "tcp", silent, True, "127.0.0.1")]
+    plan = rr.ProbePlan(probes, [], {"a": "127.0.0.2", "b": "127.0.0.1", "c": "127.0.0.1"})
+    begun = time.monotonic()
+    a = start_command(hr.reach_command(proof, "a", [], [], rr.hellos_by_sender(plan, proof)["a"], window=3))
+    time.sleep(1)
+    b = start_command(hr.reach_command(proof, "b", plan.listeners()["b"], rr.expected_by_receiver(plan, proof)["b"],
+                                       {}, seconds=4, window=3))
+    answer = finish(b)
+    b_took = time.monotonic() - begun
+    said = hr.parse_sent(finish(a))
+    assert hr.parse_received(answer) == {("a", "tcp", tcp, proof.mac(probes[0])), ("a", "udp", udp, proof.mac(probes[1]))}
+    assert hr.parse_sizes(answer) == {("a", "udp", udp, proof.mac(probes[1])): 9000}
+    assert b_took < 2.5  # b ended once it had heard a's probes, full-size datagram included
+    assert said == {("127.0.0.1", "tcp", tcp): "ok", ("127.0.0.1", "udp", udp): "sent",
+                    ("127.0.0.1", "tcp", silent): "refused"}
+    assert 2.5 <= time.monotonic() - begun < 6  # c was tried for the window (3 s), no longer
 
 
 def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_deadline():
@@ -391,9 +434,9 @@ def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_
 
     tcp, udp = free_ports(2)
     started_at = time.monotonic()
-    started = run(hr.listener_command(FIXED_PROOF, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
-                                      [("udp", udp, "a", "0" * 64)], seconds=2))
-    assert hr.parse_bound(started.stdout) == {("tcp", tcp): "ok", ("udp", udp): "ok"}
+    b = start_command(hr.reach_command(FIXED_PROOF, "b", [("tcp", tcp, "127.0.0.1"), ("udp", udp, "127.0.0.1")],
+                                       [("udp", udp, "a", "0" * 64, 1500)], {}, seconds=2, window=1))
+    wait_bound([("tcp", tcp), ("udp", udp)])
     stop = threading.Event()
 
     def datagrams():
@@ -433,6 +476,7 @@ def test_a_flood_of_datagrams_and_connections_does_not_keep_a_listener_past_its_
         for t in threads:
             t.join()
     assert listener_gone([("tcp", tcp), ("udp", udp)]) and lived < 4.5, lived
+    assert hr.parse_bound(finish(b)) == {("tcp", tcp): "ok", ("udp", udp): "ok"}  # and it answered
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -451,14 +495,20 @@ def test_prober_and_collector_output_parse_and_a_cut_answer_is_no_answer():
     assert hr.parse_received(f"got udp 8472 cp-1 {mac}\ngot tcp 10250 gpu-1 {mac}\nend\n") == {
         ("cp-1", "udp", 8472, mac), ("gpu-1", "tcp", 10250, mac)}
     assert hr.parse_received(f"got udp 8472 cp-1 {mac}\n") is None  # the listener died mid-answer
+    assert hr.parse_sizes(f"got udp 8472 cp-1 {mac}\nsize udp 8472 cp-1 {mac} 1400\nsize tcp 6443 cp-1 {mac} 9\n"
+                          f"size udp 8472 cp-1 {mac} \u0661\u0664\nsize udp 8472 cp-1 {mac} 999999\nend\n") == {
+        ("cp-1", "udp", 8472, mac): 1400}
+    assert hr.parse_sizes(f"size udp 8472 cp-1 {mac} 1400\n") is None
 
 
-@pytest.mark.parametrize("parse", [hr.parse_bound, hr.parse_sent, hr.parse_received])
+@pytest.mark.parametrize("parse", [hr.parse_bound, hr.parse_sent, hr.parse_received, hr.parse_sizes])
 @pytest.mark.parametrize("text", [
     None, 42, b"bound tcp 6443\n", ["end"], "x" * (hr.MAX_ANSWER + 1),
     "bound tcp 99999999999999999999\nbusy udp -1 x\nbound tcp \u0664\u0664\u0663\nsent tcp 10.0.0.1 0 ok\n"
     "sent tcp not-an-ip 6443 ok\ngot udp 8472 CP_1 zz\ngot udp 8472 cp-1 " + "a" * 63 + "\nend\n",
     "\x1b]52;c;AAAA\x07\nbusy tcp 6443 \x1b[2J\nsent tcp 10.0.0.1 6443 \x1b[2Jok\nend\n",
+    "size udp 8472 cp-1 " + "a" * 64 + " \u0661\u0665\u0660\u0660\nsize udp 8472 cp-1 " + "a" * 64 + " -1\n"
+    "size udp 8472 cp-1 " + "a" * 64 + " 99999999999999999999\nsize udp 8472 cp-1 " + "a" * 64 + " 1e3\nend\n",
 ])
 def test_what_a_host_prints_back_never_raises_and_keeps_only_checked_fields(parse, text):
     """A lying host's answer: wrong types, huge, non-ASCII digits, bad addresses and names,
@@ -472,7 +522,8 @@ def test_what_a_host_prints_back_never_raises_and_keeps_only_checked_fields(pars
         assert all(isinstance(x, str) and x.isascii() and x.isprintable() or isinstance(x, int) and 0 < x < 65536
                    for x in key), key
     if isinstance(got, dict):
-        assert all(v.isascii() and v.isprintable() for v in got.values()), got
+        assert all(isinstance(v, int) and 0 < v < 100000 or isinstance(v, str) and v.isascii() and v.isprintable()
+                   for v in got.values()), got
 
 
 def test_a_host_that_hangs_or_drops_its_connection_is_one_host_not_reporting():
@@ -515,15 +566,10 @@ def test_in_public_mode_a_natd_listener_binds_the_address_the_public_one_is_tran
 
 
 def every_input(plan, proof):
-    """What each host is given in one run: {node: [command line and stdin, ...]}."""
-    listeners, expected = plan.listeners(), rr.expected_by_receiver(plan, proof)
-    out = {}
-    for n, ports in listeners.items():
-        out.setdefault(n, []).append(hr.listener_command(proof, n, ports, expected.get(n, [])))
-        out[n].append(hr.collect_command(proof, n))
-    for n, hellos in rr.hellos_by_sender(plan, proof).items():
-        out.setdefault(n, []).append(hr.prober_command(hellos))
-    return out
+    """What each host is given in one run: {node: [its command line and stdin]}."""
+    listeners, expected, hellos = plan.listeners(), rr.expected_by_receiver(plan, proof), rr.hellos_by_sender(plan, proof)
+    return {n: [hr.reach_command(proof, n, listeners.get(n, []), expected.get(n, []), hellos.get(n, {}))]
+            for n in set(listeners) | set(hellos)}
 
 
 def test_each_node_is_given_only_the_macs_of_its_own_pairs_and_no_secret_on_a_command_line():
@@ -548,11 +594,8 @@ def test_each_node_is_given_only_the_macs_of_its_own_pairs_and_no_secret_on_a_co
                 else:
                     assert not [m for m in macs if m in text], (third, a, b)
         assert proof.secret.hex() not in text
-        assert not [c for c in given[third] for word in (proof.secret.hex(), *(proof.mac(p) for p in plan.probes),
-                                                         *(rr.control_secret(proof.secret, n) for n in names))
+        assert not [c for c in given[third] for word in (proof.secret.hex(), *(proof.mac(p) for p in plan.probes))
                     if word in c.line]
-    # Another node's control secret is not given either: only the tool asks a listener.
-    assert rr.control_secret(proof.secret, "cp-1") not in "".join(c.stdin for c in given["cp-2"])
 
 
 def test_pair_keys_and_macs_depend_on_direction_port_run_and_secret():
@@ -564,3 +607,25 @@ def test_pair_keys_and_macs_depend_on_direction_port_run_and_secret():
                 mac(secret=b"t" * 32), mac(receiver="c")]
     assert len(set(variants)) == len(variants)
     assert rr.MAC_RE.fullmatch(mac())
+
+
+# --- the interfaces' MTUs (the facts probe's "ip-link" section): hostile until checked -----------
+
+LINK_WORDS = st.sampled_from(["1:", "2:", "eth0:", "eth0@if9:", "<UP>", "<BROADCAST,UP,LOWER_UP>", "mtu", "1500",
+                              "65536", "65537", "67", "0", "\u0661\u0665\u0660\u0660", "qdisc", "\x1b[2J", "lo:"])
+
+
+def test_parse_ip_link_reads_real_lines_only():
+    lines = ["1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen "
+             "1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00",
+             "2: eth0@if1209: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT",
+             "3: ens5: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9001 qdisc mq state UP",
+             "4: bad: <UP> mtu 65537 qdisc x", "5: worse: <UP> mtu 1\u0665\u0660\u0660 qdisc x",
+             "6: eth0: <UP> mtu 1400 qdisc x"]  # a repeated name keeps the first
+    assert parsers.parse_ip_link(lines) == {"lo": 65536, "eth0": 1500, "ens5": 9001}
+
+
+@given(st.lists(st.one_of(st.text(max_size=60), st.lists(LINK_WORDS, max_size=10).map(" ".join)), max_size=40))
+def test_parse_ip_link_never_raises_and_keeps_only_possible_mtus(lines):
+    for name, mtu in parsers.parse_ip_link(lines).items():
+        assert name.isascii() and name.isprintable() and 1 <= len(name) <= 15 and 68 <= mtu <= 65536
