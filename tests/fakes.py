@@ -42,3 +42,60 @@ class FakeSession:
             if after and step.name in after:
                 after[step.name]()
         return {}
+
+
+class LocalShellClient:
+    """A paramiko client's shape over this machine's `sh`: what the byte-channel code of
+    bootstrap.hosts (archive, remote_output) runs on, so its real scripts and streams are
+    tested through a real shell and GNU tar without a host."""
+
+    def get_transport(self):
+        return self
+
+    def is_active(self) -> bool:
+        return True
+
+    def open_session(self, timeout=None):
+        return LocalShellChannel()
+
+
+class LocalShellChannel:
+    def exec_command(self, command: str) -> None:
+        import subprocess
+
+        self.process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+
+    def sendall(self, data: bytes) -> None:
+        self.process.stdin.write(data)
+
+    def shutdown_write(self) -> None:
+        self.process.stdin.close()
+
+    def recv(self, size: int) -> bytes:
+        return self.process.stdout.read1(size)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self.process.stderr.read1(size)
+
+    def recv_exit_status(self) -> int:
+        return self.process.wait()
+
+    def close(self) -> None:
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
+
+
+class PyinfraHost:
+    """A connected pyinfra Host's shape as bootstrap.hosts.pyinfra_link reads it."""
+
+    def __init__(self, client, sudo: bool = False, name: str = "cp-1"):
+        self.name, self.data = name, {"_sudo": sudo}
+        self.connector = type("Connector", (), {"client": client})()
+
+
+def run_here(script: str, sources: list) -> bool:
+    """bootstrap.hosts.archive.run_with_archive on this machine (see LocalShellClient)."""
+    from bootstrap.hosts import archive
+
+    return archive.run_with_archive(None, PyinfraHost(LocalShellClient()), script, sources)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from bootstrap.cluster.tunnel import API_PORT
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import unit_name
+from bootstrap.hosts.sshlink import SSH_ERRORS
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.statedir import StateDir
 
@@ -42,8 +43,6 @@ def service_verdict(node: Node, facts: HostFacts | None) -> ServerLiveness | Non
 def api_port_accepts(inventory: Inventory, node: Node, state: StateDir) -> tuple[bool, str]:
     """Open a direct-tcpip channel to the server's 127.0.0.1:6443: sshd opens it only when
     the TCP connection on the server succeeds."""
-    import paramiko
-
     from bootstrap.cluster.tunnel import connect_ssh
     from bootstrap.errors import BootstrapError
 
@@ -56,7 +55,7 @@ def api_port_accepts(inventory: Inventory, node: Node, state: StateDir) -> tuple
                                                       ("127.0.0.1", 0), timeout=10)
         channel.close()
         return True, f"k3s is running and its API port {API_PORT} accepts connections"
-    except (paramiko.SSHException, OSError) as exc:
+    except SSH_ERRORS as exc:
         return False, f"k3s is running but its API port {API_PORT} refuses connections ({exc or 'refused'})"
     finally:
         client.close()

@@ -485,6 +485,10 @@ def session_over(inventory, channels, sudo=True):
         class inventory:
             get_host = staticmethod(lambda name: Host())
 
+        def fail_hosts(self, hosts):  # pyinfra's State.fail_hosts, less its "No hosts remaining!"
+            self.failed_hosts |= hosts
+            self.active_hosts -= hosts
+
     session = HostSession.__new__(HostSession)
     session.nodes, session.failures, session._state = list(inventory.nodes), {}, State()
     session.ssh_client = lambda name: FakeClient(channels[name])
@@ -614,7 +618,7 @@ def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
 
     import paramiko.file
 
-    from bootstrap.hosts.session import decode_remote_output_leniently
+    from bootstrap.hosts.pyinfra_link import decode_remote_output_leniently
 
     class Pipe(paramiko.file.BufferedFile):
         """A text-mode paramiko file over fixed bytes, as exec_command's stdout is."""

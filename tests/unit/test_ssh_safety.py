@@ -200,7 +200,7 @@ def test_pyinfra_never_prompts_for_a_sudo_password_to_put_on_a_command_line():
     session answers the prompt with nothing, so the re-run fails as sudo -n did."""
     from pyinfra.connectors import util
 
-    from bootstrap.hosts.session import never_prompt_for_sudo
+    from bootstrap.hosts.pyinfra_link import never_prompt_for_sudo
 
     never_prompt_for_sudo()
     calls = []
