@@ -1,7 +1,9 @@
 """A stand-in for a HostSession in in-process flow tests: what flows use of one (facts,
-failures, execute), with hosts that do not answer and hosts whose steps fail."""
+failures, execute), with hosts that do not answer and hosts whose steps fail. It implements
+bootstrap.hosts.interface.Hosts, as the real session does (tests/unit/test_hosts_interface.py
+checks both against it, signatures included)."""
 
-from bootstrap.hosts.session import HostFailure
+from bootstrap.hosts.interface import HostFailure
 
 
 class FakeSession:
@@ -16,7 +18,7 @@ class FakeSession:
                               for n in bad_answers})
         self.executed: list[tuple[str, str]] = []  # (step, host) in the order they ran
 
-    def gather(self, fact_cls, **kwargs):
+    def gather(self, fact_cls, **fact_kwargs):
         return {n: f for n, f in self.facts.items() if n not in self.failures}
 
     def run_each(self, commands, what="command", stdin=None, timeout=None):
@@ -26,6 +28,10 @@ class FakeSession:
 
     def read_root_file(self, name, path):
         """No host file can be read here (subclasses answer the ones a test needs)."""
+        return None
+
+    def ssh_client(self, name):
+        """No SSH connection to reuse: the tunnel and the snapshot (a test's stand-ins) open their own."""
         return None
 
     def fail(self, name, message, hint=None, *, bad_answer=False):
