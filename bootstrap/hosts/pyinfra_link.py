@@ -17,16 +17,15 @@ So `ssh_client` reaches the paramiko client under pyinfra's SSH connector (`host
 and `shell_command` says a script as pyinfra's `_sudo` runs it. tests/unit/test_pyinfra_link.py
 pins both against the installed pyinfra, so an upgrade that changes them fails a test.
 
-Two process-wide settings pyinfra has no option for are here too (`never_prompt_for_sudo`,
-`decode_remote_output_leniently`), each pinned by a test.
+A process-wide setting pyinfra has no option for is here too (`never_prompt_for_sudo`), pinned
+by a test; paramiko's text decoding under pyinfra's reads is bootstrap.hosts.sshlink's
+`decode_remote_output_leniently`.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
-
-import paramiko.file
 
 from bootstrap.hosts import sshlink
 
@@ -66,23 +65,3 @@ def never_prompt_for_sudo() -> None:
     from pyinfra.connectors import util  # (pyinfra loads only once hosts are opened: `--help` stays fast)
 
     util.getpass = _no_sudo_password
-
-
-def _lenient_text(data, encoding: str = "utf8") -> str:
-    """paramiko.util.u, with bytes that are not UTF-8 replaced (U+FFFD) instead of raising."""
-    if isinstance(data, bytes):
-        return data.decode(encoding, "replace")
-    if isinstance(data, str):
-        return data
-    raise TypeError(f"Expected unicode or bytes, got {type(data)}")
-
-
-def decode_remote_output_leniently() -> None:
-    """pyinfra reads a command's output line by line from paramiko's text-mode channel
-    files, which decode each line as strict UTF-8 (paramiko/file.py, `u(line)`). One byte a
-    host prints that is not UTF-8 raised UnicodeDecodeError in pyinfra's reader greenlet:
-    the rest of the output was lost, gevent printed the traceback on the operator's terminal,
-    and the channel, no longer read, could stall the command until its window drained. A
-    host's output is untrusted bytes: they are replaced, as bootstrap.remote_data does.
-    (paramiko has no setting for this; the module imports `u` by name, so it is replaced there.)"""
-    paramiko.file.u = _lenient_text

@@ -152,7 +152,7 @@ class HostSession:
         self.state_dir.ensure()
         self._configure_logging()
         pyinfra_link.never_prompt_for_sudo()
-        pyinfra_link.decode_remote_output_leniently()
+        sshlink.decode_remote_output_leniently()
         interrupt_quietly()
         user_errors_quietly()
         # pyinfra appends first-contact keys to the file it is given, in place and in

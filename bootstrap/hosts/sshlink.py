@@ -1,8 +1,8 @@
 """paramiko, where pyinfra has no API: the bastion hop (ssh.jump) under every connection,
 pyinfra's included, the direct client the API tunnel and the snapshot use, the API tunnel's
 port forwarding, and TCP keepalives that turn a vanished host into a failed command. The
-one module of the tool that uses paramiko's connections (bootstrap.hosts.pyinfra_link reaches
-the one under pyinfra's connection; hostkeys reads known_hosts with paramiko's parser).
+one module of the tool that imports paramiko (bootstrap.hosts.pyinfra_link reaches the
+client under pyinfra's connection; tests/unit/test_import_cycles.py checks that no other does).
 
 No inventory string ever becomes ssh_config text (where a newline in an address could add
 a ProxyCommand that runs on the operator's machine): the bastion is reached with a paramiko
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
+import paramiko.file
 
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.hosts import hostkeys
@@ -103,6 +104,17 @@ def client_kwargs(inventory: Inventory, node: Node) -> dict:
     return kwargs
 
 
+class PinFirstContact(paramiko.MissingHostKeyPolicy):
+    """First contact pins the key (as `up` does); a changed key is refused by paramiko itself."""
+
+    def __init__(self, known_hosts: Path):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        hostkeys.pin(self.known_hosts, hostname, key)
+
+
 class NodeClient(paramiko.SSHClient):
     """A client that closes its bastion connection with itself."""
 
@@ -118,7 +130,7 @@ def new_client(known_hosts: Path, cls=paramiko.SSHClient) -> paramiko.SSHClient:
     client = cls()
     if known_hosts.exists():
         client.load_host_keys(str(known_hosts))
-    client.set_missing_host_key_policy(hostkeys.PinFirstContact(known_hosts))
+    client.set_missing_host_key_policy(PinFirstContact(known_hosts))
     return client
 
 
@@ -306,3 +318,23 @@ class PortForward:
         finally:
             channel.close()
             local.close()
+
+
+def _lenient_text(data, encoding: str = "utf8") -> str:
+    """paramiko.util.u, with bytes that are not UTF-8 replaced (U+FFFD) instead of raising."""
+    if isinstance(data, bytes):
+        return data.decode(encoding, "replace")
+    if isinstance(data, str):
+        return data
+    raise TypeError(f"Expected unicode or bytes, got {type(data)}")
+
+
+def decode_remote_output_leniently() -> None:
+    """pyinfra reads a command's output line by line from paramiko's text-mode channel
+    files, which decode each line as strict UTF-8 (paramiko/file.py, `u(line)`). One byte a
+    host prints that is not UTF-8 raised UnicodeDecodeError in pyinfra's reader greenlet:
+    the rest of the output was lost, gevent printed the traceback on the operator's terminal,
+    and the channel, no longer read, could stall the command until its window drained. A
+    host's output is untrusted bytes: they are replaced, as bootstrap.remote_data does.
+    (paramiko has no setting for this; the module imports `u` by name, so it is replaced there.)"""
+    paramiko.file.u = _lenient_text

@@ -165,3 +165,15 @@ def test_no_import_cycles():
     found = cycles(import_graph())
     assert not found, "import cycles (module-level or function-level imports):\n" + \
         "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+def test_paramiko_is_imported_by_one_module():
+    """paramiko only where pyinfra has no API (the bastion hop, the API tunnel, the byte
+    channels under pyinfra's connection), in one module: bootstrap.hosts.sshlink."""
+    importers = set()
+    for name, path in module_files().items():
+        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n == "paramiko" or n.startswith("paramiko.") for n in names):
+                importers.add(name)
+    assert importers == {"bootstrap.hosts.sshlink"}

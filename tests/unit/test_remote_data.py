@@ -618,7 +618,7 @@ def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
 
     import paramiko.file
 
-    from bootstrap.hosts.pyinfra_link import decode_remote_output_leniently
+    from bootstrap.hosts.sshlink import decode_remote_output_leniently
 
     class Pipe(paramiko.file.BufferedFile):
         """A text-mode paramiko file over fixed bytes, as exec_command's stdout is."""
