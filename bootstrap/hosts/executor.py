@@ -17,6 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+import gevent
+from pyinfra.api import StringCommand
+
 from bootstrap.hostplan.steps import Step
 from bootstrap.hosts.archive import RemoteCommandFailed
 from bootstrap.progress import command_finished
@@ -59,8 +62,6 @@ def last_error_line(output) -> str:
 def run_commands(state, host, commands: list, reporter=None) -> str | None:
     """Run one host's commands of a step in order; None when all succeed, else the error.
     Each command is a `command` event on `reporter` (the benchmark's per-host trace)."""
-    from pyinfra.api import StringCommand  # (loaded with pyinfra, when hosts are opened)
-
     base = {"_sudo": bool(host.data.get("_sudo", False))}
     for command in commands:
         arguments = {**base, **command.connector_arguments}
@@ -97,8 +98,6 @@ def execute(session: StepSession, steps: list[Step], after: dict | None = None) 
     """`after`: {step name: function} to start (in the background) once that step has ended,
     while the next steps run (the kubeconfig is read while the agents join); each has
     finished when this returns."""
-    import gevent
-
     state = session.pyinfra_state
     reporter = session.reporter
     alive = [n.name for n in session.active_nodes()]

@@ -10,7 +10,22 @@ HostSession implements bootstrap.hosts.interface.Hosts, what flows need of the h
 from __future__ import annotations
 
 import logging
+import os
+import shlex
+import signal
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor  # greenlets: bootstrap.cli patched threading
 from pathlib import Path
+
+# This module loads only when hosts are opened (bootstrap.hosts.connections), after bootstrap.cli
+# patched gevent: `--help` and the offline commands never load pyinfra.
+import gevent
+from pyinfra.api import BaseStateCallback, Config, Inventory as PyInventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import get_facts
+from pyinfra.api.state import StateStage
 
 from bootstrap.console_text import PrintableFormatter
 from bootstrap.errors import BootstrapError
@@ -99,10 +114,6 @@ def interrupt_quietly() -> None:
     went on to exit 0). gevent's own handler runs in its loop instead and throws it into the
     main greenlet, where bootstrap.errors says "interrupted" and exits 130."""
     global _interrupt_handler
-    import signal
-
-    import gevent
-
     if _interrupt_handler is None:
         main = gevent.get_hub().parent
         _interrupt_handler = gevent.signal_handler(signal.SIGINT, main.throw, KeyboardInterrupt)
@@ -113,8 +124,6 @@ def user_errors_quietly() -> None:
     agents join) is a message the main greenlet says, via bootstrap.errors, when it joins
     that greenlet; gevent's hub printed it first as a traceback on stderr. For the hub it is
     not an error (gevent's Hub.NOT_ERROR, a per-instance setting)."""
-    import gevent
-
     hub = gevent.get_hub()
     if not issubclass(BootstrapError, hub.NOT_ERROR):
         hub.NOT_ERROR = (*hub.NOT_ERROR, BootstrapError)
@@ -143,12 +152,6 @@ class HostSession:
         self.close()
 
     def open(self) -> None:
-        # (pyinfra loads only once hosts are opened: `--help` and the offline commands stay fast)
-        from pyinfra.api import BaseStateCallback, Config, Inventory as PyInventory, State
-        from pyinfra.api.connect import connect_all
-        from pyinfra.api.exceptions import PyinfraError
-        from pyinfra.api.state import StateStage
-
         self.state_dir.ensure()
         self._configure_logging()
         pyinfra_link.never_prompt_for_sudo()
@@ -187,9 +190,6 @@ class HostSession:
             sshlink.detect_dead_peer(transport.sock)
 
     def _scratch_known_hosts(self) -> Path:
-        import os
-        import tempfile
-
         fd, name = tempfile.mkstemp(dir=self.state_dir.path, prefix=".known_hosts.session.")  # 0600
         known = self.state_dir.known_hosts
         with os.fdopen(fd, "w") as handle:
@@ -200,8 +200,6 @@ class HostSession:
         """A channel through its bastion for each node with ssh.jump, opened in parallel (one
         bastion connection each, shared); a node whose bastion fails is a failure here and
         is never contacted directly."""
-        from concurrent.futures import ThreadPoolExecutor  # greenlets: gevent patched threading
-
         jumped = [n for n in self.nodes if self.inventory.ssh_for(n).jump]
         if not jumped:
             return {}
@@ -241,8 +239,6 @@ class HostSession:
 
     def close(self) -> None:
         if self._state is not None:
-            from pyinfra.api.connect import disconnect_all
-
             disconnect_all(self._state)
             self._state = None
         self._jumps.close()
@@ -283,8 +279,6 @@ class HostSession:
 
     def fail(self, name: str, message: str, hint: str | None = None, *, bad_answer: bool = False) -> None:
         """Record a failure for one host and stop running anything more on it."""
-        from pyinfra.api.exceptions import PyinfraError  # (loaded with pyinfra: see open)
-
         self.failures.setdefault(name, HostFailure(name, message, hint, bad_answer=bad_answer))
         host = self._state.inventory.get_host(name) if self._state is not None else None
         if host is None:
@@ -303,8 +297,6 @@ class HostSession:
         """A root-only file's text from one host (never logged), or None when it cannot be read.
         Read as bytes over the session's connection (bootstrap.hosts.remote_output): at most
         MAX_ROOT_FILE_BYTES, within a minute; bytes that are not UTF-8 are replaced."""
-        import shlex
-
         client = self.ssh_client(name)
         if client is None:
             return None
@@ -325,10 +317,6 @@ class HostSession:
         seconds}. `stdin`: {node: text} for the command's stdin, where secrets go (argv and
         the environment are readable by every local user of the host); never logged. `what`:
         its name in the trace (a `command` event per host)."""
-        import time
-
-        import gevent
-
         def run(name: str, command: str) -> str | None:
             host = self._state.inventory.get_host(name)
             extra = {"_stdin": stdin[name]} if stdin and name in stdin else {}
@@ -350,8 +338,6 @@ class HostSession:
 
     def gather(self, fact_cls, **fact_kwargs) -> dict:
         """Run one fact on every active host in parallel: {node name: value}."""
-        from pyinfra.api.facts import get_facts
-
         if self._state is None or not self._state.active_hosts:
             return {}
         if getattr(fact_cls, "untrusted_output", False):
@@ -363,8 +349,6 @@ class HostSession:
         """A fact parsed from its output's bytes (fact.process_bytes), read by
         bootstrap.hosts.remote_output on every active host in parallel. A host whose output is
         refused (too much, too slow) or whose connection fails is that host's failure."""
-        import gevent
-
         command = sh_command(str(fact.command(**fact_kwargs)))
         what = "the facts probe"
 
