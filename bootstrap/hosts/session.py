@@ -184,8 +184,8 @@ class HostSession:
             client = pyinfra_link.ssh_client(host)
             if client is not None:
                 sshlink.detect_dead_peer(client.get_transport().sock)
-            elif host.name not in self.failures:
-                self.failures[host.name] = HostFailure(host.name, "could not connect")
+            else:
+                self.fail(host.name, "could not connect")  # (a host already failed keeps its reason)
         for transport in self._jumps.transports():
             sshlink.detect_dead_peer(transport.sock)
 
@@ -274,13 +274,13 @@ class HostSession:
         instead of paying for a second connection (TCP, key exchange, authentication)."""
         if self._state is None or name in self.failures:
             return None
-        host = self._state.inventory.get_host(name)
+        host = self._state.inventory.get_host(name, None)  # (None: a node pyinfra never had, failed at its bastion)
         return pyinfra_link.ssh_client(host) if host is not None else None
 
     def fail(self, name: str, message: str, hint: str | None = None, *, bad_answer: bool = False) -> None:
         """Record a failure for one host and stop running anything more on it."""
         self.failures.setdefault(name, HostFailure(name, message, hint, bad_answer=bad_answer))
-        host = self._state.inventory.get_host(name) if self._state is not None else None
+        host = self._state.inventory.get_host(name, None) if self._state is not None else None
         if host is None:
             return
         try:

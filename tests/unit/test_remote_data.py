@@ -483,7 +483,7 @@ def session_over(inventory, channels, sudo=True):
         failed_hosts, active_hosts = set(), set(channels)
 
         class inventory:
-            get_host = staticmethod(lambda name: Host())
+            get_host = staticmethod(lambda name, default=None: Host())
 
         def fail_hosts(self, hosts):  # pyinfra's State.fail_hosts, less its "No hosts remaining!"
             self.failed_hosts |= hosts
