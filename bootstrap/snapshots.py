@@ -22,20 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
-
 from bootstrap.errors import BootstrapError
 from bootstrap.hostparts.k3s_service import SNAPSHOT_DIR
+from bootstrap.hosts.sshlink import SSH_ERRORS
 from bootstrap.inventory.model import Inventory, Node
+from bootstrap.snapshot_names import K3S_SUFFIX as _K3S_SUFFIX, name_prefix
 from bootstrap.statedir import StateDir
-
-# What k3s appends to --name: "-<node name>-<unix time>", and ".zip" when compressed
-# (k3s-io/k3s pkg/etcd/snapshot.go, snapshotName / compressSnapshot).
-_K3S_SUFFIX = r"-[a-z0-9]([a-z0-9.-]*[a-z0-9])?-[0-9]+(\.zip)?"
-
-
-def name_prefix(cluster_id: str) -> str:
-    return f"bootstrap-{cluster_id}-"
 
 
 def snapshot_pattern(cluster_id: str) -> re.Pattern:
@@ -130,19 +122,6 @@ def prune(state: StateDir, keep: int, just_taken: str | None = None) -> None:
         old.path.with_name(old.name + ".token").unlink(missing_ok=True)
 
 
-def adopt_legacy(state: StateDir) -> None:
-    """Snapshots named before clusters had ids (`bootstrap-YYYYmmdd-HHMMSS-...`) get this
-    cluster's prefix: they came from the only cluster this folder ever held."""
-    folder = state.path / "snapshots"
-    if not folder.is_dir():
-        return
-    legacy = re.compile(r"bootstrap-([0-9]{8}-[0-9]{6}" + _K3S_SUFFIX + r")(\.token)?", re.ASCII)
-    for path in folder.iterdir():
-        match = legacy.fullmatch(path.name)
-        if match:
-            path.rename(path.with_name(name_prefix(state.cluster_id) + path.name[len("bootstrap-"):]))
-
-
 # An etcd snapshot is the database file: k3s's default quota is 2 GiB (etcd's
 # --quota-backend-bytes); one past twice that is not a snapshot this machine should hold.
 MAX_SNAPSHOT_BYTES = 4 << 30
@@ -159,7 +138,7 @@ def _save_and_read(client, command: str, server: str) -> bytes:
                                  "it was not kept")
         status = stdout.channel.recv_exit_status()
         reason = stderr.read(4096).decode(errors="replace").strip()[-300:] if status != 0 else ""
-    except (OSError, EOFError, paramiko.SSHException) as exc:
+    except SSH_ERRORS as exc:
         raise BootstrapError(f"the SSH connection to {server} was lost while it saved the etcd snapshot "
                              f"({type(exc).__name__}); no snapshot was kept",
                              "once the server answers, run `bootstrap snapshot INVENTORY` (or the next `up`, "

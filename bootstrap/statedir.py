@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bootstrap.errors import UsageError
 from bootstrap.inventory.model import Inventory
+from bootstrap.snapshot_names import adopt_legacy
 
 IDENTITY = "identity.json"
 # What a state folder written before identities existed holds; such a folder is adopted.
@@ -311,9 +312,7 @@ class StateDir:
 
     def _adopt_legacy_snapshots(self) -> None:
         """Snapshots from before identities are this cluster's: give them its id's prefix."""
-        from bootstrap.snapshots import adopt_legacy
-
-        adopt_legacy(self)
+        adopt_legacy(self.path / "snapshots", self.cluster_id)
 
     # -- files ----------------------------------------------------------------------------
     @property

@@ -1,7 +1,9 @@
 """A stand-in for a HostSession in in-process flow tests: what flows use of one (facts,
-failures, execute), with hosts that do not answer and hosts whose steps fail."""
+failures, execute), with hosts that do not answer and hosts whose steps fail. It implements
+bootstrap.hosts.interface.Hosts, as the real session does (tests/unit/test_hosts_interface.py
+checks both against it, signatures included)."""
 
-from bootstrap.hosts.session import HostFailure
+from bootstrap.hosts.interface import HostFailure
 
 
 class FakeSession:
@@ -16,7 +18,7 @@ class FakeSession:
                               for n in bad_answers})
         self.executed: list[tuple[str, str]] = []  # (step, host) in the order they ran
 
-    def gather(self, fact_cls, **kwargs):
+    def gather(self, fact_cls, **fact_kwargs):
         return {n: f for n, f in self.facts.items() if n not in self.failures}
 
     def run_each(self, commands, what="command", stdin=None, timeout=None):
@@ -26,6 +28,10 @@ class FakeSession:
 
     def read_root_file(self, name, path):
         """No host file can be read here (subclasses answer the ones a test needs)."""
+        return None
+
+    def ssh_client(self, name):
+        """No SSH connection to reuse: the tunnel and the snapshot (a test's stand-ins) open their own."""
         return None
 
     def fail(self, name, message, hint=None, *, bad_answer=False):
@@ -42,3 +48,60 @@ class FakeSession:
             if after and step.name in after:
                 after[step.name]()
         return {}
+
+
+class LocalShellClient:
+    """A paramiko client's shape over this machine's `sh`: what the byte-channel code of
+    bootstrap.hosts (archive, remote_output) runs on, so its real scripts and streams are
+    tested through a real shell and GNU tar without a host."""
+
+    def get_transport(self):
+        return self
+
+    def is_active(self) -> bool:
+        return True
+
+    def open_session(self, timeout=None):
+        return LocalShellChannel()
+
+
+class LocalShellChannel:
+    def exec_command(self, command: str) -> None:
+        import subprocess
+
+        self.process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+
+    def sendall(self, data: bytes) -> None:
+        self.process.stdin.write(data)
+
+    def shutdown_write(self) -> None:
+        self.process.stdin.close()
+
+    def recv(self, size: int) -> bytes:
+        return self.process.stdout.read1(size)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self.process.stderr.read1(size)
+
+    def recv_exit_status(self) -> int:
+        return self.process.wait()
+
+    def close(self) -> None:
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
+
+
+class PyinfraHost:
+    """A connected pyinfra Host's shape as bootstrap.hosts.pyinfra_link reads it."""
+
+    def __init__(self, client, sudo: bool = False, name: str = "cp-1"):
+        self.name, self.data = name, {"_sudo": sudo}
+        self.connector = type("Connector", (), {"client": client})()
+
+
+def run_here(script: str, sources: list) -> bool:
+    """bootstrap.hosts.archive.run_with_archive on this machine (see LocalShellClient)."""
+    from bootstrap.hosts import archive
+
+    return archive.run_with_archive(None, PyinfraHost(LocalShellClient()), script, sources)

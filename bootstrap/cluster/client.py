@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import re
 import tempfile
 import time
@@ -88,16 +89,12 @@ def connect(inventory: Inventory, state: StateDir, ssh=None):
     raise ClusterError("no server answers over SSH: " + "; ".join(errors))
 
 
-connect.reuses_ssh = True  # flows may hand it their session's connections (see reusing_ssh)
-
-
 def reusing_ssh(connect_fn, session):
-    """`connect_fn` given the session's SSH connections when it takes them (the real one
-    does; a test's sandboxed API does not)."""
-    ssh = getattr(session, "ssh_client", None)
-    if ssh is None or not getattr(connect_fn, "reuses_ssh", False):
+    """`connect_fn` given the session's SSH connections (bootstrap.hosts.interface.Hosts.ssh_client)
+    when it can reuse one: a connect function that can declares an `ssh` parameter, as `connect` does."""
+    if "ssh" not in inspect.signature(connect_fn).parameters:
         return connect_fn
-    return functools.partial(connect_fn, ssh=ssh)
+    return functools.partial(connect_fn, ssh=session.ssh_client)
 
 
 def wait_for(what: str, check, timeout_s: float, interval_s: float = 2.0):

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import paramiko
-
 from bootstrap.cluster.tunnel import API_PORT, connect_ssh
 from bootstrap.errors import BootstrapError
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.k3s_service import unit_name
+from bootstrap.hosts.sshlink import SSH_ERRORS
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.statedir import StateDir
 
@@ -54,7 +53,7 @@ def api_port_accepts(inventory: Inventory, node: Node, state: StateDir) -> tuple
                                                       ("127.0.0.1", 0), timeout=10)
         channel.close()
         return True, f"k3s is running and its API port {API_PORT} accepts connections"
-    except (paramiko.SSHException, OSError) as exc:
+    except SSH_ERRORS as exc:
         return False, f"k3s is running but its API port {API_PORT} refuses connections ({exc or 'refused'})"
     finally:
         client.close()

@@ -288,7 +288,7 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         if snapshot_due(hosts_changed or cluster_changed, snapshots.newest(state)):
             # A snapshot of what was just built: what `rebuild` restores after losing a server.
             with console.phase("snapshot"):
-                take = take_snapshot or functools.partial(snapshots.take, ssh=getattr(session, "ssh_client", None))
+                take = take_snapshot or functools.partial(snapshots.take, ssh=session.ssh_client)
                 path = take(inventory, state)
             console.say(f"snapshot: {path.name} copied to the state folder")
         record_applied(inventory, state)

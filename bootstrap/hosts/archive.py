@@ -8,20 +8,20 @@ file (a temp name in its folder, synced, renamed: bootstrap.hostparts.placing) a
 the preparation lines, in one SSH channel. The files
 (config.yaml holds the join token) travel only inside the SSH connection and never sit in
 a login user's directory; the script's trap removes the staging dir on every exit.
+
+pyinfra's run-command API takes text on stdin only, so the stream goes over a byte channel of
+the host's pyinfra connection (bootstrap.hosts.pyinfra_link says why and where).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import subprocess
 import tarfile
-import tempfile
 import time
 
-import paramiko
-
 from bootstrap.hostparts import placing
+from bootstrap.hosts import pyinfra_link, remote_output
 
 STAGE_PREFIX = "/tmp/bootstrap-stage-"
 RECORD = 64 * 1024  # tar's blocking on the wire: paramiko sends at most 32 KiB a packet anyway
@@ -76,44 +76,17 @@ def write_archive(stream, sources: list) -> None:
 
 def run_with_archive(state, host, script: str, sources: list) -> bool:
     """Run `script` (as root when the host uses sudo) with `sources` as a tar stream on its
-    stdin, in one SSH channel; raises RemoteCommandFailed with its output when it fails."""
-    from pyinfra.api import StringCommand
-    from pyinfra.connectors.util import make_unix_command_for_host
-
-    command = make_unix_command_for_host(state, host, StringCommand(script),
-                                         _sudo=bool(host.data.get("_sudo", False))).get_raw_value()
-    client = getattr(host.connector, "client", None)
-    if client is None or client.get_transport() is None:
-        return _run_here(command, sources)  # pyinfra's @local connector: this machine
-    return _run_over_ssh(client, host, command, sources)
-
-
-def _run_over_ssh(client, host, command: str, sources: list) -> bool:
-    from pyinfra.connectors.util import read_output_buffers
-
-    stdin, stdout, stderr = client.exec_command(command)
-    try:
-        write_archive(stdin, sources)
-        stdin.flush()
-    except (OSError, EOFError, paramiko.SSHException):
-        pass  # the command ended early (tar failed, disk full): its output says why
-    finally:
-        try:
-            stdin.channel.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-    output = read_output_buffers(stdout, stderr, timeout=None, print_output=False, print_prefix=host.print_prefix)
-    status = stdout.channel.recv_exit_status()
+    stdin, in one SSH channel; raises RemoteCommandFailed with its output when it fails.
+    (A FunctionCommand's function: pyinfra calls it with its state and the host.)"""
+    client = pyinfra_link.ssh_client(host)
+    if client is None:
+        raise RemoteCommandFailed([], ["no open SSH connection to send the files over"], None)
+    status, stdout, stderr = remote_output.run_with_input(
+        client, pyinfra_link.shell_command(host, script), lambda stream: write_archive(stream, sources))
     if status != 0:
-        raise RemoteCommandFailed(output.stdout_lines, output.stderr_lines, status)
+        raise RemoteCommandFailed(_lines(stdout), _lines(stderr), status)
     return True
 
 
-def _run_here(command: str, sources: list) -> bool:
-    with tempfile.TemporaryFile() as archive:  # unlinked at once: only this process reads it
-        write_archive(archive, sources)
-        archive.seek(0)
-        done = subprocess.run(["sh", "-c", command], stdin=archive, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RemoteCommandFailed(done.stdout.splitlines(), done.stderr.splitlines(), done.returncode)
-    return True
+def _lines(output: bytes) -> list[str]:
+    return output.decode("utf-8", "replace").splitlines()

@@ -14,11 +14,29 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
+
+import gevent
+from pyinfra.api import StringCommand
 
 from bootstrap.hostplan.steps import Step
+from bootstrap.hosts.archive import RemoteCommandFailed
 from bootstrap.progress import command_finished
-from bootstrap.hosts.session import HostSession
+
+
+class StepSession(Protocol):
+    """What the executor needs of the session that calls it (bootstrap.hosts.session.HostSession):
+    the session imports this module, never the other way round."""
+
+    pyinfra_state: object  # a connected pyinfra State
+    reporter: object  # bootstrap.progress.Reporter
+    failures: dict
+
+    def active_nodes(self) -> list: ...
+
+    def fail(self, name: str, message: str, hint: str | None = None, *, bad_answer: bool = False) -> None: ...
+
 
 logger = logging.getLogger("pyinfra.bootstrap")  # the run log (see HostSession._configure_logging)
 NO_OUTPUT = "command failed (connection lost?)"
@@ -44,10 +62,6 @@ def last_error_line(output) -> str:
 def run_commands(state, host, commands: list, reporter=None) -> str | None:
     """Run one host's commands of a step in order; None when all succeed, else the error.
     Each command is a `command` event on `reporter` (the benchmark's per-host trace)."""
-    from pyinfra.api import StringCommand
-
-    from bootstrap.hosts.archive import RemoteCommandFailed
-
     base = {"_sudo": bool(host.data.get("_sudo", False))}
     for command in commands:
         arguments = {**base, **command.connector_arguments}
@@ -80,12 +94,10 @@ def command_label(command) -> str:
     return function.__name__ if function is not None else type(command).__name__
 
 
-def execute(session: HostSession, steps: list[Step], after: dict | None = None) -> dict[str, dict[str, StepResult]]:
+def execute(session: StepSession, steps: list[Step], after: dict | None = None) -> dict[str, dict[str, StepResult]]:
     """`after`: {step name: function} to start (in the background) once that step has ended,
     while the next steps run (the kubeconfig is read while the agents join); each has
     finished when this returns."""
-    import gevent
-
     state = session.pyinfra_state
     reporter = session.reporter
     alive = [n.name for n in session.active_nodes()]
@@ -119,7 +131,7 @@ def execute(session: HostSession, steps: list[Step], after: dict | None = None) 
     return results
 
 
-def _refuse_all(session: HostSession, step: Step, working: list[str], results: dict) -> list[str]:
+def _refuse_all(session: StepSession, step: Step, working: list[str], results: dict) -> list[str]:
     """The step's hosts when the host it needs failed earlier in this run: each is failed at
     once with that reason (a join would only wait out its start time-out), none is run."""
     error = f"not run: {step.needs}, which it joins, failed"

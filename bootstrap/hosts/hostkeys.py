@@ -2,6 +2,7 @@
 
 First contact records the key (a fresh rented VM has no key anyone could know in advance);
 after that a different key is refused until the user says the machine was replaced.
+(paramiko's policy that pins a first contact is bootstrap.hosts.sshlink.PinFirstContact.)
 
 The file is only ever replaced whole (a private temp file in the same folder, then
 os.replace), by commands holding the cluster lock: a reader never sees half a file, and a
@@ -10,11 +11,12 @@ crash mid-write leaves the old one.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 import threading
 from pathlib import Path
-
-import paramiko
-from paramiko.hostkeys import HostKeyEntry
 
 from bootstrap import statedir
 
@@ -42,16 +44,31 @@ def merge(known_hosts: Path, text: str) -> None:
             write_atomically(known_hosts, "".join(f"{line}\n" for line in new))
 
 
-def pin(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
-    merge(known_hosts, HostKeyEntry([hostname], key).to_line())
+def pin(known_hosts: Path, hostname: str, key) -> None:
+    """Pin `key` (a paramiko PKey: its type name and base64 blob) for `hostname`."""
+    merge(known_hosts, f"{hostname} {key.get_name()} {key.get_base64()}")
+
+
+def _hashed_name_is(name: str, entry: str) -> bool:
+    """OpenSSH's HashKnownHosts form, `|1|<salt>|<HMAC-SHA1 of the name keyed by the salt>`,
+    both base64 (as paramiko.HostKeys.hash_host makes it)."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[1] != "1":
+        return False
+    try:
+        salt = base64.b64decode(parts[2], validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    digest = base64.b64encode(hmac.new(salt, entry.encode(), hashlib.sha1).digest()).decode()
+    return hmac.compare_digest(digest, parts[3])
 
 
 def _names(line: str, entry: str) -> bool:
-    parsed = HostKeyEntry.from_line(line)
-    if parsed is None:
+    """Whether a known_hosts line (`names keytype key`) names `entry`, plainly or hashed."""
+    fields = line.split()
+    if len(fields) < 3:
         return False
-    return any(name == entry or (name.startswith("|1|") and paramiko.HostKeys.hash_host(entry, name) == name)
-               for name in parsed.hostnames)
+    return any(name == entry or _hashed_name_is(name, entry) for name in fields[0].split(","))
 
 
 def forget(known_hosts: Path, address: str, port: int) -> bool:
@@ -64,14 +81,3 @@ def forget(known_hosts: Path, address: str, port: int) -> bool:
             return False
         write_atomically(known_hosts, "".join(f"{line}\n" for line in kept))
     return True
-
-
-class PinFirstContact(paramiko.MissingHostKeyPolicy):
-    """First contact pins the key (as `up` does); a changed key is refused by paramiko itself."""
-
-    def __init__(self, known_hosts: Path):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        pin(self.known_hosts, hostname, key)

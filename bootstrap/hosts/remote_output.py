@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import shlex
 import socket
+import threading
 import time
 
+from bootstrap.hosts.sshlink import SSH_ERRORS
 from bootstrap.remote_data import RemoteDataError
 
 CHUNK = 65536
 POLL_S = 2.0  # how often a silent channel is checked against the deadline
+# A root script's output is kept for its failure's line and the run log: its last 64 KiB per
+# stream (a host that floods costs the channel's reading, not the operator's memory).
+TAIL_BYTES = 64 * 1024
 
 
 def sh_command(script: str) -> str:
@@ -75,3 +80,70 @@ def _read_all(channel, max_bytes: int, deadline: float, timeout: float, what: st
 
 def _size(count: int) -> str:
     return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count // 1024} KiB"
+
+
+def run_with_input(client, command: str, write_input, *, tail_bytes: int = TAIL_BYTES) -> tuple[int, bytes, bytes]:
+    """Run `command` on the host behind paramiko `client`, `write_input(stream)` writing its
+    stdin (stream.write(bytes)), while its stdout and stderr are read apart, each in its own
+    thread (a greenlet under gevent), so a command that prints while it reads never stalls.
+    (status, last `tail_bytes` of stdout, of stderr). No deadline: a host change takes as
+    long as its own time-outs allow. A command that ends before reading all of its input
+    (tar failed, disk full) is not an error here: its status and output say why."""
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise RemoteDataError("the SSH connection is closed")
+    channel = transport.open_session(timeout=60)
+    try:
+        channel.exec_command(command)
+        stdout, stderr = _Tail(tail_bytes), _Tail(tail_bytes)
+        readers = [threading.Thread(target=_drain, args=(channel.recv, stdout), daemon=True),
+                   threading.Thread(target=_drain, args=(channel.recv_stderr, stderr), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            write_input(_ChannelWriter(channel))
+        except SSH_ERRORS:
+            pass  # the command stopped reading: its output says why
+        finally:
+            try:
+                channel.shutdown_write()
+            except SSH_ERRORS:
+                pass
+        for reader in readers:
+            reader.join()
+        return channel.recv_exit_status(), stdout.value(), stderr.value()
+    finally:
+        channel.close()
+
+
+class _ChannelWriter:
+    """The write() a tar stream needs, over a channel's stdin."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def write(self, data: bytes) -> int:
+        self.channel.sendall(data)
+        return len(data)
+
+
+class _Tail:
+    def __init__(self, keep: int):
+        self.keep, self.data = keep, b""
+
+    def add(self, chunk: bytes) -> None:
+        self.data = (self.data + chunk)[-self.keep:]
+
+    def value(self) -> bytes:
+        return self.data
+
+
+def _drain(receive, tail: _Tail) -> None:
+    try:
+        while True:
+            chunk = receive(CHUNK)
+            if not chunk:
+                return
+            tail.add(chunk)
+    except SSH_ERRORS:
+        return  # the connection went: the exit status says so (-1)

@@ -1,22 +1,39 @@
 """A pyinfra session over the inventory's hosts: parallel connect, per-host failures as data.
 
-pyinfra is driven through its Python API. A host that cannot be reached, refuses its
-pinned key or cannot sudo gets one clear line; the other hosts carry on.
+pyinfra is driven through its public Python API (State, connect_all, get_facts,
+Host.run_shell_command); what needs bytes on its connections goes through
+bootstrap.hosts.pyinfra_link, the one module that reaches under it. A host that cannot be
+reached, refuses its pinned key or cannot sudo gets one clear line; the other hosts carry on.
+HostSession implements bootstrap.hosts.interface.Hosts, what flows need of the hosts.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+import shlex
+import signal
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor  # greenlets: bootstrap.cli patched threading
 from pathlib import Path
 
-import paramiko
+# This module loads only when hosts are opened (bootstrap.hosts.connections), after bootstrap.cli
+# patched gevent: `--help` and the offline commands never load pyinfra.
+import gevent
+from pyinfra.api import BaseStateCallback, Config, Inventory as PyInventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import get_facts
+from pyinfra.api.state import StateStage
 
-from bootstrap.console_text import PrintableFormatter, printable
+from bootstrap.console_text import PrintableFormatter
 from bootstrap.errors import BootstrapError
-from bootstrap.hosts import hostkeys, sshlink
+from bootstrap.hosts import executor, hostkeys, pyinfra_link, sshlink
+from bootstrap.hosts.interface import HostFailure
 from bootstrap.hosts.remote_output import read_command, run_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
+from bootstrap.progress import Reporter, command_finished
 from bootstrap.remote_data import RemoteDataError
 from bootstrap.secrets import resolve, ssh_password
 from bootstrap.statedir import StateDir
@@ -24,21 +41,6 @@ from bootstrap.statedir import StateDir
 
 # A file the tool reads back as root (k3s.yaml, the server token) is a few KiB.
 MAX_ROOT_FILE_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class HostFailure:
-    node: str
-    message: str
-    hint: str | None = None
-    machine_answers: bool = False  # something answered at the address (a new host key, a refused login)
-    # It answered, but with what cannot be used (too much, too slow, unparsable): the host
-    # is left out of the run like a node that fails a check, and does not stop the others.
-    bad_answer: bool = False
-
-    def render(self) -> str:
-        # The message quotes the host (its error line): one printable line, whatever it holds.
-        return printable(f"{self.node}: {self.message}" + (f" ({self.hint})" if self.hint else ""))
 
 
 def explain_connect_error(node: Node, address: str, port: int, error: str, inventory: Inventory) -> HostFailure:
@@ -72,24 +74,6 @@ def _reason(text: str) -> str:
     return text.strip().splitlines()[-1] if text.strip() else "unknown error"
 
 
-def detect_dead_peer(sock, idle_s: int = 10, interval_s: int = 5, probes: int = 3) -> None:
-    """A spot VM that vanishes sends no RST: without this an SSH command waits on it for
-    the kernel's ~15 minute retransmission limit. TCP keepalives (and a user time-out for
-    unacknowledged data) turn a dead host into a failed command within about 25 seconds."""
-    import socket
-
-    try:
-        if not isinstance(sock, socket.socket):
-            return  # a ProxyJump channel: the bastion's connection carries the keepalives
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (("TCP_KEEPIDLE", idle_s), ("TCP_KEEPINTVL", interval_s), ("TCP_KEEPCNT", probes),
-                              ("TCP_USER_TIMEOUT", (idle_s + interval_s * probes) * 1000)):
-            if hasattr(socket, option):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-    except (AttributeError, OSError):
-        pass
-
-
 def host_data(inventory: Inventory, state: StateDir, node: Node, known_hosts: Path | None = None) -> dict:
     """pyinfra host data for one node, public keys only. sudo is always `sudo -n`: preflight
     requires passwordless sudo, and pyinfra would put a sudo password in the command's
@@ -119,46 +103,6 @@ def host_data(inventory: Inventory, state: StateDir, node: Node, known_hosts: Pa
     return data
 
 
-def _no_sudo_password(prompt: str = "") -> str:
-    logging.getLogger("pyinfra").warning("sudo asked for a password (%s); bootstrap uses sudo -n only", prompt.strip())
-    return ""
-
-
-def never_prompt_for_sudo() -> None:
-    """When a command prints "sudo: a password is required", pyinfra asks the operator for
-    one (getpass) and re-runs the command with PYINFRA_SUDO_PASSWORD=<password> on its
-    command line, visible in the host's `ps`. With sudoers rules that allow only some
-    commands without a password, preflight's `sudo -n` check can pass and a later command
-    still ask. An empty answer makes the re-run fail like the first try: the step fails
-    with sudo's message, and no password is asked for or sent. (pyinfra has no setting for
-    this; its prompt is `getpass` in pyinfra/connectors/util.py.)"""
-    from pyinfra.connectors import util
-
-    util.getpass = _no_sudo_password
-
-
-def _lenient_text(data, encoding: str = "utf8") -> str:
-    """paramiko.util.u, with bytes that are not UTF-8 replaced (U+FFFD) instead of raising."""
-    if isinstance(data, bytes):
-        return data.decode(encoding, "replace")
-    if isinstance(data, str):
-        return data
-    raise TypeError(f"Expected unicode or bytes, got {type(data)}")
-
-
-def decode_remote_output_leniently() -> None:
-    """pyinfra reads a command's output line by line from paramiko's text-mode channel
-    files, which decode each line as strict UTF-8 (paramiko/file.py, `u(line)`). One byte a
-    host prints that is not UTF-8 raised UnicodeDecodeError in pyinfra's reader greenlet:
-    the rest of the output was lost, gevent printed the traceback on the operator's terminal,
-    and the channel, no longer read, could stall the command until its window drained. A
-    host's output is untrusted bytes: they are replaced, as bootstrap.remote_data does.
-    (paramiko has no setting for this; the module imports `u` by name, so it is replaced there.)"""
-    import paramiko.file
-
-    paramiko.file.u = _lenient_text
-
-
 _interrupt_handler = None
 
 
@@ -170,10 +114,6 @@ def interrupt_quietly() -> None:
     went on to exit 0). gevent's own handler runs in its loop instead and throws it into the
     main greenlet, where bootstrap.errors says "interrupted" and exits 130."""
     global _interrupt_handler
-    import signal
-
-    import gevent
-
     if _interrupt_handler is None:
         main = gevent.get_hub().parent
         _interrupt_handler = gevent.signal_handler(signal.SIGINT, main.throw, KeyboardInterrupt)
@@ -184,8 +124,6 @@ def user_errors_quietly() -> None:
     agents join) is a message the main greenlet says, via bootstrap.errors, when it joins
     that greenlet; gevent's hub printed it first as a traceback on stderr. For the hub it is
     not an error (gevent's Hub.NOT_ERROR, a per-instance setting)."""
-    import gevent
-
     hub = gevent.get_hub()
     if not issubclass(BootstrapError, hub.NOT_ERROR):
         hub.NOT_ERROR = (*hub.NOT_ERROR, BootstrapError)
@@ -197,8 +135,6 @@ class HostSession:
     def __init__(self, inventory: Inventory, state: StateDir, nodes: list[Node] | None = None,
                  log_file: Path | None = None, reporter=None):
         """`reporter`: where step progress goes (bootstrap.progress); plain lines if none."""
-        from bootstrap.progress import Reporter
-
         self.inventory = inventory
         self.reporter = reporter or Reporter()
         self.state_dir = state
@@ -216,15 +152,10 @@ class HostSession:
         self.close()
 
     def open(self) -> None:
-        from pyinfra.api import BaseStateCallback, Config, Inventory as PyInventory, State
-        from pyinfra.api.connect import connect_all
-        from pyinfra.api.exceptions import PyinfraError
-        from pyinfra.api.state import StateStage
-
         self.state_dir.ensure()
         self._configure_logging()
-        never_prompt_for_sudo()
-        decode_remote_output_leniently()
+        pyinfra_link.never_prompt_for_sudo()
+        sshlink.decode_remote_output_leniently()
         interrupt_quietly()
         user_errors_quietly()
         # pyinfra appends first-contact keys to the file it is given, in place and in
@@ -234,10 +165,11 @@ class HostSession:
             socks = self._open_jumps()
             names = [(node.name, self._pyinfra_data(node, scratch, socks)) for node in self.nodes
                      if node.name not in self.failures]
-            timeout = max(self.inventory.ssh_for(n).connect_timeout for n in self.nodes) if self.nodes else 10
-            config = Config(PARALLEL=min(len(names), 100) or 1, CONNECT_TIMEOUT=timeout, FAIL_PERCENT=None)
-            state = State()
-            state.init(PyInventory((names, {})), config)  # (State() skips init for an empty inventory)
+            if not names:
+                return  # every host failed at its bastion: nothing for pyinfra to connect to
+            timeout = max(self.inventory.ssh_for(n).connect_timeout for n in self.nodes)
+            config = Config(PARALLEL=min(len(names), 100), CONNECT_TIMEOUT=timeout, FAIL_PERCENT=None)
+            state = State(PyInventory((names, {})), config)
             state.add_callback_handler(self._connect_callbacks(BaseStateCallback))
             state.set_stage(StateStage.Connect)
             try:
@@ -247,21 +179,17 @@ class HostSession:
             hostkeys.merge(self.state_dir.known_hosts, scratch.read_text())
         finally:
             scratch.unlink(missing_ok=True)
-        for host in state.active_hosts:
-            client = getattr(host.connector, "client", None)
-            if client is not None and client.get_transport() is not None:
-                detect_dead_peer(client.get_transport().sock)
-        for transport in self._jumps.transports():
-            detect_dead_peer(transport.sock)
-        for host in list(state.inventory):
-            if host.name not in self.failures and host not in state.active_hosts:
-                self.failures[host.name] = HostFailure(host.name, "could not connect")
         self._state = state
+        for host in state.inventory:
+            client = pyinfra_link.ssh_client(host)
+            if client is not None:
+                sshlink.detect_dead_peer(client.get_transport().sock)
+            else:
+                self.fail(host.name, "could not connect")  # (a host already failed keeps its reason)
+        for transport in self._jumps.transports():
+            sshlink.detect_dead_peer(transport.sock)
 
     def _scratch_known_hosts(self) -> Path:
-        import os
-        import tempfile
-
         fd, name = tempfile.mkstemp(dir=self.state_dir.path, prefix=".known_hosts.session.")  # 0600
         known = self.state_dir.known_hosts
         with os.fdopen(fd, "w") as handle:
@@ -272,8 +200,6 @@ class HostSession:
         """A channel through its bastion for each node with ssh.jump, opened in parallel (one
         bastion connection each, shared); a node whose bastion fails is a failure here and
         is never contacted directly."""
-        from concurrent.futures import ThreadPoolExecutor  # greenlets: gevent patched threading
-
         jumped = [n for n in self.nodes if self.inventory.ssh_for(n).jump]
         if not jumped:
             return {}
@@ -313,8 +239,6 @@ class HostSession:
 
     def close(self) -> None:
         if self._state is not None:
-            from pyinfra.api.connect import disconnect_all
-
             disconnect_all(self._state)
             self._state = None
         self._jumps.close()
@@ -350,43 +274,39 @@ class HostSession:
         instead of paying for a second connection (TCP, key exchange, authentication)."""
         if self._state is None or name in self.failures:
             return None
-        host = self._state.inventory.get_host(name)
-        client = getattr(getattr(host, "connector", None), "client", None) if host is not None else None
-        return client if client is not None and client.get_transport() is not None \
-            and client.get_transport().is_active() else None
+        host = self._state.inventory.get_host(name, None)  # (None: a node pyinfra never had, failed at its bastion)
+        return pyinfra_link.ssh_client(host) if host is not None else None
 
     def fail(self, name: str, message: str, hint: str | None = None, *, bad_answer: bool = False) -> None:
         """Record a failure for one host and stop running anything more on it."""
         self.failures.setdefault(name, HostFailure(name, message, hint, bad_answer=bad_answer))
-        # Not State.fail_hosts: it raises once no host is left, and the caller still wants
-        # to report every host's line before deciding the exit code.
-        host = self._state.inventory.get_host(name)
-        self._state.failed_hosts.add(host)
-        self._state.active_hosts.discard(host)
+        host = self._state.inventory.get_host(name, None) if self._state is not None else None
+        if host is None:
+            return
+        try:
+            self._state.fail_hosts({host})
+        except PyinfraError:
+            pass  # "No hosts remaining!": the caller still reports every host's line, then decides
 
     def execute(self, steps: list, after: dict | None = None) -> dict:
         """Run prepared steps (bootstrap.hostplan.steps.Step) on the active hosts: the one
         way flows change hosts. {node: {step: StepResult}}; `after`: see executor.execute."""
-        from bootstrap.hosts.executor import execute
-
-        return execute(self, steps, after)
+        return executor.execute(self, steps, after)
 
     def read_root_file(self, name: str, path: str) -> str | None:
         """A root-only file's text from one host (never logged), or None when it cannot be read.
         Read as bytes over the session's connection (bootstrap.hosts.remote_output): at most
         MAX_ROOT_FILE_BYTES, within a minute; bytes that are not UTF-8 are replaced."""
-        import shlex
-
         client = self.ssh_client(name)
         if client is None:
             return None
         host = self._state.inventory.get_host(name)
         # As pyinfra's _sudo runs it; sudo's own messages are not the file's text.
-        sudo = "sudo -H -n " if host.data.get("_sudo", False) else ""
+        sudo = "sudo -H -n " if pyinfra_link.uses_sudo(host) else ""
         try:
             status, data = run_command(client, f"{sudo}cat {shlex.quote(path)} 2>/dev/null",
                                        max_bytes=MAX_ROOT_FILE_BYTES, timeout=60, what=path)
-        except (RemoteDataError, OSError, EOFError, paramiko.SSHException):
+        except (RemoteDataError, *sshlink.SSH_ERRORS):
             return None
         return data.decode("utf-8", "replace") if status == 0 else None
 
@@ -397,12 +317,6 @@ class HostSession:
         seconds}. `stdin`: {node: text} for the command's stdin, where secrets go (argv and
         the environment are readable by every local user of the host); never logged. `what`:
         its name in the trace (a `command` event per host)."""
-        import time
-
-        import gevent
-
-        from bootstrap.progress import command_finished
-
         def run(name: str, command: str) -> str | None:
             host = self._state.inventory.get_host(name)
             extra = {"_stdin": stdin[name]} if stdin and name in stdin else {}
@@ -424,9 +338,7 @@ class HostSession:
 
     def gather(self, fact_cls, **fact_kwargs) -> dict:
         """Run one fact on every active host in parallel: {node name: value}."""
-        from pyinfra.api.facts import get_facts
-
-        if not self._state.active_hosts:
+        if self._state is None or not self._state.active_hosts:
             return {}
         if getattr(fact_cls, "untrusted_output", False):
             return self._gather_untrusted(fact_cls(), fact_kwargs)
@@ -437,8 +349,6 @@ class HostSession:
         """A fact parsed from its output's bytes (fact.process_bytes), read by
         bootstrap.hosts.remote_output on every active host in parallel. A host whose output is
         refused (too much, too slow) or whose connection fails is that host's failure."""
-        import gevent
-
         command = sh_command(str(fact.command(**fact_kwargs)))
         what = "the facts probe"
 
@@ -453,7 +363,7 @@ class HostSession:
             except RemoteDataError as exc:
                 self.fail(name, str(exc), bad_answer=True)
                 return None
-            except (OSError, EOFError, paramiko.SSHException) as exc:
+            except sshlink.SSH_ERRORS as exc:
                 self.fail(name, f"{what}: SSH error: {_reason(str(exc))}")
                 return None
             try:

@@ -48,7 +48,7 @@ def test_the_staging_dir_goes_on_every_exit_of_the_root_script():
 
 
 def test_the_archive_arrives_with_private_modes_and_the_stage_goes(tmp_path, monkeypatch):
-    """The real script and archive through a real shell and GNU tar (pyinfra's @local path):
+    """The real script and archive through a real shell and GNU tar (tests/fakes.py's LocalShellClient):
     files land with their modes, the staging dir is private while it exists and is gone
     after success and after a failure."""
     from bootstrap.hosts import archive
@@ -62,15 +62,16 @@ def test_the_archive_arrives_with_private_modes_and_the_stage_goes(tmp_path, mon
         f"install -D -m 0755 {archive.staged(1)} {tmp_path / 'bin' / 'k3s'}"]
     import io
 
-    command = f"sh -c {__import__('shlex').quote(chr(10).join(lines))}"
-    assert archive._run_here(command, [io.BytesIO(b"token: SECRET\n"), str(binary)])
+    from fakes import run_here
+
+    assert run_here("\n".join(lines), [io.BytesIO(b"token: SECRET\n"), str(binary)])
     assert target.read_bytes() == b"token: SECRET\n" and oct(target.stat().st_mode & 0o777) == "0o600"
     assert (tmp_path / "bin" / "k3s").read_bytes() == binary.read_bytes()
     assert (tmp_path / "mode-of-stage").read_text().strip() == "700"
     assert not list(tmp_path.glob("stage-*"))
-    failing = f"sh -c {__import__('shlex').quote(chr(10).join(archive.receiving_lines() + ['echo no room >&2', 'false']))}"
+    failing = "\n".join(archive.receiving_lines() + ['echo no room >&2', 'false'])
     with pytest.raises(archive.RemoteCommandFailed) as failed:
-        archive._run_here(failing, [io.BytesIO(b"x")])
+        run_here(failing, [io.BytesIO(b"x")])
     assert failed.value.line == "no room"
     assert not list(tmp_path.glob("stage-*"))
 

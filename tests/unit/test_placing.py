@@ -1,6 +1,6 @@
 """Host files are never written in place: the real root scripts (converge's placement, the
-manifest line of `down`) through a real dash and coreutils, on this machine (pyinfra's
-@local path of bootstrap.hosts.archive). A full disk, a signal or a leftover from a killed
+manifest line of `down`) through a real dash and coreutils, on this machine (bootstrap.hosts.archive
+over tests/fakes.py's LocalShellClient). A full disk, a signal or a leftover from a killed
 run leaves every target whole: its old content or its new, nothing between."""
 
 import io
@@ -18,6 +18,7 @@ from bootstrap.hostparts.base import FileSpec, text_file
 from bootstrap.hostplan.host_plan import HostPlan
 from bootstrap.hosts import archive
 from bootstrap.inventory.loader import parse_inventory
+from fakes import run_here
 
 INV = parse_inventory("cluster: t\nnodes: [{name: cp-1, address: 10.0.0.1, role: server}]\n")
 NODE = INV.nodes[0]
@@ -29,7 +30,7 @@ def _script_and_sources(uploads, prepare=()):
 
 
 def _run(script, sources):
-    return archive._run_here(f"sh -c {shlex.quote(script)}", sources)
+    return run_here(script, sources)
 
 
 @pytest.fixture

@@ -485,7 +485,11 @@ def session_over(inventory, channels, sudo=True):
         failed_hosts, active_hosts = set(), set(channels)
 
         class inventory:
-            get_host = staticmethod(lambda name: Host())
+            get_host = staticmethod(lambda name, default=None: Host())
+
+        def fail_hosts(self, hosts):  # pyinfra's State.fail_hosts, less its "No hosts remaining!"
+            self.failed_hosts |= hosts
+            self.active_hosts -= hosts
 
     session = HostSession.__new__(HostSession)
     session.nodes, session.failures, session._state = list(inventory.nodes), {}, State()
@@ -619,7 +623,7 @@ def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
 
     import paramiko.file
 
-    from bootstrap.hosts.session import decode_remote_output_leniently
+    from bootstrap.hosts.sshlink import decode_remote_output_leniently
 
     class Pipe(paramiko.file.BufferedFile):
         """A text-mode paramiko file over fixed bytes, as exec_command's stdout is."""

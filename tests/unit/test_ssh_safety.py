@@ -101,6 +101,20 @@ def test_known_hosts_is_replaced_atomically_and_stays_private(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["known_hosts"]  # no temp file left
 
 
+def test_forget_finds_a_hashed_entry_as_openssh_and_paramiko_hash_it(tmp_path):
+    import paramiko
+
+    known = tmp_path / "known_hosts"
+    key = paramiko.RSAKey.generate(1024)
+    hashed = paramiko.HostKeys.hash_host("[10.0.0.3]:2222")
+    known.write_text(f"{hashed} {key.get_name()} {key.get_base64()}\n"
+                     f"{paramiko.HostKeys.hash_host('10.0.0.4')} {key.get_name()} {key.get_base64()}\n"
+                     "# a comment\n|1|not base64!|x ssh-rsa AAAA\n")
+    assert not hostkeys.forget(known, "10.0.0.3", 22)  # another port: another entry
+    assert hostkeys.forget(known, "10.0.0.3", 2222)
+    assert hashed not in known.read_text() and len(known.read_text().splitlines()) == 3
+
+
 def test_merging_keys_from_a_session_file_keeps_each_line_once(tmp_path):
     known, session = tmp_path / "known_hosts", tmp_path / "session"
     known.write_text("10.0.0.1 ssh-ed25519 AAAA1\n")
@@ -200,7 +214,7 @@ def test_pyinfra_never_prompts_for_a_sudo_password_to_put_on_a_command_line():
     session answers the prompt with nothing, so the re-run fails as sudo -n did."""
     from pyinfra.connectors import util
 
-    from bootstrap.hosts.session import never_prompt_for_sudo
+    from bootstrap.hosts.pyinfra_link import never_prompt_for_sudo
 
     never_prompt_for_sudo()
     calls = []

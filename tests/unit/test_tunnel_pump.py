@@ -13,7 +13,7 @@ import threading
 import paramiko
 import pytest
 
-from bootstrap.cluster.tunnel import Tunnel
+from bootstrap.hosts.sshlink import PortForward
 
 
 class _CutChannel:
@@ -42,8 +42,7 @@ class _CutChannel:
 @pytest.mark.parametrize("error", [EOFError(), paramiko.SSHException("Socket is closed"),
                                    ConnectionResetError(104, "reset")])
 def test_a_cut_connection_ends_the_pump_without_a_traceback(error):
-    tunnel = Tunnel.__new__(Tunnel)
-    tunnel._stop = threading.Event()
+    tunnel = PortForward(client=None, remote_port=6443)
     local, client_side = socket.socketpair()
     client_side.sendall(b"GET /api/v1/nodes HTTP/1.1\r\n\r\n")
     channel = _CutChannel(error)
