@@ -13,7 +13,7 @@ import yaml
 
 from bootstrap import templates
 from bootstrap.components import versions
-from bootstrap.preflight import gpu_nodes
+from bootstrap.topology import gpu_nodes
 from bootstrap.components.release import ComponentError, Release
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import nad_name  # one derivation, shared with the inventory check
