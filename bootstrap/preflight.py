@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from bootstrap.console_text import printable
 from bootstrap.facts.host_facts import HostFacts
-from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES
+from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER_DIR
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.rules import cuda, mig
 from bootstrap.topology import Topology, gpu_nodes, is_gpu_node, resolve_topology
@@ -288,9 +288,9 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
              "k3s runs as a systemd service: rent a full VM or bare-metal machine")
     gpu_node = is_gpu_node(inventory, node, host)
     need = MIN_FREE_GIB["gpu" if gpu_node else "cpu"]
-    free = host.disk_free_gib.get("/var/lib/rancher", host.disk_free_gib.get("/"))
+    free = host.disk_free_gib.get(RANCHER_DIR, host.disk_free_gib.get("/"))
     if free is not None and free < need:
-        fail("disk", f"{free:.1f} GiB free for /var/lib/rancher, {need:.0f} GiB needed",
+        fail("disk", f"{free:.1f} GiB free for {RANCHER_DIR}, {need:.0f} GiB needed",
              "free space or attach a larger disk")
     k3s_installed = bool(host.k3s and host.k3s.units)
     for port, (proto, who) in (ports or PORTS).items():

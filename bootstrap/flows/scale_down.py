@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.console_text import printable
 from bootstrap.errors import HostsFailed, UsageError
-from bootstrap.hosts.connections import open_hosts, report_failures
+from bootstrap.hosts.connections import open_hosts
 from bootstrap.inventory.model import Role
 from bootstrap.lock import cluster_lock
+from bootstrap.progress import end_run, report_host_failures
 from bootstrap.rules.lost_nodes import quorum_after
 
 STOP_STEP = "stop k3s"
@@ -81,14 +82,13 @@ def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=
         for node in removed:
             console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
     if blocked:
-        for failure in sorted(failures.values(), key=lambda f: f.node):
-            console.warn(f"FAILED {failure.render()}")
+        report_host_failures(console, failures)
         # Pod names and reasons are the API's words: one printable line each.
         lines = [f"{name}: {printable(pod)} ({printable(why)})" for name, pods in blocked.items()
                  for pod, why in pods.items()]
         raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
                           "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
-    report_failures(failures, console)
+    end_run(console, failures)
 
 
 def drain_all(cluster, nodes, options: ScaleDownOptions, console):
