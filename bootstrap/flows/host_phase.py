@@ -21,7 +21,7 @@ from bootstrap.facts.pyinfra_fact import HostFactsFact
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import PreflightFailed, enforce, examine, stops_the_run  # noqa: F401 (re-exported)
-from bootstrap.flows.replaced_machines import Replaced, clear_replaced, find_replaced
+from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
 from bootstrap.flows.run import Run
 from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
@@ -252,23 +252,15 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         run.open_hosts(stack, open_session, inventory.nodes, "up")
         stack.callback(run.stop_reprobe)  # the second probe, still running: gone before the connections
         probe(run)
-        replaced = find_replaced_machines(run)
+        replaced = find_replaced(run)  # a machine re-created under a node's name: its old Node must go
         preflight_and_plan(run, create_token=True, join_via=replaced.join_via)
-        clear_replaced(run.inventory, state, replaced, console, run.connect)
+        clear_replaced(run, replaced)
         converge_or_roll(run, options)
         if options.hosts_only:
             return
         cluster_changed = cluster_side(run, options)
         snapshot(run, run.changed or cluster_changed)
         record_applied(inventory, state)
-
-
-def find_replaced_machines(run: Run) -> Replaced:
-    """A machine re-created under a node's name: k3s refuses it until its old Node goes."""
-    replaced = find_replaced(run.inventory, run.state, run.facts, run.console, run.connect)
-    for name in replaced.names:
-        run.hosts[name].replaced = True
-    return replaced
 
 
 def converge_or_roll(run: Run, options: UpOptions) -> None:
