@@ -210,20 +210,6 @@ def plan_hosts(run: Run, *, create_token: bool, join_via, converging: bool) -> P
     return plans
 
 
-def gather_and_plan(session, inventory, state, console, *, create_token: bool, facts=None,
-                    tolerate_unreachable=False, join_via=None, converging: bool | None = None):
-    """The first phases for a caller holding an open session (`check`, `plan`): (facts, plans)."""
-    run = Run(inventory, state, console)
-    run.attach(session)
-    if facts is None:
-        run.set_facts(gather_facts(session, inventory))
-    else:
-        run.set_facts(facts)
-    plans = preflight_and_plan(run, create_token=create_token, tolerate_unreachable=tolerate_unreachable,
-                               join_via=join_via, converging=converging)
-    return run.facts, plans
-
-
 @dataclass(frozen=True)
 class UpOptions:
     hosts_only: bool = False

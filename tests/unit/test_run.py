@@ -14,6 +14,7 @@ from test_join_tokens import JoinSession, fresh_facts, inventory_of, k3s  # noqa
 from bootstrap import progress, topology
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.flows import cluster_side, host_phase
+from bootstrap.flows.host_check import check_hosts
 from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.preflight_phase import PreflightFailed, enforce, examine
 from bootstrap.flows.run import Run
@@ -88,3 +89,12 @@ def test_preflight_returns_every_finding_and_the_flow_prints_and_decides(tmp_pat
     with pytest.raises(PreflightFailed, match="no host was changed"):
         enforce(run, report)
     assert "a1: owner: it belongs to another cluster" in out.getvalue()
+
+
+def test_check_hosts_runs_ups_first_phases_and_changes_nothing(k3s, tmp_path):  # noqa: F811
+    inv = inventory_of(tmp_path, k3s, servers=1, agents=1)
+    out = io.StringIO()
+    session = JoinSession(inv, fresh_facts(inv), StateDir(inv))
+    assert check_hosts(inv, console(out), open_session=lambda *a: contextlib.nullcontext(session)) == 0
+    assert session.executed == [] and "`up` would go ahead" in out.getvalue()
+    assert not (StateDir(inv).path / "token").exists()
