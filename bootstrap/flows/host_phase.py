@@ -23,7 +23,7 @@ from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import PreflightFailed, enforce, examine, stops_the_run  # noqa: F401 (re-exported)
 from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
 from bootstrap.flows.run import Run
-from bootstrap.hostparts.k3s_service import CONFIG, KUBECONFIG
+from bootstrap.hostparts.k3s_service import CONFIG, K3S_DATA_DIR, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
 from bootstrap.hostplan.all_hosts import Plans, make_plans
 from bootstrap.hostplan.host_plan import after_the_ca, before_the_ca
@@ -103,7 +103,7 @@ def legacy_tokens(state: StateDir, server: str, ca_hash: str | None, keep: bool)
         path = state.path / "agent-token"
         raise UsageError(f"{path} is missing, and the cluster's servers run with an agent token; nothing was changed",
                          "restore it from a copy of the state folder; a server holds it too, after \"::node:\" in "
-                         "/var/lib/rancher/k3s/server/agent-token")
+                         f"{K3S_DATA_DIR}/server/agent-token")
     if keep and not marked:
         state.write_file(NO_AGENT_TOKEN, LEGACY_NOTE + "\n")
     return JoinTokens(server, None, ca_hash)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, uncordon
+from bootstrap.cluster.client import ClusterError, get, wait_for
+from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, cordoned_for_upgrade, uncordon
 from bootstrap.cluster.drain import drain as drain_node
 from bootstrap.deploys import converge
 from bootstrap.errors import BootstrapError, HostsFailed
@@ -29,6 +30,7 @@ from bootstrap.hostplan.steps import Step
 from bootstrap.progress import report_host_failures
 from bootstrap.hostparts.k3s_service import unit_name
 from bootstrap.hostplan.rollout import Rollout
+from bootstrap.cluster.node_status import node_ready
 from bootstrap.inventory.model import Role
 from bootstrap.rules.k3s_versions import parse as parse_version
 
@@ -41,9 +43,6 @@ class RolloutStopped(HostsFailed):
 
 def node_state(cluster, name: str) -> tuple[bool, str | None]:
     """(Ready, kubelet version) of a Node as the API reports it."""
-    from bootstrap.cluster.node_status import node_ready
-    from bootstrap.cluster.client import ClusterError, get
-
     try:
         node = get(cluster, f"/api/v1/nodes/{name}") or {}
     except ClusterError:  # the API restarts with its server: not yet
@@ -52,8 +51,6 @@ def node_state(cluster, name: str) -> tuple[bool, str | None]:
 
 
 def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY_TIMEOUT_S) -> None:
-    from bootstrap.cluster.client import wait_for
-
     def check():
         ready, running = node_state(cluster, name)
         check.last = f"Ready={ready}, version {running or '?'}"
@@ -66,10 +63,6 @@ def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY
 def settle_earlier_cordons(cluster, rollout: Rollout, console, before=None) -> None:
     """A resumed rollout: the node it stopped at (fixed since, and started again just now)
     is waited for and uncordoned before the next batch, so never more than a batch is out."""
-    from bootstrap.cluster.client import get
-    from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
-    from bootstrap.errors import BootstrapError
-
     for name in cordoned_for_upgrade((get(cluster, "/api/v1/nodes") or {}).get("items", [])):
         if name in rollout.nodes:
             continue

@@ -102,7 +102,8 @@ def choose(inventory, cluster, named, options: ScaleDownOptions, console) -> lis
 
 def say_what_to_edit(inventory, removed: list, console) -> None:
     if removed:
-        console.say("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
+        console.say("now remove from " + inventory.source + ": "
+                    + ", ".join(f"the node named {n.name}" for n in removed))
         for node in removed:
             console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
 

@@ -80,7 +80,8 @@ def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_ca
         yield ApiCluster(lab.api, kubeconfig)
 
     out = io.StringIO()
-    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect), validate=False)
+    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                            validate=False)
     assert changed and connected
     first = helm_calls()
     releases = {call["argv"][2] for call in first if call["argv"][:2] == ["upgrade", "--install"]}
@@ -90,7 +91,8 @@ def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_ca
     assert "cluster: " in out.getvalue() and "release(s) applied" in out.getvalue()
 
     again = io.StringIO()
-    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(again)), connect), validate=False, hosts_changed=False)
+    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(again)), connect),
+                            validate=False, hosts_changed=False)
     assert not changed
     assert "cluster: no change" in again.getvalue()
     assert len(helm_calls()) == len(first), "a converged cluster calls Helm again"
@@ -109,7 +111,8 @@ def test_a_changed_sharing_setting_upgrades_only_what_it_touches(lab, helm_calls
     before = len(helm_calls())
     inventory, state = inventory_for(tmp_path, sharing={"time_slicing": {"replicas": 8}})
     out = io.StringIO()
-    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect), validate=False, hosts_changed=False)
+    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                         validate=False, hosts_changed=False)
     assert "no change" not in out.getvalue()
     # The sharing config lives in an object the operator's device plugin reads, not in a
     # release's values: what changed is named, and no release is re-applied for it.
