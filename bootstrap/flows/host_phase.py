@@ -299,7 +299,7 @@ def converge(run: Run, plans: dict) -> None:
     exists once the first server has started; every host is prepared meanwhile, and the
     joiners' config.yaml, planned with the CA's hash, and their starts come after."""
     after = {first_server_step(run.inventory): functools.partial(kubeconfig, run)}
-    joiners = first_server_then_joiners(run.inventory, run.tokens, plans)
+    joiners = first_server_then_joiners(run.topology.first_server, run.tokens, plans)
     meanwhile = {n: before_the_ca(p) if n in (joiners or ()) else p for n, p in plans.items()}
     run.merge_results(run.session.execute(converge_steps(run.inventory, meanwhile, set(run.failures)), after))
     if joiners:
@@ -307,7 +307,7 @@ def converge(run: Run, plans: dict) -> None:
 
 
 def join_after_the_ca(run: Run, joiners: list[str]) -> None:
-    first = run.inventory.servers[0]
+    first = run.inventory.node(run.topology.first_server)
     if run.failed(first.name):
         for name in joiners:
             run.fail(name, f"not joining: the first server {first.name} failed")
@@ -334,11 +334,10 @@ def snapshot(run: Run, due_to_change: bool) -> None:
     run.console.say(f"snapshot: {path.name} copied to the state folder")
 
 
-def first_server_then_joiners(inventory, tokens, rest: dict) -> list[str] | None:
+def first_server_then_joiners(first: str, tokens, rest: dict) -> list[str] | None:
     """The nodes that must wait for the first server's CA (a new cluster whose first server
     starts in this run), or None when every join can be planned now (the CA hash is known,
     or nothing joins)."""
-    first = inventory.servers[0].name
     if tokens is None or tokens.ca_hash or tokens is PLACEHOLDER or first not in rest:
         return None
     joiners = [n for n, p in rest.items() if n != first and p.changed]

@@ -210,7 +210,7 @@ def leave_out_unreachable(run: Run, lost, report: RepairReport) -> None:
 def healthy_server_to_join(run: Run, nodes, lost):
     """Replacing the first server of an HA cluster: it must join a healthy server, not
     start a new cluster of its own (cluster-init)."""
-    if nodes is None or run.inventory.servers[0].name in lost.healthy:
+    if nodes is None or run.topology.first_server in lost.healthy:
         return None
     return next((s for s in run.inventory.servers if s.name in lost.healthy), None)
 

@@ -74,7 +74,7 @@ def find_replaced(run: Run) -> Replaced:
     for name in names:
         run.hosts[name].replaced = True
     found = Replaced([n for n in names if is_server(nodes[n])])
-    if inventory.servers[0].name in names:
+    if run.topology.first_server in names:
         # It must join a healthy server, not start a cluster of its own (cluster-init).
         found.join_via = next((s for s in inventory.servers if s.name not in names and s.name in facts
                                and s.name in nodes and node_ready(nodes[s.name])), None)
