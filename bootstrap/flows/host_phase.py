@@ -22,6 +22,7 @@ from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import PreflightFailed, enforce, examine, stops_the_run  # noqa: F401 (re-exported)
 from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
+from bootstrap.flows.rolling_upgrade import run_rollout
 from bootstrap.flows.run import Run
 from bootstrap.hostparts.k3s_service import CONFIG, K3S_DATA_DIR, KUBECONFIG
 from bootstrap.hostparts.paths import managed_paths
@@ -259,8 +260,6 @@ def converge_or_roll(run: Run, options: UpOptions) -> None:
                            options.max_unavailable)
     rest = {n: p for n, p in run.plans.items() if not rollout or n not in rollout.nodes}
     if rollout:
-        from bootstrap.flows.rolling_upgrade import run_rollout  # (it imports this module's phases)
-
         run_rollout(run, rollout, lambda: converge(run, rest), drain_timeout=options.drain_timeout,
                     force=options.force)
         for name in rollout.nodes:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import gevent
+
 from bootstrap.cluster.client import connect as connect_to_cluster, reusing_ssh
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node
@@ -121,8 +123,6 @@ class Run:
     def reprobe_in_background(self, probe: Callable[[], dict]) -> None:
         """Read the facts again while the cluster side waits for the nodes (they are needed
         only after that); `settled_facts()` waits for the answer. Ended with the run."""
-        import gevent  # (patched by bootstrap.cli; imported here only when a run changed hosts)
-
         self._reprobe = gevent.spawn(probe)
 
     @property
