@@ -170,7 +170,6 @@ def gather_facts(session, inventory) -> dict:
     return facts
 
 
-
 # --- the phases ----------------------------------------------------------------------------
 
 def probe(run: Run) -> None:
