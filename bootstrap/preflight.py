@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from bootstrap.console_text import printable
 from bootstrap.facts.host_facts import HostFacts
-from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES
+from bootstrap.hostparts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER_DIR
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.rules import cuda, machine_kind, mig
+from bootstrap.topology import Topology, gpu_nodes, is_gpu_node, resolve_topology
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 SUPPORTED_ARCH = ("amd64", "arm64")
@@ -44,19 +45,6 @@ class Finding:
         return text + (f"\n       fix: {printable(self.fix)}" if self.fix else "")
 
 
-def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts | None) -> bool:
-    """The inventory's gpu.enabled wins; else the host's GPUs decide. A host that does not
-    answer (no facts) is a GPU node only when the inventory says so."""
-    if node.gpu.enabled is not None:
-        return node.gpu.enabled
-    return facts is not None and facts.gpu_hardware
-
-
-def gpu_nodes(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Node]:
-    """The cluster's GPU nodes, in inventory order: the one answer every part reads."""
-    return [n for n in inventory.nodes if is_gpu_node(inventory, n, facts.get(n.name))]
-
-
 def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluster_id: str) -> list[Finding]:
     """A host another cluster (or a hand-made k3s) owns is never changed. One whose manifest
     cannot be read is not changed either, and blocks only itself: what a host returns
@@ -83,16 +71,15 @@ def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluste
     return findings
 
 
-def preflight(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
-    from bootstrap.hostparts.registries import embedded_mirror_on
-
+def preflight(inventory: Inventory, facts: dict[str, HostFacts], topology: Topology | None = None) -> list[Finding]:
+    """The host checks. `topology`: the run's, resolved after the probe (made here when not given)."""
+    topology = topology or resolve_topology(inventory, facts)
     findings: list[Finding] = []
-    gpu_cluster = bool(gpu_nodes(inventory, facts))
     ports = dict(PORTS)
     if inventory.k3s.flannel_backend == "wireguard-native":
         del ports[8472]
         ports[WIREGUARD_PORT] = ("udp", "all")  # flannel's WireGuard listens there instead of VXLAN
-    if embedded_mirror_on(inventory, gpu_cluster):
+    if topology.embedded_mirror:
         ports[EMBEDDED_MIRROR_PORT] = ("tcp", "all")
     for node in inventory.nodes:
         host = facts.get(node.name)
@@ -300,9 +287,9 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
         fail("machine", verdict.message, verdict.fix, verdict.severity)
     gpu_node = is_gpu_node(inventory, node, host)
     need = MIN_FREE_GIB["gpu" if gpu_node else "cpu"]
-    free = host.disk_free_gib.get("/var/lib/rancher", host.disk_free_gib.get("/"))
+    free = host.disk_free_gib.get(RANCHER_DIR, host.disk_free_gib.get("/"))
     if free is not None and free < need:
-        fail("disk", f"{free:.1f} GiB free for /var/lib/rancher, {need:.0f} GiB needed",
+        fail("disk", f"{free:.1f} GiB free for {RANCHER_DIR}, {need:.0f} GiB needed",
              "free space or attach a larger disk")
     k3s_installed = bool(host.k3s and host.k3s.units)
     for port, (proto, who) in (ports or PORTS).items():

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from bootstrap.console_text import printable, write_text
+from bootstrap.errors import HostsFailed
 
 RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"
 
@@ -248,6 +249,24 @@ class Console:
 
     def phase(self, name: str, **fields):
         return phase(self.reporter, name, **fields)
+
+
+# --- the one reporter of host failures and of a run's end --------------------------------
+
+def report_host_failures(console: Console, failures) -> None:
+    """Each failed host (`failures`: {node: HostFailure}), one `FAILED` line each, sorted,
+    on stderr: the only place such a line is written (tests/unit/test_flow_shape.py)."""
+    for failure in sorted(failures.values(), key=lambda f: f.node):
+        console.warn(f"FAILED {failure.render()}")
+
+
+def end_run(console: Console, failures) -> None:
+    """The end of a run that changed hosts: its failed hosts reported, and an error when
+    there is one (exit 1)."""
+    report_host_failures(console, failures)
+    if failures:
+        raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
+                          f"{', '.join(sorted(failures))}")
 
 
 def command_finished(reporter: Reporter, host: str, what: str, started: float) -> None:

@@ -13,10 +13,9 @@ from pyinfra.api import FunctionCommand, StringCommand
 
 from bootstrap.hostparts import k3s_binary, placing
 from bootstrap.hosts import archive
-from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG, SNAPSHOT_DIR, unit_name
+from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG
 from bootstrap.hostplan import restore
 from bootstrap.hostplan.host_plan import HostPlan
-from bootstrap.inventory.model import Role
 
 SERVICE_TIMEOUT_S = 300
 

@@ -11,7 +11,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bootstrap.cluster.node_status import node_ready
-from bootstrap.components.cluster_plan import ClusterPlan
 from bootstrap import helm
 from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_object, get, get_all, merge_patch,
                                       object_path, path_of, wait_for)

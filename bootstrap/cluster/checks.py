@@ -18,7 +18,7 @@ from bootstrap.images import BUSYBOX, NCCL_IMAGE
 from bootstrap.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import gpu_nodes
+from bootstrap.topology import gpu_nodes
 from bootstrap.rules import mig
 from bootstrap.rules.node_addresses import choose, on_host
 from bootstrap.rules.providers import PROVIDER_LABEL, provider_groups

@@ -14,8 +14,8 @@ from bootstrap.components import gpu_operator, gpu_sharing, rdma, storage, volca
 from bootstrap.components.release import Patch, Release
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import gpu_nodes
 from bootstrap.rules.providers import topology_labels
+from bootstrap.topology import gpu_nodes
 
 
 def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[Release]:

@@ -7,6 +7,7 @@ import yaml
 from bootstrap.components import gpu_sharing, versions
 from bootstrap.components.release import Release
 from bootstrap.facts.host_facts import HostFacts
+from bootstrap.hostparts.k3s_service import CONTAINERD_SOCKET
 from bootstrap.hostparts.packages import needs_host_toolkit
 from bootstrap.inventory.model import Component, Inventory
 
@@ -14,7 +15,6 @@ NAMESPACE = "gpu-operator"
 RELEASE = "gpu-operator"  # the Helm release name (apply.py restarts its device plugin)
 DEVICE_PLUGIN_CONFIGMAP = "bootstrap-device-plugin-config"
 MIG_PARTED_CONFIGMAP = "bootstrap-mig-parted-config"
-K3S_CONTAINERD_SOCKET = "/run/k3s/containerd/containerd.sock"
 
 
 def toolkit_env() -> list[dict]:
@@ -27,7 +27,7 @@ def toolkit_env() -> list[dict]:
     /usr/local/nvidia/toolkit/nvidia-container-runtime) and registers the `nvidia`
     RuntimeClass; from v25.10 the toolkit also writes a drop-in and GPUs reach pods
     through CDI (the RKE2 docs' recipe, used in k3s PR #11065)."""
-    return [{"name": "CONTAINERD_SOCKET", "value": K3S_CONTAINERD_SOCKET}]
+    return [{"name": "CONTAINERD_SOCKET", "value": CONTAINERD_SOCKET}]
 
 
 DRIVER_UPGRADE_POLICY = {

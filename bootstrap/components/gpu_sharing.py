@@ -14,7 +14,7 @@ import yaml
 from bootstrap.components.release import ComponentError, canonical_json
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Mig, Node, Sharing
-from bootstrap.preflight import gpu_nodes
+from bootstrap.topology import gpu_nodes
 from bootstrap.rules import mig as mig_rules
 
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"

@@ -13,7 +13,8 @@ import yaml
 
 from bootstrap import templates
 from bootstrap.components import versions
-from bootstrap.preflight import gpu_nodes
+from bootstrap.hostparts.k3s_service import K3S_DATA_DIR
+from bootstrap.topology import gpu_nodes
 from bootstrap.components.release import ComponentError, Release
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import nad_name  # one derivation, shared with the inventory check
@@ -24,7 +25,7 @@ NAD_NAMESPACE = "default"
 CONFIGMAP = "rdma-devices"
 # k3s's CNI config dir (the kubelet's --cni-conf-dir under k3s); the bin dir is read per
 # cluster from containerd's generated config, since it moved between k3s releases.
-K3S_CNI_CONF_DIR = "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+K3S_CNI_CONF_DIR = f"{K3S_DATA_DIR}/agent/etc/cni/net.d"
 DEFAULT_SUBNET = "172.29.0.0/16"  # used when network.rdma.subnet is not given
 RDMA_HCA_MAX = 63  # pods that may share one HCA; the value NVIDIA's Network Operator examples use
 PLUGIN_UPDATE_INTERVAL = 300  # seconds between device rescans (upstream example value)

@@ -34,7 +34,7 @@ NVSMI_QUERY_ARGS = (
 )
 
 # Requested paths for disk space, in the order the df section reports them.
-DF_PATHS = ("/", "/var/lib/rancher")
+DF_PATHS = ("/", k3s_service.RANCHER_DIR)
 
 # `command -v` checks: package manager detection, preflight's "what is missing", and python3
 # for the reachability probes' listeners and senders.

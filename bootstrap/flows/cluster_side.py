@@ -9,46 +9,50 @@ from __future__ import annotations
 import contextlib
 import time
 
+from bootstrap.cluster.apply import apply_cluster
 from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
+from bootstrap.flows.run import Run
 
 
-def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_changed: bool = True,
-                  connect=connect_to_cluster, wait_for: list[str] | None = None) -> bool:
-    """Components through the API tunnel, then the checks (raises when one fails) when
-    anything changed: a converged cluster stays untouched (`bootstrap validate` re-checks it).
-    `connect(inventory, state)` yields the cluster (the tunnel; a sandboxed API in tests);
-    `wait_for`: the nodes to wait for Ready (default every node of the inventory);
-    `facts`: the hosts' facts, or a function that returns them (`up` reads them again while
-    the nodes become Ready: they are needed only after that). Returns whether anything in
-    the cluster changed."""
-    from bootstrap.cluster.apply import apply_cluster
-    from bootstrap.components.cluster_plan import plan_cluster
-
+def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
+                  wait_for: list[str] | None = None) -> bool:
+    """Components through the API tunnel (`run.connect`: the tunnel; a sandboxed API in
+    tests), then the checks (raises when one fails) when anything changed: a converged
+    cluster stays untouched (`bootstrap validate` re-checks it). `wait_for`: the nodes to
+    wait for Ready (default every node of the inventory). The hosts' facts are read once
+    the nodes are Ready (`up` probes them again meanwhile: Run.settled_facts). Returns
+    whether anything in the cluster changed."""
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        with console.phase("cluster: tunnel"):
-            cluster = stack.enter_context(connect(inventory, state))
-
+        with run.console.phase("cluster: tunnel"):
+            cluster = stack.enter_context(run.connect(run.inventory, run.state))
         # Facts at hand: the plan now, so its objects are read with the node list.
-        plan = (lambda: plan_cluster(inventory, facts())) if callable(facts) else plan_cluster(inventory, facts)
-        summary = apply_cluster(cluster, inventory, plan, console.say, wait_for=wait_for, trace=console.phase)
-    facts = facts() if callable(facts) else facts  # (a greenlet's get: the same value again)
+        plan = (lambda: plan_cluster(run.inventory, run.settled_facts())) if run.reprobing \
+            else plan_cluster(run.inventory, run.facts)
+        summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
+                                trace=run.console.phase)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
+    say_summary(run.console, summary, changes, time.monotonic() - started)
+    if validate and not (changes or hosts_changed):
+        run.console.say("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
+    elif validate and validate_cluster(run.inventory, run.state, run.settled_facts(), run.console,
+                                       connect=run.connect) != 0:
+        raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
+    return bool(changes)
+
+
+def say_summary(console, summary: dict, changes: int, seconds: float) -> None:
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
-                             relabelled=list(summary["labelled"]))
+                  relabelled=list(summary["labelled"]))
     if changes:
         for line in summary["objects"]:
             console.say(f"  {line}")
         console.say(f"cluster: {len(summary['releases'])} release(s) applied, {len(summary['objects'])} object(s) "
-              f"changed, {len(summary['labelled'])} node(s) relabelled ({time.monotonic() - started:.1f}s)")
+                    f"changed, {len(summary['labelled'])} node(s) relabelled ({seconds:.1f}s)")
     else:
-        console.say(f"cluster: no change ({time.monotonic() - started:.1f}s)")
-    if validate and not (changes or hosts_changed):
-        console.say("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
-    elif validate and validate_cluster(inventory, state, facts, console, connect=connect) != 0:
-        raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
-    return bool(changes)
+        console.say(f"cluster: no change ({seconds:.1f}s)")
 
 
 def validate_cluster(inventory, state, facts, console, *, as_json: bool = False,

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.lock import cluster_lock
+from bootstrap.progress import report_host_failures
+from bootstrap.topology import gpu_nodes
 
 HEALTH_LABEL = "bootstrap.k3s/gpu-health"  # "error" on a node --cordon cordoned
 HEALTH_REASON = "bootstrap.k3s/gpu-health-reason"  # the first error, as an annotation
@@ -48,7 +50,7 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
     from dataclasses import replace
 
     from bootstrap.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.preflight import gpu_health_findings, gpu_nodes
+    from bootstrap.preflight import gpu_health_findings
 
     # Asked for explicitly: checked even where the inventory turned the probe off.
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))
@@ -75,8 +77,7 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
         state.write_secret(RECORD, json.dumps(records, indent=1, sort_keys=True) + "\n")
         if cordon:
             cordon_unhealthy(inventory, state, [r for r in results if r.verdict == "error"], console, connect)
-    for failure in session.failures.values():
-        console.say(f"FAILED {failure.render()}")
+    report_host_failures(console, session.failures)
     return results
 
 

@@ -4,6 +4,7 @@ cluster lock like every command that may write known_hosts."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from pathlib import Path
@@ -12,6 +13,9 @@ from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.node_status import ready_word
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
+from bootstrap.flows.host_phase import preflight_and_plan, probe
+from bootstrap.flows.run import Run
+from bootstrap.hostplan.rollout import plan_rollout
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.lock import cluster_lock
 
@@ -126,22 +130,32 @@ def cluster_view(inventory, state, facts, connect=connect_to_cluster):
 
 def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open_session=open_hosts,
                     connect=connect_to_cluster) -> list[str]:
-    """What `up` would change: per host, the k3s rollout, the Helm releases."""
-    from bootstrap.flows.host_phase import gather_and_plan
-
+    """What `up` would change: `up`'s phases, dry (probe, preflight and plan; no change to
+    any host), then per host its changes, the join tokens, the k3s rollout, the network
+    probes, the Helm releases."""
+    run = Run(inventory, state, console, connect=connect)
     with cluster_lock(state, "plan"):  # first contact pins host keys (and the API tunnel's)
-        with open_session(inventory, list(inventory.nodes), "plan", console) as session:
-            facts, plans = gather_and_plan(session, inventory, state, console, create_token=False)
-        lines = []
-        for node in inventory.nodes:
-            plan = plans.plans[node.name]
-            lines += [f"{node.name}: no change"] if not plan.changed else \
-                [f"{node.name}:"] + [f"  - {change}" for change in plan.changes]
-        lines += token_plan(plans.tokens)
-        rollout = plans.rollout(inventory, facts, max_unavailable)
-        if rollout:
-            lines += rollout.describe()
-        return lines + network_plan(inventory, facts) + component_changes(inventory, state, facts, connect)
+        with contextlib.ExitStack() as hosts:
+            run.open_hosts(hosts, open_session, inventory.nodes, "plan")
+            probe(run)
+            preflight_and_plan(run, create_token=False)
+        # The hosts' connections are closed: the cluster through a tunnel of its own.
+        return (host_changes(run) + token_plan(run.tokens) + rollout_plan(run, max_unavailable)
+                + network_plan(run.inventory, run.facts, run.topology)
+                + component_changes(run.inventory, state, run.facts, connect))
+
+
+def host_changes(run: Run) -> list[str]:
+    lines = []
+    for name, plan in run.plans.items():
+        lines += [f"{name}: no change"] if not plan.changed else \
+            [f"{name}:"] + [f"  - {change}" for change in plan.changes]
+    return lines
+
+
+def rollout_plan(run: Run, max_unavailable: int) -> list[str]:
+    rollout = plan_rollout(run.inventory, run.facts, run.plans, run.topology.target_version, max_unavailable)
+    return rollout.describe() if rollout else []
 
 
 def token_plan(tokens) -> list[str]:
@@ -159,17 +173,15 @@ def token_plan(tokens) -> list[str]:
     return []
 
 
-def network_plan(inventory, facts) -> list[str]:
+def network_plan(inventory, facts, topology) -> list[str]:
     """The network mode and the reachability probes `up` makes before any change."""
-    from bootstrap.hostparts.registries import embedded_mirror_on
-    from bootstrap.preflight import gpu_nodes
     from bootstrap.rules.reachability import describe_probes, plan_probes
 
     backend = inventory.k3s.flannel_backend
     mode = ("public: nodes talk over their public addresses; pod traffic in WireGuard (flannel "
             f"{backend}, flannel-external-ip)" if inventory.network.public
             else f"private: nodes talk over their node-ip; pod traffic in flannel {backend}")
-    probes = plan_probes(inventory, facts, embedded_mirror_on(inventory, bool(gpu_nodes(inventory, facts))))
+    probes = plan_probes(inventory, facts, topology.embedded_mirror)
     return [f"network: {mode}"] + describe_probes(probes)
 
 

@@ -19,14 +19,17 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bootstrap import snapshots
+from bootstrap.hostplan.rollout import plan_rollout
 from bootstrap.hostplan.steps import converge_steps
-from bootstrap.cluster.client import connect as connect_to_cluster, reusing_ssh
+from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.hosts.connections import open_hosts
 from bootstrap.flows.cluster_side import cluster_phase
-from bootstrap.flows.host_phase import fetch_kubeconfig, gather_and_plan, gather_facts
+from bootstrap.flows.host_phase import fetch_kubeconfig, preflight_and_plan, probe
+from bootstrap.flows.run import Run
+from bootstrap.progress import report_host_failures
 from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.flows.replaced_machines import cluster_nodes, remove_nodes
 from bootstrap.lock import cluster_lock
@@ -118,103 +121,142 @@ class RepairOptions:
     validate: bool = True
 
 
+@dataclass
+class RepairReport:
+    """What a rebuild did, said in its last lines."""
+
+    lost: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    restored: str | None = None
+    to_do: list[str] = field(default_factory=list)  # what the operator does next
+
+
 def repair(inventory, state, options: RepairOptions, console, edges: Edges = REAL) -> None:
+    require_the_token(state)
+    run = Run(inventory, state, console, connect=edges.connect)
+    report = RepairReport()
+    with cluster_lock(state, "rebuild"), contextlib.ExitStack() as stack:
+        run.open_hosts(stack, edges.open_session, inventory.nodes, "rebuild")
+        probe(run)
+        nodes, api_error = cluster_nodes(inventory, state, run.connect)
+        lost = classify(inventory, nodes, run.facts)
+        if nodes is None:
+            restore = restore_target(run, lost, api_error, options, edges, report)
+        else:
+            restore = remove_lost_nodes(run, lost, report)
+        leave_out_unreachable(run, lost, report)
+        preflight_and_plan(run, create_token=False, tolerate_unreachable=True,
+                           join_via=healthy_server_to_join(run, nodes, lost), converging=True)
+        refuse_an_upgrade(run)
+        join_replacements(run, lost, restore, report)
+        end_with_failures(run, lost)
+        # Only the nodes that answered are waited for: a lost machine cannot become Ready.
+        with console.phase("cluster side"):
+            cluster_phase(run, validate=options.validate,
+                          wait_for=[n.name for n in inventory.nodes if n.name not in lost.unreachable])
+    say_done(run, lost, report)
+
+
+def require_the_token(state) -> None:
     if not (state.path / "token").exists():
         raise BootstrapError(f"no join token in {state.path}: rebuild needs the state folder `up` wrote",
                              "restore the state folder, or set state_dir in the inventory to it")
-    started = time.monotonic()
-    report = {"lost": [], "replaced": [], "restored": None}
-    with cluster_lock(state, "rebuild"):
-        with contextlib.ExitStack() as stack:
-            with console.phase("connect"):
-                session = stack.enter_context(edges.open_session(inventory, list(inventory.nodes), "rebuild", console))
-            # The API tunnel goes over this session's connection to the server (no new one).
-            connect = reusing_ssh(edges.connect, session)
-            with console.phase("probe"):
-                facts = gather_facts(session, inventory)
-            nodes, api_error = cluster_nodes(inventory, state, connect)
-            plan = classify(inventory, nodes, facts)
-            restore = None
-            if nodes is None:
-                control_plane_lost(inventory, state, facts, api_error, console, edges.api_port_accepts)
-                snapshot = choose_snapshot(state, options.snapshot)
-                if plan.restore_on is None or snapshot is None:
-                    raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "
-                                      + ("the first server in the inventory does not answer either"
-                                         if plan.restore_on is None else f"no snapshot in {state.path}/snapshots"),
-                                      "add a replacement server (first in the inventory) and keep snapshots "
-                                      "(`bootstrap snapshot`)")
-                if not options.restore:
-                    raise HostsFailed(
-                        "no server's k3s answers: the control plane is lost; nothing was changed",
-                        f"to restore it onto {plan.restore_on} from {snapshot.name} (taken {snapshot.age()} ago; "
-                        f"everything recorded after it is lost), run: bootstrap rebuild {inventory.source} --restore")
-                confirm_restore(inventory, plan.restore_on, snapshot, options.assume_yes, console)
-                restore = (plan.restore_on, snapshot.path)
-                report["restored"] = f"{plan.restore_on} from {snapshot.name}"
-            else:
-                if plan.lost_servers and not quorum_after(inventory, plan.lost_servers):
-                    raise HostsFailed(f"servers {', '.join(plan.lost_servers)} are lost and etcd has no quorum",
-                                      "restore from a snapshot onto a new first server")
-                remove_nodes(inventory, state, plan.lost, plan.lost_servers, connect)
-                report["lost"] = plan.lost
-            to_do = []  # what the operator does next, said again as the last lines
-            for name in plan.unreachable:
-                # Expected (a lost spot machine) but said now, with its cause: a replacement
-                # whose host key changed is refused, and the fix is --replace.
-                why = session.failures.pop(name, None)
-                console.say(f"{name}: left out of this rebuild: "
-                            + (why.render().split(": ", 1)[1] if why else "it does not answer over SSH"))
-                to_do.append(next_step_for_unreachable(inventory, name, why))
-            reachable = [n for n in inventory.nodes if n.name in facts]
-            session.nodes = reachable
-            # Replacing the first server of an HA cluster: it must join a healthy server, not
-            # start a new cluster of its own (cluster-init).
-            first = inventory.servers[0]
-            join_via = None
-            if nodes is not None and first.name not in plan.healthy:
-                join_via = next((s for s in inventory.servers if s.name in plan.healthy), None)
-            with console.phase("preflight and plan"):
-                facts, plans = gather_and_plan(session, inventory, state, console, create_token=False, facts=facts,
-                                               tolerate_unreachable=True, join_via=join_via, converging=True)
-            rollout = plans.rollout(inventory, facts)
-            if rollout:
-                # Restarting running nodes on a new k3s belongs to a rolling upgrade, not to
-                # a repair: nothing has been changed on the hosts yet.
-                raise BootstrapError(
-                    f"the inventory asks for k3s {rollout.target or '(the k3s.airgap binary)'}, and "
-                    f"{', '.join(rollout.nodes)} run another release",
-                    "rebuild with the k3s.version the cluster runs now, then upgrade with `bootstrap up`")
-            changed = {name for name, p in plans.plans.items() if p.changed}
-            if changed:
-                for name in plan.unreachable:
-                    session.fail(name, "does not answer over SSH")
-                steps = converge_steps(inventory, plans.plans, set(session.failures), restore=restore)
-                if restore:
-                    servers_part, agents_part = split_before_agents(steps)
-                    session.execute(servers_part)
-                    fetch_kubeconfig(session, inventory, state)
-                    report["lost"] = clear_after_restore(inventory, state, facts, connect)
-                    session.execute(agents_part)
-                else:
-                    session.execute(steps)
-                    fetch_kubeconfig(session, inventory, state)
-            report["replaced"] = sorted(changed & set(plan.join))
-            failed = {n: f for n, f in session.failures.items() if n not in plan.unreachable}
-            if failed:
-                for failure in failed.values():
-                    console.say(f"FAILED {failure.render()}")
-                raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
-            # Only the nodes that answered are waited for: a lost machine cannot become Ready.
-            with console.phase("cluster side"):
-                cluster_phase(inventory, state, facts, console, validate=options.validate, connect=connect,
-                              wait_for=[n.name for n in inventory.nodes if n.name not in plan.unreachable])
-    healthy = [n for n in plan.healthy if n not in report["replaced"]]
-    console.say(f"rebuild done in {time.monotonic() - started:.1f}s: lost {', '.join(report['lost']) or 'none'}; "
-          f"joined {', '.join(report['replaced']) or 'none'}; restored {report['restored'] or 'nothing'}; "
-          f"unchanged {', '.join(healthy) or 'none'}"
-          + (f"; not answering {', '.join(plan.unreachable)}" if plan.unreachable else ""))
-    console.say_lines(to_do)  # each names a host's failure: one line each
+
+
+def restore_target(run: Run, lost, api_error: str, options: RepairOptions, edges: Edges, report: RepairReport):
+    """No server's API answers: (the server to restore onto, the snapshot's path), once the
+    control plane is really lost, `--restore` says so and the operator confirmed."""
+    inventory = run.inventory
+    control_plane_lost(inventory, run.state, run.facts, api_error, run.console, edges.api_port_accepts)
+    snapshot = choose_snapshot(run.state, options.snapshot)
+    if lost.restore_on is None or snapshot is None:
+        raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "
+                          + ("the first server in the inventory does not answer either"
+                             if lost.restore_on is None else f"no snapshot in {run.state.path}/snapshots"),
+                          "add a replacement server (first in the inventory) and keep snapshots "
+                          "(`bootstrap snapshot`)")
+    if not options.restore:
+        raise HostsFailed(
+            "no server's k3s answers: the control plane is lost; nothing was changed",
+            f"to restore it onto {lost.restore_on} from {snapshot.name} (taken {snapshot.age()} ago; "
+            f"everything recorded after it is lost), run: bootstrap rebuild {inventory.source} --restore")
+    confirm_restore(inventory, lost.restore_on, snapshot, options.assume_yes, run.console)
+    report.restored = f"{lost.restore_on} from {snapshot.name}"
+    return lost.restore_on, snapshot.path
+
+
+def remove_lost_nodes(run: Run, lost, report: RepairReport) -> None:
+    """The API answers: the lost nodes leave the cluster (servers leave etcd first). Nothing
+    to restore."""
+    if lost.lost_servers and not quorum_after(run.inventory, lost.lost_servers):
+        raise HostsFailed(f"servers {', '.join(lost.lost_servers)} are lost and etcd has no quorum",
+                          "restore from a snapshot onto a new first server")
+    remove_nodes(run.inventory, run.state, lost.lost, lost.lost_servers, run.connect)
+    report.lost = lost.lost
+    return None
+
+
+def leave_out_unreachable(run: Run, lost, report: RepairReport) -> None:
+    """Expected (a lost spot machine) but said now, with its cause: a replacement whose host
+    key changed is refused, and the fix is --replace. The session goes on without them."""
+    for name in lost.unreachable:
+        why = run.failures.pop(name, None)
+        run.console.say(f"{name}: left out of this rebuild: "
+                        + (why.render().split(": ", 1)[1] if why else "it does not answer over SSH"))
+        report.to_do.append(next_step_for_unreachable(run.inventory, name, why))
+    run.session.nodes = [n for n in run.inventory.nodes if n.name in run.facts]
+
+
+def healthy_server_to_join(run: Run, nodes, lost):
+    """Replacing the first server of an HA cluster: it must join a healthy server, not
+    start a new cluster of its own (cluster-init)."""
+    if nodes is None or run.topology.first_server in lost.healthy:
+        return None
+    return next((s for s in run.inventory.servers if s.name in lost.healthy), None)
+
+
+def refuse_an_upgrade(run: Run) -> None:
+    """Restarting running nodes on a new k3s belongs to a rolling upgrade, not to a repair:
+    nothing has been changed on the hosts yet."""
+    rollout = plan_rollout(run.inventory, run.facts, run.plans, run.topology.target_version)
+    if rollout:
+        raise BootstrapError(
+            f"the inventory asks for k3s {rollout.target or '(the k3s.airgap binary)'}, and "
+            f"{', '.join(rollout.nodes)} run another release",
+            "rebuild with the k3s.version the cluster runs now, then upgrade with `bootstrap up`")
+
+
+def join_replacements(run: Run, lost, restore, report: RepairReport) -> None:
+    """The steps of the hosts whose plan changes (replacements, repairs); after a restore,
+    the restored cluster's stale Nodes are cleared between the servers and the agents."""
+    changed = {name for name, p in run.plans.items() if p.changed}
+    if changed:
+        for name in lost.unreachable:
+            run.fail(name, "does not answer over SSH")
+        steps = converge_steps(run.inventory, run.plans, set(run.failures), restore=restore)
+        servers_part, agents_part = split_before_agents(steps) if restore else (steps, [])
+        run.session.execute(servers_part)
+        fetch_kubeconfig(run.session, run.inventory, run.state)
+        if restore:
+            report.lost = clear_after_restore(run.inventory, run.state, run.facts, run.connect)
+            run.session.execute(agents_part)
+    report.replaced = sorted(changed & set(lost.join))
+
+
+def end_with_failures(run: Run, lost) -> None:
+    failed = {n: f for n, f in run.failures.items() if n not in lost.unreachable}
+    if failed:
+        report_host_failures(run.console, failed)
+        raise HostsFailed(f"{len(failed)} host(s) failed: {', '.join(sorted(failed))}")
+
+
+def say_done(run: Run, lost, report: RepairReport) -> None:
+    healthy = [n for n in lost.healthy if n not in report.replaced]
+    run.console.say(f"rebuild done in {run.elapsed():.1f}s: lost {', '.join(report.lost) or 'none'}; "
+                    f"joined {', '.join(report.replaced) or 'none'}; restored {report.restored or 'nothing'}; "
+                    f"unchanged {', '.join(healthy) or 'none'}"
+                    + (f"; not answering {', '.join(lost.unreachable)}" if lost.unreachable else ""))
+    run.console.say_lines(report.to_do)  # each names a host's failure: one line each
 
 
 def next_step_for_unreachable(inventory, name: str, why) -> str:

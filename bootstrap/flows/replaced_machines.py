@@ -20,6 +20,7 @@ from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.node_status import is_server, node_ready
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
+from bootstrap.flows.run import Run
 from bootstrap.rules.lost_nodes import fresh, replaced_machines
 
 
@@ -50,39 +51,44 @@ def remove_nodes(inventory, state, names: list[str], servers: list[str], connect
 
 @dataclass
 class Replaced:
-    names: list[str] = field(default_factory=list)  # inventory hosts that are new machines
-    servers: list[str] = field(default_factory=list)  # of `names`: etcd members
+    """Beside the marks on the hosts' records (HostRecord.replaced): what the join needs."""
+
+    servers: list[str] = field(default_factory=list)  # replaced machines that are etcd members
     join_via: object = None  # a healthy server to join when the first server is replaced
 
 
-def find_replaced(inventory, state, facts, console, connect=connect_to_cluster) -> Replaced:
-    """Read only. Asked only of a cluster that exists (the state folder has its kubeconfig)
-    and only when a host has no k3s: a converged `up` costs no API call."""
-    if not (state.path / "kubeconfig").exists() or not any(fresh(facts.get(n.name)) for n in inventory.nodes):
+def find_replaced(run: Run) -> Replaced:
+    """Marks each host whose machine was re-created under its name. Read only. Asked only
+    of a cluster that exists (the state folder has its kubeconfig) and only when a host has
+    no k3s: a converged `up` costs no API call."""
+    inventory, facts = run.inventory, run.facts
+    if not (run.state.path / "kubeconfig").exists() or not any(fresh(facts.get(n.name)) for n in inventory.nodes):
         return Replaced()
-    nodes, error = cluster_nodes(inventory, state, connect)
+    nodes, error = cluster_nodes(inventory, run.state, run.connect)
     if nodes is None:
-        console.say("cannot ask the cluster whether a host without k3s replaces one of its machines "
-                    f"({printable(error)}); a machine re-created under an old name is refused by k3s until its Node is gone: "
-                    "`bootstrap rebuild INVENTORY` removes it")
+        run.console.say("cannot ask the cluster whether a host without k3s replaces one of its machines "
+                        f"({printable(error)}); a machine re-created under an old name is refused by k3s until its "
+                        "Node is gone: `bootstrap rebuild INVENTORY` removes it")
         return Replaced()
     names = replaced_machines(inventory, nodes, facts)
-    found = Replaced(names, [n for n in names if is_server(nodes[n])])
-    first = inventory.servers[0]
-    if first.name in names:
+    for name in names:
+        run.hosts[name].replaced = True
+    found = Replaced([n for n in names if is_server(nodes[n])])
+    if run.topology.first_server in names:
         # It must join a healthy server, not start a cluster of its own (cluster-init).
         found.join_via = next((s for s in inventory.servers if s.name not in names and s.name in facts
                                and s.name in nodes and node_ready(nodes[s.name])), None)
     return found
 
 
-def clear_replaced(inventory, state, replaced: Replaced, console, connect=connect_to_cluster) -> None:
-    if not replaced.names:
+def clear_replaced(run: Run, replaced: Replaced) -> None:
+    names = [name for name, record in run.hosts.items() if record.replaced]
+    if not names:
         return
-    remove_nodes(inventory, state, replaced.names, replaced.servers, connect)
-    for name in replaced.names:
-        console.say(f"{name}: a new machine under this name: its old Node and node-password secret were "
-                    "removed so it can join")
+    remove_nodes(run.inventory, run.state, names, replaced.servers, run.connect)
+    for name in names:
+        run.console.say(f"{name}: a new machine under this name: its old Node and node-password secret were "
+                        "removed so it can join")
 
 
 # How long a lost machine's Node may still say Ready: kube-controller-manager's

@@ -20,10 +20,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from bootstrap.cluster.client import ClusterError, get, wait_for
+from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, cordoned_for_upgrade, uncordon
+from bootstrap.cluster.drain import drain as drain_node
+from bootstrap.deploys import converge
 from bootstrap.errors import BootstrapError, HostsFailed
 from bootstrap.hostparts import k3s_binary
+from bootstrap.hostplan.steps import Step
+from bootstrap.progress import report_host_failures
 from bootstrap.hostparts.k3s_service import unit_name
 from bootstrap.hostplan.rollout import Rollout
+from bootstrap.cluster.node_status import node_ready
 from bootstrap.inventory.model import Role
 from bootstrap.rules.k3s_versions import parse as parse_version
 
@@ -36,9 +43,6 @@ class RolloutStopped(HostsFailed):
 
 def node_state(cluster, name: str) -> tuple[bool, str | None]:
     """(Ready, kubelet version) of a Node as the API reports it."""
-    from bootstrap.cluster.node_status import node_ready
-    from bootstrap.cluster.client import ClusterError, get
-
     try:
         node = get(cluster, f"/api/v1/nodes/{name}") or {}
     except ClusterError:  # the API restarts with its server: not yet
@@ -47,8 +51,6 @@ def node_state(cluster, name: str) -> tuple[bool, str | None]:
 
 
 def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY_TIMEOUT_S) -> None:
-    from bootstrap.cluster.client import wait_for
-
     def check():
         ready, running = node_state(cluster, name)
         check.last = f"Ready={ready}, version {running or '?'}"
@@ -61,10 +63,6 @@ def wait_ready(cluster, name: str, version: str | None, timeout_s: float = READY
 def settle_earlier_cordons(cluster, rollout: Rollout, console, before=None) -> None:
     """A resumed rollout: the node it stopped at (fixed since, and started again just now)
     is waited for and uncordoned before the next batch, so never more than a batch is out."""
-    from bootstrap.cluster.client import get
-    from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
-    from bootstrap.errors import BootstrapError
-
     for name in cordoned_for_upgrade((get(cluster, "/api/v1/nodes") or {}).get("items", [])):
         if name in rollout.nodes:
             continue
@@ -76,33 +74,16 @@ def settle_earlier_cordons(cluster, rollout: Rollout, console, before=None) -> N
         console.say(f"uncordoned {name} (upgraded earlier, Ready again)")
 
 
-def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], console, *, drain: bool,
-               drain_timeout: int, force: bool, before=None) -> None:
+def roll_nodes(run, cluster, rollout: Rollout, names: list[str], *, drain: bool, drain_timeout: int,
+               force: bool, before=None) -> None:
     """Upgrade `names` together (one server, or one batch of agents); raise RolloutStopped."""
-    from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, uncordon
-    from bootstrap.cluster.drain import drain as drain_node
-    from bootstrap.deploys import converge
-    from bootstrap.errors import BootstrapError
-    from bootstrap.hostplan.steps import Step
-
     done = [n for n in rollout.nodes if rollout.nodes.index(n) < rollout.nodes.index(names[0])]
     if drain:
-        for name in names:
-            cordon(cluster, name, CORDONED_FOR_UPGRADE)
-        for name in names:
-            result = drain_node(cluster, name, drain_timeout, force)
-            if not result.complete:
-                blockers = "; ".join(f"{pod}: {why}" for pod, why in result.blocked.items())
-                stop(rollout, name, done, f"drain blocked by {blockers}", drained_only=True, before=before)
-    step = Step("upgrade k3s", {})
+        drain_batch(cluster, rollout, names, done, drain_timeout, force, before)
+    run.session.execute([upgrade_step(run, names)])
+    replaced = [n for n in names if not run.failed(n)]
     for name in names:
-        plan = plans[name]
-        step.commands[name] = converge.placement_commands(plan, keep_previous_binary=True) + [
-            converge.wait_for_service(plan.unit, "restart", plan.start_timeout)] + ([converge.prepull_command(plan.prepull)] if plan.prepull else [])
-    session.execute([step])
-    replaced = [n for n in names if n not in session.failures]
-    for name in names:
-        failure = session.failures.get(name)
+        failure = run.hosts[name].failure
         if failure:
             stop(rollout, name, done + replaced, failure.message, before=before)
     for name in names:
@@ -112,8 +93,30 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], cons
             stop(rollout, name, done, exc.message, before=before)
         if drain:
             uncordon(cluster, name, CORDONED_FOR_UPGRADE)
-        console.event("upgraded", node=name, version=rollout.target)
-        console.say(f"upgraded {name} to {rollout.target or 'the k3s.airgap binary'}")
+        run.console.event("upgraded", node=name, version=rollout.target)
+        run.console.say(f"upgraded {name} to {rollout.target or 'the k3s.airgap binary'}")
+
+
+def drain_batch(cluster, rollout: Rollout, names: list[str], done: list[str], drain_timeout: int, force: bool,
+                before) -> None:
+    for name in names:
+        cordon(cluster, name, CORDONED_FOR_UPGRADE)
+    for name in names:
+        result = drain_node(cluster, name, drain_timeout, force)
+        if not result.complete:
+            blockers = "; ".join(f"{pod}: {why}" for pod, why in result.blocked.items())
+            stop(rollout, name, done, f"drain blocked by {blockers}", drained_only=True, before=before)
+
+
+def upgrade_step(run, names: list[str]) -> Step:
+    """The new binary in place (the old one kept), k3s restarted, its images pre-pulled."""
+    step = Step("upgrade k3s", {})
+    for name in names:
+        plan = run.hosts[name].plan
+        step.commands[name] = converge.placement_commands(plan, keep_previous_binary=True) + [
+            converge.wait_for_service(plan.unit, "restart", plan.start_timeout)] + (
+            [converge.prepull_command(plan.prepull)] if plan.prepull else [])
+    return step
 
 
 def crosses_minor(rollout: Rollout) -> bool:
@@ -183,32 +186,28 @@ def snapshot_before(inventory, state, rollout: Rollout, console, take_snapshot=N
     return RollbackPoint(path.name, server.name, inventory.k3s.snapshots.s3 is not None)
 
 
-def run_rollout(session, inventory, state, plans, rollout: Rollout, phase_between, console, *,
-                drain_timeout: int, force: bool, take_snapshot=None) -> None:
+def run_rollout(run, rollout: Rollout, phase_between, *, drain_timeout: int, force: bool) -> None:
     """A snapshot when servers change version, servers one at a time, then
     `phase_between()` (new and reconfigured nodes converge as usual), then the agents batch
-    by batch. `take_snapshot(inventory, state)`: bootstrap.snapshots.take (a fake in tests)."""
-    from bootstrap.cluster.client import connect
-
-    console.say_lines(rollout.describe())
+    by batch. `run.take_snapshot(inventory, state)`: bootstrap.snapshots.take (a fake in tests)."""
+    run.console.say_lines(rollout.describe())
     started = time.monotonic()
-    before = snapshot_before(inventory, state, rollout, console, take_snapshot)
-    with connect(inventory, state) as cluster:
+    before = snapshot_before(run.inventory, run.state, rollout, run.console, run.take_snapshot)
+    with run.connect(run.inventory, run.state) as cluster:
         for name in rollout.servers:
-            roll_nodes(session, cluster, plans.plans, rollout, [name], console, drain=False,
-                       drain_timeout=drain_timeout, force=force, before=before)
+            roll_nodes(run, cluster, rollout, [name], drain=False, drain_timeout=drain_timeout, force=force,
+                       before=before)
     phase_between()
-    if session.failures:
-        for failure in sorted(session.failures.values(), key=lambda f: f.node):
-            console.say(f"FAILED {failure.render()}")
-        failed = ", ".join(sorted(session.failures))
+    if run.failures:
+        report_host_failures(run.console, run.failures)
+        failed = ", ".join(sorted(run.failures))
         raise RolloutStopped(f"rolling upgrade stopped before the agents: {failed} failed (see above); upgraded: "
                              f"{', '.join(rollout.servers) or 'none'}; untouched: "
                              f"{', '.join(n for b in rollout.agent_batches for n in b)}",
                              "fix the failed hosts and run `bootstrap up` again to resume")
-    with connect(inventory, state) as cluster:
-        settle_earlier_cordons(cluster, rollout, console, before)
+    with run.connect(run.inventory, run.state) as cluster:
+        settle_earlier_cordons(cluster, rollout, run.console, before)
         for batch in rollout.agent_batches:
-            roll_nodes(session, cluster, plans.plans, rollout, batch, console, drain=True,
-                       drain_timeout=drain_timeout, force=force, before=before)
-    console.say(f"k3s upgrade: {len(rollout.nodes)} node(s) upgraded ({time.monotonic() - started:.1f}s)")
+            roll_nodes(run, cluster, rollout, batch, drain=True, drain_timeout=drain_timeout, force=force,
+                       before=before)
+    run.console.say(f"k3s upgrade: {len(rollout.nodes)} node(s) upgraded ({time.monotonic() - started:.1f}s)")

@@ -16,14 +16,23 @@ edit to make, so the next `up` does not bring the node back.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 
+from pyinfra.api import StringCommand
+
 from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.node_removal import remove_node
 from bootstrap.console_text import printable
 from bootstrap.errors import HostsFailed, UsageError
-from bootstrap.hosts.connections import open_hosts, report_failures
+from bootstrap.flows.run import Run
+from bootstrap.flows.uninstall import uninstall
+from bootstrap.hostparts import k3s_service
+from bootstrap.hostplan.steps import Step
+from bootstrap.hosts.connections import open_hosts
 from bootstrap.inventory.model import Role
 from bootstrap.lock import cluster_lock
+from bootstrap.progress import end_run, report_host_failures
 from bootstrap.rules.lost_nodes import quorum_after
 
 STOP_STEP = "stop k3s"
@@ -42,53 +51,72 @@ class ScaleDownOptions:
 
 def scale_down(inventory, state, options: ScaleDownOptions, console, *, connect=connect_to_cluster,
                open_session=open_hosts) -> None:
-    """`connect(inventory, state)`: the cluster; `open_session(inventory, nodes, command,
-    console)`: the hosts (fakes in tests)."""
+    """Its phases: choose the nodes, drain them, stop k3s and remove them from the cluster,
+    uninstall; then the inventory edit to make. `connect(inventory, state)`: the cluster;
+    `open_session(inventory, nodes, command, console)`: the hosts (fakes in tests)."""
     if not options.nodes and not options.idle:
         raise UsageError("name the nodes to remove with --node NAME (repeatable), or use --idle")
+    run = Run(inventory, state, console, connect=connect)
+    removed, blocked = [], {}
     with cluster_lock(state, "scale-down"):
         named = named_nodes(inventory, options.nodes) if options.nodes else None
         if named:
             refuse_losing_the_control_plane(inventory, named)
-        # The API through a server that stays: a leaving server's k3s stops mid-way.
-        leaving = {n.name for n in named or () if n.role == Role.SERVER}
-        through = replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name not in leaving))
-        with connect(through, state) as cluster:
-            nodes = named if named is not None else idle_gpu_agents(inventory, cluster)
-            kept = []
-            if named is None and options.keep:
-                kept, nodes = nodes[:options.keep], nodes[options.keep:]  # the last ones go
-                if kept:
-                    console.say(f"keeping {len(kept)} idle GPU node(s) (--keep {options.keep}): "
-                                + ", ".join(n.name for n in kept))
+        with connect(staying(inventory, named), state) as cluster:
+            nodes = choose(inventory, cluster, named, options, console)
             if not nodes:
-                if kept:
-                    console.say("nothing to remove: every idle GPU node is kept")
-                    return
-                console.say("nothing to remove: no idle GPU node" if options.idle else "nothing to remove")
                 return
-            if named is None:
-                refuse_while_gpu_pods_wait(cluster, nodes)
-                confirm_idle_removal(inventory, nodes, options.assume_yes)
             drained, blocked = drain_all(cluster, nodes, options, console)
-            removed, failures = [], {}
             if drained:
-                with open_session(inventory, drained, "scale-down", console) as session:
-                    removed = leave_and_uninstall(session, cluster, inventory, state, drained, options, console)
-                failures = session.failures
+                removed = leave_and_uninstall(run, cluster, drained, options, open_session)
+    say_what_to_edit(inventory, removed, console)
+    end_scale_down(run, blocked)
+
+
+def staying(inventory, named):
+    """The API through a server that stays: a leaving server's k3s stops mid-way."""
+    leaving = {n.name for n in named or () if n.role == Role.SERVER}
+    return replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name not in leaving))
+
+
+def choose(inventory, cluster, named, options: ScaleDownOptions, console) -> list:
+    """The named nodes, or the idle GPU agents less the kept ones (asked about first)."""
+    nodes = named if named is not None else idle_gpu_agents(inventory, cluster)
+    kept = []
+    if named is None and options.keep:
+        kept, nodes = nodes[:options.keep], nodes[options.keep:]  # the last ones go
+        if kept:
+            console.say(f"keeping {len(kept)} idle GPU node(s) (--keep {options.keep}): "
+                        + ", ".join(n.name for n in kept))
+    if not nodes:
+        if kept:
+            console.say("nothing to remove: every idle GPU node is kept")
+        else:
+            console.say("nothing to remove: no idle GPU node" if options.idle else "nothing to remove")
+        return []
+    if named is None:
+        refuse_while_gpu_pods_wait(cluster, nodes)
+        confirm_idle_removal(inventory, nodes, options.assume_yes)
+    return nodes
+
+
+def say_what_to_edit(inventory, removed: list, console) -> None:
     if removed:
-        console.say("now remove from " + inventory.source + ": " + ", ".join(f"the node named {n.name}" for n in removed))
+        console.say("now remove from " + inventory.source + ": "
+                    + ", ".join(f"the node named {n.name}" for n in removed))
         for node in removed:
             console.say(f"  - {{name: {node.name}, address: {node.address}, role: {node.role}}}")
+
+
+def end_scale_down(run: Run, blocked: dict) -> None:
     if blocked:
-        for failure in sorted(failures.values(), key=lambda f: f.node):
-            console.warn(f"FAILED {failure.render()}")
+        report_host_failures(run.console, run.failures)
         # Pod names and reasons are the API's words: one printable line each.
         lines = [f"{name}: {printable(pod)} ({printable(why)})" for name, pods in blocked.items()
                  for pod, why in pods.items()]
         raise HostsFailed("drain blocked; these nodes were left cordoned:\n  " + "\n  ".join(lines),
                           "fix the PodDisruptionBudgets, or re-run with --force to delete the pods")
-    report_failures(failures, console)
+    end_run(run.console, run.failures)
 
 
 def drain_all(cluster, nodes, options: ScaleDownOptions, console):
@@ -108,32 +136,30 @@ def drain_all(cluster, nodes, options: ScaleDownOptions, console):
     return drained, blocked
 
 
-def leave_and_uninstall(session, cluster, inventory, state, nodes, options: ScaleDownOptions, console) -> list:
+def leave_and_uninstall(run: Run, cluster, nodes, options: ScaleDownOptions, open_session) -> list:
     """Once uninstall found every host ours (and before it changes any): stop k3s on each,
     then remove from the cluster the nodes whose k3s stopped; uninstall follows. Returns
     the nodes removed."""
-    from pyinfra.api import StringCommand
-
-    from bootstrap.cluster.node_removal import remove_node
-    from bootstrap.flows.uninstall import uninstall
-    from bootstrap.hostparts import k3s_service
-    from bootstrap.hostplan.steps import Step
-
     removed = []
+    with contextlib.ExitStack() as hosts:
+        session = run.open_hosts(hosts, open_session, nodes, "scale-down")
+        uninstall(session, run.inventory, run.state, nodes, options.purge_drivers, run.console,
+                  before_teardown=lambda: removed.extend(leave(run, cluster, nodes)))
+    return removed
 
-    def leave():
-        stop = "\n".join(k3s_service.stop_service(check=True))
-        session.execute([Step(STOP_STEP, {n.name: [StringCommand(stop)] for n in nodes
-                                          if n.name not in session.failures})])
-        for node in nodes:
-            if node.name in session.failures:
-                console.say(f"{node.name}: k3s was not stopped there, so it stays in the cluster, cordoned")
-                continue
-            remove_node(cluster, node.name, etcd_member=node.role == Role.SERVER)
-            console.say(f"{node.name}: k3s stopped; removed from the cluster")
-            removed.append(node)
 
-    uninstall(session, inventory, state, nodes, options.purge_drivers, console, before_teardown=leave)
+def leave(run: Run, cluster, nodes) -> list:
+    """k3s stopped on each node, then the nodes whose k3s stopped removed from the cluster."""
+    stop = "\n".join(k3s_service.stop_service(check=True))
+    run.session.execute([Step(STOP_STEP, {n.name: [StringCommand(stop)] for n in nodes if not run.failed(n.name)})])
+    removed = []
+    for node in nodes:
+        if run.failed(node.name):
+            run.console.say(f"{node.name}: k3s was not stopped there, so it stays in the cluster, cordoned")
+            continue
+        remove_node(cluster, node.name, etcd_member=node.role == Role.SERVER)
+        run.console.say(f"{node.name}: k3s stopped; removed from the cluster")
+        removed.append(node)
     return removed
 
 

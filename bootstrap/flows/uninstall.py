@@ -26,15 +26,35 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     cannot be read fails on its own (with `force`, k3s is wiped from it) and the others go on. `before_teardown()`
     runs once no host was refused, before any is torn down (scale-down: stop k3s, remove
     the members)."""
-    from pyinfra.api import StringCommand
-
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
     from bootstrap.hostplan.steps import Step
-    from bootstrap.rules.ownership import ownership
-    from bootstrap.teardown import teardown_script
-    from bootstrap.hostparts.paths import managed_paths
+
+    facts, owners = owned_hosts(session, inventory, state, nodes, force)
+    foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
+    if foreign and not force:
+        for name, reason in sorted(foreign.items()):
+            console.warn(f"REFUSED {name}: {printable(reason)}")
+        raise HostsFailed(f"not removing k3s from {', '.join(sorted(foreign))}: not set up by this cluster; "
+                          "nothing was changed on any host",
+                          "remove those nodes from the inventory, or add --force to wipe k3s from them anyway")
+    empty = sorted(name for name, o in owners.items() if o.verdict == "empty" and not force)
+    scripts = teardown_scripts(session, inventory, facts, owners, empty, purge_drivers)
+    if before_teardown is not None:  # every script is built: nothing is half-done for one host's record
+        before_teardown()
+    agents = Step("remove agent", {n.name: scripts[n.name] for n in inventory.agents if n.name in scripts})
+    servers = Step("remove server", {n.name: scripts[n.name] for n in inventory.servers if n.name in scripts})
+    session.execute([agents, servers])
+    for name in empty:
+        console.say(f"{name}: nothing of bootstrap's or k3s's on it; left untouched")
+    return empty
+
+
+def owned_hosts(session, inventory, state, nodes, force: bool):
+    """(facts of the hosts that may be torn down, {node: Ownership}): a host whose manifest
+    cannot be read fails on its own, unless `force`."""
+    from bootstrap.facts.pyinfra_fact import HostFactsFact
     from bootstrap.hostparts.manifest import MANIFEST
-    from bootstrap.remote_data import RemoteDataError
+    from bootstrap.hostparts.paths import managed_paths
+    from bootstrap.rules.ownership import ownership
 
     names = {n.name for n in nodes}
     facts = {n: f for n, f in session.gather(HostFactsFact, paths=tuple(managed_paths(inventory))).items()
@@ -49,15 +69,16 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
             session.fail(name, f"{owner.reason}; nothing was removed from it",
                          f"look at {MANIFEST} on the host: if it is this cluster's, remove that file and run "
                          "`bootstrap down` again, or add --force to wipe k3s from it anyway")
-    facts = {name: f for name, f in facts.items() if name not in session.failures}
-    foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
-    if foreign and not force:
-        for name, reason in sorted(foreign.items()):
-            console.warn(f"REFUSED {name}: {printable(reason)}")
-        raise HostsFailed(f"not removing k3s from {', '.join(sorted(foreign))}: not set up by this cluster; "
-                          "nothing was changed on any host",
-                          "remove those nodes from the inventory, or add --force to wipe k3s from them anyway")
-    empty = sorted(name for name, o in owners.items() if o.verdict == "empty" and not force)
+    return {name: f for name, f in facts.items() if name not in session.failures}, owners
+
+
+def teardown_scripts(session, inventory, facts, owners, empty: list[str], purge_drivers: bool) -> dict:
+    """{node: [the one root script that tears it down]}; a record that cannot be read fails its host."""
+    from pyinfra.api import StringCommand
+
+    from bootstrap.remote_data import RemoteDataError
+    from bootstrap.teardown import teardown_script
+
     source = inventory.gpu.container_toolkit.apt_source
     scripts = {}
     for name, f in facts.items():
@@ -70,14 +91,7 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
             session.fail(name, f"{exc}; nothing was removed from it")
             continue
         scripts[name] = [StringCommand(script)]
-    if before_teardown is not None:  # every script is built: nothing is half-done for one host's record
-        before_teardown()
-    agents = Step("remove agent", {n.name: scripts[n.name] for n in inventory.agents if n.name in scripts})
-    servers = Step("remove server", {n.name: scripts[n.name] for n in inventory.servers if n.name in scripts})
-    session.execute([agents, servers])
-    for name in empty:
-        console.say(f"{name}: nothing of bootstrap's or k3s's on it; left untouched")
-    return empty
+    return scripts
 
 
 def tear_down(inventory, state, console, *, purge_drivers: bool, force: bool, open_session=open_hosts) -> None:

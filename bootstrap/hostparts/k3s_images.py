@@ -15,11 +15,12 @@ from pathlib import Path
 from bootstrap.artifacts import K3sArtifacts, airgap_folder, image_archives
 from bootstrap.facts.host_facts import HostFacts
 from bootstrap.hostparts.base import Action, Draft, FileSpec
+from bootstrap.hostparts.k3s_service import K3S_DATA_DIR
 from bootstrap.images import missing
 from bootstrap.inventory.model import Inventory
 from bootstrap.rules import k3s_versions
 
-IMAGES_DIR = "/var/lib/rancher/k3s/agent/images"
+IMAGES_DIR = f"{K3S_DATA_DIR}/agent/images"
 ARCHES = ("amd64", "arm64")  # the arches whose archives the probe asks after
 
 

@@ -8,14 +8,13 @@ from typing import Callable
 
 from bootstrap.artifacts import K3sArtifacts
 from bootstrap.facts.host_facts import HostFacts
-from bootstrap.hostparts.registries import embedded_mirror_on
 from bootstrap.hostplan.desired import desired_state
 from bootstrap.hostplan.drivers import driver_packages
 from bootstrap.hostplan.host_plan import HostPlan, plan_host
 from bootstrap.hostplan.join_tokens import JoinTokens
 from bootstrap.hostplan.rollout import plan_rollout
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import gpu_nodes
+from bootstrap.topology import resolve_topology
 from bootstrap.remote_data import RemoteDataError
 from bootstrap.rules.node_addresses import with_node_ips
 
@@ -36,13 +35,17 @@ class Plans:
 
 
 def make_plans(inventory: Inventory, facts: dict[str, HostFacts], tokens: JoinTokens,
-               artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None) -> Plans:
-    # node-ip is one of each host's own addresses (the public one is often only a NAT).
-    inventory = with_node_ips(inventory, facts)
+               artifacts: dict[str, K3sArtifacts], cluster_id: str, join_via=None, topology=None) -> Plans:
+    """`topology`: the run's (bootstrap.topology), with `inventory` already resolved with it
+    (node-ips chosen: bootstrap.flows.run.Run.resolve_inventory); made here when not given."""
+    if topology is None:
+        # node-ip is one of each host's own addresses (the public one is often only a NAT).
+        inventory = with_node_ips(inventory, facts)
+        topology = resolve_topology(inventory, facts)
     join_via = inventory.node(join_via.name) if join_via is not None else None
     plans, failures = {}, {}
-    gpu_names = {n.name for n in gpu_nodes(inventory, facts)}
-    mirror = embedded_mirror_on(inventory, bool(gpu_names))
+    gpu_names = set(topology.gpu_nodes)
+    mirror = topology.embedded_mirror
     for node in inventory.nodes:
         host = facts.get(node.name)
         if host is None:

@@ -23,10 +23,12 @@ import hmac
 import re
 from dataclasses import dataclass, replace
 
+from bootstrap.hostparts.k3s_service import K3S_DATA_DIR
+
 # k3s writes the server token here in the secure format, whatever format it was given in
 # (k3s-io/docs docs/cli/token.md: "The server token is always written to
 # /var/lib/rancher/k3s/server/token, in secure format").
-SERVER_TOKEN_FILE = "/var/lib/rancher/k3s/server/token"
+SERVER_TOKEN_FILE = f"{K3S_DATA_DIR}/server/token"
 # The tool generates secrets.token_hex(24); a token restored by hand may be any password
 # k3s takes that needs no quoting anywhere (never empty, no space, colon or control).
 _PASSWORD = r"[A-Za-z0-9._~+/=-]{6,256}"

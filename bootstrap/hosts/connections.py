@@ -1,14 +1,13 @@
 """Opening the hosts for a command: the pyinfra session with its run log in the state
-folder, and the one way host failures end a command."""
+folder. Host failures end a command through bootstrap.progress.end_run."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 
-from bootstrap.errors import HostsFailed
 from bootstrap.inventory.model import Inventory, Node
-from bootstrap.progress import Console
+from bootstrap.progress import Console, end_run
 from bootstrap.statedir import StateDir
 
 
@@ -29,8 +28,5 @@ def open_hosts(inventory: Inventory, nodes: list[Node], command: str, console: C
 
 
 def report_failures(failures, console: Console) -> None:
-    for failure in sorted(failures.values(), key=lambda f: f.node):
-        console.warn(f"FAILED {failure.render()}")
-    if failures:
-        raise HostsFailed(f"{len(failures)} host{'s' if len(failures) > 1 else ''} failed: "
-                          f"{', '.join(sorted(failures))}")
+    """(bootstrap.progress.end_run: the one reporter of host failures.)"""
+    end_run(console, failures)

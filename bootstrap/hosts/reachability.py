@@ -362,16 +362,6 @@ class Report:
     round_trips: int = 0
 
 
-def check_reachability(session, inventory: Inventory, facts: dict[str, HostFacts], console) -> list:
-    """Preflight's reachability findings; the summary (and the matrix) go to `console`."""
-    from bootstrap.hostparts.registries import embedded_mirror_on
-    from bootstrap.preflight import gpu_nodes
-
-    report = check(session, inventory, facts, embedded_mirror_on(inventory, bool(gpu_nodes(inventory, facts))))
-    console.say_lines(report.lines)
-    return report.findings
-
-
 def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> Report:
     """Probe every pair that needs it; `session.run_each({node: command}, what, stdin={node:
     text}, timeout=seconds)` runs one command per host in parallel and gives {node: stdout or

@@ -27,7 +27,7 @@ import yaml
 import yaml.reader
 from yaml.constructor import SafeConstructor
 from yaml.events import (AliasEvent, CollectionStartEvent, MappingEndEvent,
-                         MappingStartEvent, ScalarEvent, SequenceEndEvent, SequenceStartEvent,
+                         ScalarEvent, SequenceEndEvent, SequenceStartEvent,
                          StreamEndEvent)
 
 from bootstrap.errors import Problem, escape

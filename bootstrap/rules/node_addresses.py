@@ -181,11 +181,15 @@ def choose_all(inventory: Inventory, facts: dict[str, HostFacts]) -> dict[str, N
     return {node.name: choose(inventory, node, facts) for node in inventory.nodes}
 
 
-def with_node_ips(inventory: Inventory, facts: dict[str, HostFacts]) -> Inventory:
+def with_node_ips(inventory: Inventory, facts: dict[str, HostFacts],
+                  chosen: dict[str, NodeAddresses] | None = None) -> Inventory:
     """The inventory with each node's chosen node-ip as its node_ip: what k3s's config,
-    the join URL and the API certificate's names are made from."""
+    the join URL and the API certificate's names are made from. `chosen`: choose_all's
+    answer when the caller has it (bootstrap.topology)."""
+    chosen = chosen if chosen is not None else choose_all(inventory, facts)
+
     def resolved(node: Node) -> Node:
-        internal = choose(inventory, node, facts).internal
+        internal = chosen[node.name].internal
         # The inventory address itself stays implicit: its config is what it always was.
         if internal is None or _ip(internal) == _ip(node.address):
             return node

@@ -20,6 +20,7 @@ from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixt
 from bootstrap import progress
 from bootstrap.cluster.client import Cluster as ApiCluster
 from bootstrap.flows.cluster_side import cluster_phase
+from bootstrap.flows.run import Run
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 
@@ -58,6 +59,13 @@ def inventory_for(tmp_path, **gpu):
     return inventory, StateDir(inventory)
 
 
+
+def a_run(inventory, state, facts, console, connect) -> Run:
+    run = Run(inventory, state, console, connect=connect)
+    run.set_facts(facts)
+    return run
+
+
 def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_calls, tmp_path):
     inventory, state = inventory_for(tmp_path)
     facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[]), "gpu-1": healthy_host("gpu-1")}
@@ -72,8 +80,8 @@ def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_ca
         yield ApiCluster(lab.api, kubeconfig)
 
     out = io.StringIO()
-    changed = cluster_phase(inventory, state, facts, progress.Console(progress.Reporter(out)), validate=False,
-                            connect=connect)
+    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                            validate=False)
     assert changed and connected
     first = helm_calls()
     releases = {call["argv"][2] for call in first if call["argv"][:2] == ["upgrade", "--install"]}
@@ -83,8 +91,8 @@ def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_ca
     assert "cluster: " in out.getvalue() and "release(s) applied" in out.getvalue()
 
     again = io.StringIO()
-    changed = cluster_phase(inventory, state, facts, progress.Console(progress.Reporter(again)), validate=False,
-                            connect=connect, hosts_changed=False)
+    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(again)), connect),
+                            validate=False, hosts_changed=False)
     assert not changed
     assert "cluster: no change" in again.getvalue()
     assert len(helm_calls()) == len(first), "a converged cluster calls Helm again"
@@ -99,12 +107,12 @@ def test_a_changed_sharing_setting_upgrades_only_what_it_touches(lab, helm_calls
         yield ApiCluster(lab.api, tmp_path / "kubeconfig")
 
     console = progress.Console(progress.Reporter(io.StringIO()))
-    cluster_phase(inventory, state, facts, console, validate=False, connect=connect)
+    cluster_phase(a_run(inventory, state, facts, console, connect), validate=False)
     before = len(helm_calls())
     inventory, state = inventory_for(tmp_path, sharing={"time_slicing": {"replicas": 8}})
     out = io.StringIO()
-    assert cluster_phase(inventory, state, facts, progress.Console(progress.Reporter(out)), validate=False,
-                         connect=connect, hosts_changed=False)
+    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                         validate=False, hosts_changed=False)
     assert "no change" not in out.getvalue()
     # The sharing config lives in an object the operator's device plugin reads, not in a
     # release's values: what changed is named, and no release is re-applied for it.

@@ -12,7 +12,8 @@ from test_facts_parsers import h200_probe_output
 from bootstrap import progress
 from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
 from bootstrap.facts.probe import parse_host_facts
-from bootstrap.flows.host_phase import PreflightFailed, UpOptions, bring_up
+from bootstrap.flows.host_phase import UpOptions, bring_up
+from bootstrap.flows.preflight_phase import PreflightFailed
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir
 

@@ -17,7 +17,9 @@ from test_restore_flow import KUBECONFIG
 from bootstrap import progress
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.facts.host_facts import FileState, K3sInstall, SystemdUnit
-from bootstrap.flows.host_phase import NO_AGENT_TOKEN, UpOptions, bring_up, gather_and_plan, load_or_create_tokens
+from bootstrap.flows.host_phase import (NO_AGENT_TOKEN, UpOptions, bring_up, gather_facts, load_or_create_tokens,
+                                        preflight_and_plan)
+from bootstrap.flows.run import Run
 from bootstrap.flows.inspection import token_plan
 from bootstrap.hostparts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.hostparts.k3s_service import CONFIG
@@ -31,6 +33,14 @@ from bootstrap.statedir import StateDir
 VERSION = "v1.33.5+k3s1"
 CA = "c0ffee" + "0" * 58
 TOKENS = JoinTokens("server-secret-0123", "agent-secret-4567", ca_hash=CA)
+
+
+def gather_and_plan(session, inventory, state, console, *, facts=None, **options):
+    """`plan`'s first phases on an open session: (facts, plans)."""
+    run = Run(inventory, state, console)
+    run.attach(session)
+    run.set_facts(facts if facts is not None else gather_facts(session, inventory))
+    return run.facts, preflight_and_plan(run, **options)
 
 
 def inventory_of(tmp_path, k3s_binary=None, servers=1, agents=2):

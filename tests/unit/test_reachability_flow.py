@@ -1,4 +1,4 @@
-"""The reachability check inside preflight (flows.host_phase.gather_and_plan, which `up`,
+"""The reachability check inside preflight (flows.preflight_phase.examine, which `up`,
 `plan`, `rebuild` and `check --hosts` share), in-process: a fake network answers each host's
 one command (listen and probe) the way hosts behind a firewall would."""
 
@@ -10,10 +10,11 @@ import pytest
 import yaml
 from fakes import FakeSession
 from test_host_phase_flow import healthy_host
+from test_join_tokens import gather_and_plan
 
 from bootstrap import progress
 from bootstrap.facts.host_facts import InterfaceAddress, K3sInstall, ListeningPort, SystemdUnit
-from bootstrap.flows.host_phase import PreflightFailed, gather_and_plan
+from bootstrap.flows.preflight_phase import PreflightFailed
 from bootstrap.hostparts.manifest import ID_KEY
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.statedir import StateDir

@@ -10,6 +10,7 @@ import pytest
 from bootstrap import progress
 from bootstrap.errors import BootstrapError
 from bootstrap.flows import rolling_upgrade as ru
+from bootstrap.flows.run import Run
 from bootstrap.hostplan.rollout import Rollout
 from bootstrap.inventory.loader import parse_inventory
 
@@ -80,19 +81,17 @@ def test_within_a_minor_swapping_the_binary_back_is_the_rollback():
 
 def test_the_snapshot_is_taken_before_the_first_server_is_touched(monkeypatch):
     order = []
-    monkeypatch.setattr("bootstrap.cluster.client.connect", lambda inv, st: contextlib.nullcontext(object()))
-    monkeypatch.setattr(ru, "roll_nodes", lambda session, cluster, plans, r, names, c, **kw:
+    monkeypatch.setattr(ru, "roll_nodes", lambda run, cluster, r, names, **kw:
                         order.append(("roll", tuple(names), kw["before"])))
     monkeypatch.setattr(ru, "settle_earlier_cordons", lambda *a: None)
-
-    class Plans:
-        plans = {}
 
     class Session:
         failures = {}
 
-    ru.run_rollout(Session(), INV, None, Plans(), rollout(), lambda: order.append(("between",)), console(),
-                   drain_timeout=1, force=False, take_snapshot=lambda inv, st: order.append(("snapshot",)) or Path(SNAP))
+    run = Run(INV, None, console(), connect=lambda inv, st: contextlib.nullcontext(object()),
+              take_snapshot=lambda inv, st: order.append(("snapshot",)) or Path(SNAP))
+    run.attach(Session())
+    ru.run_rollout(run, rollout(), lambda: order.append(("between",)), drain_timeout=1, force=False)
     point = ru.RollbackPoint(SNAP, "cp-1", False)
     assert order == [("snapshot",), ("roll", ("cp-1",), point), ("roll", ("cp-2",), point),
                      ("roll", ("cp-3",), point), ("between",), ("roll", ("a1",), point)]
