@@ -1941,12 +1941,100 @@ def aux_ports(opts, role, address, etcd):
     return ports
 
 
+class BodyError(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+# kube-apiserver's MaxRequestBodyBytes: 3 MiB (kubernetes staging/src/k8s.io/apiserver/pkg/server/config.go,
+# NewConfig); a larger body is 413.
+MAX_REQUEST_BODY = 3 * 1024 * 1024
+
+
+def read_request_body(rfile, headers, limit=MAX_REQUEST_BODY):
+    """A request's whole body: Content-Length bytes, or the chunks of Transfer-Encoding:
+    chunked (Go's net/http server takes both). Raises BodyError(400 or 413)."""
+    if "chunked" in (headers.get("Transfer-Encoding") or "").lower():
+        return _read_chunked(rfile, limit)
+    text = (headers.get("Content-Length") or "0").strip()
+    if not text.isdigit():
+        raise BodyError(400, "bad Content-Length")
+    if int(text) > limit:
+        raise BodyError(413, "request body too large")
+    body = rfile.read(int(text)) if int(text) else b""
+    if len(body) != int(text):
+        raise BodyError(400, "unexpected end of the request body")
+    return body
+
+
+def _read_chunked(rfile, limit):
+    parts, total = [], 0
+    while True:
+        line = rfile.readline(1026)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BodyError(400, "bad chunk size")
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise BodyError(413, "request body too large")
+        data = rfile.read(size)
+        if len(data) != size or rfile.read(2) != b"\r\n":
+            raise BodyError(400, "unexpected end of a chunk")
+        parts.append(data)
+    while rfile.readline(8194) not in (b"\r\n", b"\n", b""):  # trailers
+        pass
+    return b"".join(parts)
+
+
 class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 with kept-alive connections, as kube-apiserver's Go net/http server
+    (kubernetes staging/src/k8s.io/apiserver/pkg/server/secure_serving.go, Serve: an
+    http.Server with IdleTimeout 90 s; its TLS config offers ALPN "h2" then "http/1.1",
+    tlsConfig). Clients (kubectl, Helm, the tool's urllib3 pool) send every request of a
+    session over one connection: through the SSH tunnel one channel and one TLS handshake,
+    not one per request. A request with `Connection: close` (or HTTP/1.0 without
+    keep-alive) still ends its connection (http.server does that). HTTP/2 is not offered:
+    this stand-in is Python's standard library only (k3s_pki.server_context's ALPN)."""
     server_version = "k3s-standin"
     sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 90  # the socket's timeout: an idle kept-alive connection ends after it
 
     def log_message(self, fmt, *args):  # requests carry tokens in headers: log nothing of them
         return
+
+    def send_response(self, code, message=None):
+        self.connection_header_sent = False
+        super().send_response(code, message)
+
+    def send_header(self, keyword, value):
+        if keyword.lower() == "connection":
+            self.connection_header_sent = True
+        super().send_header(keyword, value)
+
+    def end_headers(self):
+        # Go's server says it closes when the request asked (net/http server.go,
+        # chunkWriter.writeHeader: closeAfterReply sets "Connection: close").
+        if self.close_connection and not getattr(self, "connection_header_sent", True):
+            self.send_header("Connection", "close")
+        super().end_headers()
+
+    def parse_request(self):
+        """The request line and headers, then the whole body (self.body): on a kept-alive
+        connection a body left unread would be taken for the next request."""
+        self.body = b""
+        if not super().parse_request():
+            return False
+        try:
+            self.body = read_request_body(self.rfile, self.headers)
+        except BodyError as exc:
+            self.send_error(exc.code, str(exc))  # with Connection: close
+            return False
+        return True
 
     def reply(self, status, body, content_type="application/json"):
         if not isinstance(body, (bytes, str)):
@@ -2182,8 +2270,7 @@ def make_supervisor_handler(state):
                 self.reply(404, {"error": "not found"})
                 return
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(self.body or b"{}")
             except (ValueError, json.JSONDecodeError):
                 self.reply(400, {"error": "bad join request"})
                 return
