@@ -1,9 +1,17 @@
-"""Images in k3s's containerd: the air-gap folder's archives, and the images pre-pulled.
+"""Images in k3s's containerd: the air-gap folder's archives, and the images pulled ahead.
 
 k3s imports the archives in agent/images when it starts, and (from the January 2025
 releases) a new one while it runs, so adding images restarts nothing; the tool only waits
-for k3s to say it imported them. GPU nodes pull the images
-validation and the first jobs need before `up` ends.
+for k3s to say it imported them.
+
+GPU nodes get the images validation, the GPU Operator and the first jobs need pulled in
+the background, starting as soon as k3s runs there: the tool writes them as an image list
+(.txt) into agent/images once k3s runs, and k3s's image watcher pulls them through the CRI
+(registries.yaml's mirrors apply) while `up` goes on. Never before k3s starts: k3s pulls
+every list it finds at start before it starts the kubelet (k3s-io/k3s
+pkg/agent/containerd/containerd.go, Run returns PreloadImages; the k3s docs' "Import
+Images"), so a (re)start would wait for gigabytes. A k3s too old to watch the folder gets
+`crictl pull`s started in the background instead.
 """
 
 from __future__ import annotations
@@ -105,8 +113,42 @@ def plan_import(draft: Draft, running_version: str | None, archives: list[FileSp
                             f"{names} only when it starts")
 
 
-def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts) -> None:
-    draft.plan.prepull = missing(wanted, facts.images)
-    if draft.plan.prepull:
-        draft.plan.actions.add(Action.PULL_IMAGES)
-        draft.plan.changes.append(f"pull images {', '.join(draft.plan.prepull)}")
+# The tool's image lists: a new name each time (k3s's watcher imports a file again only when
+# its size changed and it is newer, watcher.go processImageEvent, so the same list rewritten
+# would not be pulled again); written as .part (a name the watcher ignores: isFileSupported)
+# and renamed, so k3s never reads half a list.
+IMAGE_LIST_GLOB = f"{IMAGES_DIR}/bootstrap-pull-*.txt"
+
+
+def pull_in_background_lines(images: list[str], watches_folder: bool) -> list[str]:
+    """Shell lines (root) that start pulling `images` and return at once."""
+    refs = " ".join(shlex.quote(i) for i in images)
+    if watches_folder:
+        return [f"mkdir -p {IMAGES_DIR}",
+                f"rm -f {IMAGE_LIST_GLOB}",
+                f"l={IMAGES_DIR}/bootstrap-pull-$(date +%s%N).txt",
+                f"printf '%s\\n' {refs} > \"$l.part\" && mv -f \"$l.part\" \"$l\""]
+    # Detached from the session (setsid, no terminal, no open output): the command returns
+    # while the pulls go on; one failing does not stop the others.
+    return [f"setsid sh -c 'for i in \"$@\"; do k3s crictl pull \"$i\" >/dev/null 2>&1; done' pull {refs} "
+            "</dev/null >/dev/null 2>&1 &"]
+
+
+def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts, version_after: str | None = None) -> None:
+    """`wanted`: what this node should hold (empty but on GPU nodes); `version_after`: the k3s
+    version that runs here once the plan is carried out (it decides list or crictl)."""
+    plan = draft.plan
+    if wanted and plan.service == "restart":
+        # A list of an earlier run whose pulls are unfinished would hold this restart (k3s
+        # pulls the lists it finds at start first): removed now, written again after it.
+        plan.prepare.append(f"rm -f {IMAGE_LIST_GLOB}")
+    plan.prepull = missing(wanted, facts.images)
+    if not plan.prepull:
+        return
+    plan.actions.add(Action.PULL_IMAGES)
+    lines = pull_in_background_lines(plan.prepull, imports_while_running(version_after))
+    if plan.service is None:
+        plan.prepare += lines  # k3s runs: with the host's other changes, in the same command
+    else:
+        plan.pull_after_start = lines  # once k3s runs (bootstrap.hostplan.steps)
+    plan.changes.append(f"pull images in the background: {', '.join(plan.prepull)}")

@@ -1513,14 +1513,47 @@ def start_shim(shim_path):
 IMAGE_SUFFIXES = (".tar", ".tar.lz4", ".tar.bz2", ".tbz", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".txt")
 
 
+# What go-containerregistry's name.ParseReference(s, WeakValidation, Insecure) takes (k3s
+# checks each line of a .txt list with it): an optional registry (a first part with "." or
+# ":" or "localhost"), lowercase repository parts of [a-z0-9_.-], then an optional tag of
+# [A-Za-z0-9_.-] (at most 128, not starting with . or -) and/or @sha256:<64 hex>.
+IMAGE_REFERENCE = re.compile(r"^(?:(?:[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/)?"
+                             r"[a-z0-9_.-]+(?:/[a-z0-9_.-]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+                             r"(?:@sha256:[0-9a-f]{64})?$")
+
+
+def pull_list(data_dir, path):
+    """A .txt list as k3s's prePullImages takes it (k3s-io/k3s pkg/agent/containerd/containerd.go,
+    v1.32+: preloadFile logs "Pulling images from PATH"; each line trimmed, blank ones skipped,
+    one go-containerregistry cannot parse logged "Failed to parse image reference %q: could not
+    parse reference: ..." and skipped, the others kept; one already held "has already been
+    pulled"; the rest pulled one after the other through the CRI, "Pulling image NAME").
+    Pulls take K3S_STANDIN_PULL_SECONDS each and are logged to standin-pulls.log as
+    `crictl pull`'s are."""
+    info("Pulling images from %s" % path)
+    held = load_images(data_dir)
+    for line in (read_text(path) or "").splitlines():
+        name = line.strip()
+        if not name:
+            continue
+        if not IMAGE_REFERENCE.match(name):
+            error("Failed to parse image reference %s: could not parse reference: %s" % (json.dumps(name), name))
+            continue
+        if normalise_image(name) in held:
+            info("Image %s has already been pulled" % name)
+            continue
+        info("Pulling image %s" % name)
+        time.sleep(float(os.environ.get("K3S_STANDIN_PULL_SECONDS", "0.5")))
+        add_images(data_dir, [name], "pull:" + os.path.basename(path))
+        with open(os.path.join(data_dir, "agent", "containerd", "standin-pulls.log"), "a") as fh:
+            fh.write("%.3f %s\n" % (time.time(), normalise_image(name)))
+
+
 def import_file(data_dir, path):
     """One file of agent/images, logged as k3s logs it."""
     started = time.monotonic()
     if path.endswith(".txt"):
-        refs = [l.strip() for l in (read_text(path) or "").splitlines() if l.strip()]
-        for ref in refs:
-            info("Pulling image %s..." % ref)
-        add_images(data_dir, refs, "pull:" + os.path.basename(path))
+        pull_list(data_dir, path)
         info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
         return True
     info("Importing images from %s" % path)
@@ -1531,7 +1564,9 @@ def import_file(data_dir, path):
 
 
 def import_images(data_dir):
-    """Real k3s imports every supported file in agent/images into containerd at start."""
+    """Real k3s imports every supported file in agent/images into containerd at start, before
+    it goes on to the kubelet (containerd.go Run returns PreloadImages' result): a .txt list
+    there makes the start wait for every pull in it."""
     images = os.path.join(data_dir, "agent", "images")
     mkdirs(images)
     seen = {}
