@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 
 from bootstrap.components import versions
+from bootstrap.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Component, Inventory
+from bootstrap.preflight import gpu_nodes
 
 GPU_TEST_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
 BUSYBOX = "busybox:1.36"
@@ -77,6 +79,20 @@ def prepull_images(inventory: Inventory, os_id: str | None = None, os_version_id
             seen.add(normalise(image))
             result.append(image)
     return result
+
+
+def downloads_in_progress(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, list[str]]:
+    """Per GPU node, what it should hold and its k3s does not yet: the pulls still going on."""
+    wanted = {n.name: prepull_images(inventory, facts_by_node[n.name].os_id, facts_by_node[n.name].os_version_id)
+              for n in gpu_nodes(inventory, facts_by_node)}
+    return still_downloading(wanted, {name: facts.images for name, facts in facts_by_node.items()})
+
+
+def download_lines(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[str]:
+    """For `up`'s output: one line per GPU node still downloading (the pods that run one of
+    these images wait for it; nothing else does)."""
+    return [f"images: {name} is still downloading {len(refs)} in the background: {', '.join(refs)}"
+            for name, refs in downloads_in_progress(inventory, facts_by_node).items()]
 
 
 def still_downloading(wanted: dict[str, list[str]], present: dict[str, tuple[str, ...] | None]) -> dict[str, list[str]]:

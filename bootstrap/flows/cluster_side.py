@@ -11,6 +11,7 @@ import time
 
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
+from bootstrap.images import download_lines
 
 
 def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_changed: bool = True,
@@ -34,6 +35,8 @@ def cluster_phase(inventory, state, facts, console, *, validate: bool, hosts_cha
         plan = (lambda: plan_cluster(inventory, facts())) if callable(facts) else plan_cluster(inventory, facts)
         summary = apply_cluster(cluster, inventory, plan, console.say, wait_for=wait_for, trace=console.phase)
     facts = facts() if callable(facts) else facts  # (a greenlet's get: the same value again)
+    for line in download_lines(inventory, facts):  # k3s pulls them in the background
+        console.say(line)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     console.event("cluster", releases=list(summary["releases"]), objects=list(summary["objects"]),
                              relabelled=list(summary["labelled"]))

@@ -288,3 +288,21 @@ def test_a_new_archive_on_a_running_node_is_awaited_or_restarts_an_older_k3s():
     assert plan("v1.31.5+k3s1").service is None
     starting = plan("v1.33.5+k3s1", service="start")
     assert starting.prepare == [] and starting.service == "start"  # imported at start, within its wait
+
+
+def test_up_says_which_gpu_node_is_still_downloading_what():
+    from dataclasses import replace
+
+    from test_host_phase_flow import healthy_host
+
+    from bootstrap.images import download_lines, prepull_images
+
+    inv = parse_inventory(BASE.replace("role: server}", "role: server, gpu: {enabled: false}}"))
+    held = ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0")
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[], images=()), "gpu-1": replace(healthy_host("gpu-1"), images=held)}
+    (line,) = download_lines(inv, facts)
+    assert line.startswith("images: gpu-1 is still downloading 5 in the background: nvcr.io/nvidia/gpu-operator:v26.7.0")
+    assert "busybox" not in line and "cp-1" not in line
+    everything = held + tuple(prepull_images(inv))
+    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)}) == []
+    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)}) == []  # k3s not read
