@@ -120,18 +120,30 @@ def plan_import(draft: Draft, running_version: str | None, archives: list[FileSp
 IMAGE_LIST_GLOB = f"{IMAGES_DIR}/bootstrap-pull-*.txt"
 
 
-def pull_in_background_lines(images: list[str], watches_folder: bool) -> list[str]:
-    """Shell lines (root) that start pulling `images` and return at once."""
+def pull_in_background_lines(images: list[str], watches_folder: bool | None) -> list[str]:
+    """Shell lines (root) that start pulling `images` and return at once. `watches_folder`
+    None (an air-gap binary of unknown version): the host's k3s --version decides."""
     refs = " ".join(shlex.quote(i) for i in images)
-    if watches_folder:
-        return [f"mkdir -p {IMAGES_DIR}",
-                f"rm -f {IMAGE_LIST_GLOB}",
-                f"l={IMAGES_DIR}/bootstrap-pull-$(date +%s%N).txt",
-                f"printf '%s\\n' {refs} > \"$l.part\" && mv -f \"$l.part\" \"$l\""]
+    listed = [f"mkdir -p {IMAGES_DIR}",
+              f"rm -f {IMAGE_LIST_GLOB}",
+              f"l={IMAGES_DIR}/bootstrap-pull-$(date +%s%N).txt",
+              f"printf '%s\\n' {refs} > \"$l.part\" && mv -f \"$l.part\" \"$l\""]
     # Detached from the session (setsid, no terminal, no open output): the command returns
     # while the pulls go on; one failing does not stop the others.
-    return [f"setsid sh -c 'for i in \"$@\"; do k3s crictl pull \"$i\" >/dev/null 2>&1; done' pull {refs} "
-            "</dev/null >/dev/null 2>&1 &"]
+    pulled = [f"setsid sh -c 'for i in \"$@\"; do k3s crictl pull \"$i\" >/dev/null 2>&1; done' pull {refs} "
+              "</dev/null >/dev/null 2>&1 &"]
+    if watches_folder is None:
+        return [f"if k3s --version 2>/dev/null | {WATCHES_FOLDER_AWK}; then", *listed, "else", *pulled, "fi"]
+    return listed if watches_folder else pulled
+
+
+# `k3s --version`'s first line ("k3s version v1.33.5+k3s1 (...)") against IMPORTS_WHILE_RUNNING:
+# exit 0 when that k3s watches agent/images.
+WATCHES_FOLDER_AWK = (
+    "awk 'NR == 1 { split(substr($3, 2), v, /[.+-]/); k = (v[1] + 0) \".\" (v[2] + 0); "
+    + "; ".join(f"first[\"{ma}.{mi}\"] = {k3s_versions.parse(v).patch}" for (ma, mi), v in sorted(IMPORTS_WHILE_RUNNING.items()))
+    + f"; ok = (k in first) ? (v[3] + 0 >= first[k]) : (v[1] + 0 > 1 || v[2] + 0 > {max(IMPORTS_WHILE_RUNNING)[1]}) }} "
+    "END { exit !ok }'")
 
 
 def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts, version_after: str | None = None) -> None:
@@ -146,7 +158,8 @@ def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts, version_afte
     if not plan.prepull:
         return
     plan.actions.add(Action.PULL_IMAGES)
-    lines = pull_in_background_lines(plan.prepull, imports_while_running(version_after))
+    watches = None if version_after is None else imports_while_running(version_after)
+    lines = pull_in_background_lines(plan.prepull, watches)
     if plan.service is None:
         plan.prepare += lines  # k3s runs: with the host's other changes, in the same command
     else:

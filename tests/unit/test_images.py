@@ -221,6 +221,22 @@ def test_image_pulls_start_in_the_background_once_k3s_runs():
     old = plan(None, (), "v1.31.4+k3s1")
     assert len(old.prepare) == 1 and old.prepare[0].startswith("setsid sh -c ") and old.prepare[0].endswith("&")
     assert plan(None, ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0")).prepare == []
+    # an air-gap binary of unknown version: the host's `k3s --version` decides
+    unknown = "\n".join(plan("start", None, None).pull_after_start)
+    assert unknown.startswith("if k3s --version 2>/dev/null | awk ") and "bootstrap-pull-" in unknown
+    assert "setsid sh -c" in unknown and unknown.endswith("fi")
+
+
+def test_the_version_check_on_the_host_agrees_with_the_table():
+    import subprocess
+
+    from bootstrap.hostparts.k3s_images import WATCHES_FOLDER_AWK, imports_while_running
+
+    for version in ("v1.33.5+k3s1", "v1.32.0+k3s1", "v1.31.4+k3s1", "v1.31.5+k3s1", "v1.30.8+k3s1", "v1.30.9+k3s1",
+                    "v1.29.13+k3s1", "v1.29.12+k3s1", "v1.28.15+k3s1", "v1.34.1+k3s1"):
+        said = subprocess.run(["sh", "-c", f"echo 'k3s version {version} (0123abcd)' | {WATCHES_FOLDER_AWK}"])
+        assert (said.returncode == 0) == imports_while_running(version), version
+    assert subprocess.run(["sh", "-c", f"true | {WATCHES_FOLDER_AWK}"]).returncode != 0  # no k3s: crictl
 
 
 def test_no_step_waits_for_image_pulls():
