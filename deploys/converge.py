@@ -86,14 +86,6 @@ exit 1
     return StringCommand(script.strip())
 
 
-def prepull_command(images: list[str]) -> StringCommand:
-    """Pull through the CRI, so registries.yaml (mirrors, credentials, the embedded mirror)
-    applies as it does for pods."""
-    refs = " ".join(shlex.quote(i) for i in images)
-    return StringCommand(f"for i in {refs}; do out=$(k3s crictl pull \"$i\" 2>&1) || "
-                         f"{{ echo \"pulling $i failed: $(echo \"$out\" | tail -n 1)\" >&2; exit 1; }}; done")
-
-
 def verify_nvidia_runtime_command() -> StringCommand:
     config = CONTAINERD_CONFIG
     return StringCommand(

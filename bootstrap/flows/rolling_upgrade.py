@@ -98,7 +98,7 @@ def roll_nodes(session, cluster, plans, rollout: Rollout, names: list[str], cons
     for name in names:
         plan = plans[name]
         step.commands[name] = converge.placement_commands(plan, keep_previous_binary=True) + [
-            converge.wait_for_service(plan.unit, "restart", plan.start_timeout)] + ([converge.prepull_command(plan.prepull)] if plan.prepull else [])
+            converge.wait_for_service(plan.unit, "restart", plan.start_timeout, then=plan.pull_after_start)]
     session.execute([step])
     replaced = [n for n in names if n not in session.failures]
     for name in names:
