@@ -91,7 +91,8 @@ def downloads_in_progress(inventory: Inventory, facts_by_node: dict[str, HostFac
 def download_lines(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[str]:
     """For `up`'s output: one line per GPU node still downloading (the pods that run one of
     these images wait for it; nothing else does)."""
-    return [f"images: {name} is still downloading {len(refs)} in the background: {', '.join(refs)}"
+    return [f"images: {name} is still downloading {len(refs)} in the background (k3s logs a failed pull): "
+            f"{', '.join(refs)}"
             for name, refs in downloads_in_progress(inventory, facts_by_node).items()]
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from bootstrap.artifacts import K3sArtifacts, airgap_folder, image_archives
 from bootstrap.facts.host_facts import HostFacts
-from bootstrap.hostparts.base import Action, Draft, FileSpec
+from bootstrap.hostparts.base import Action, Draft, FileSpec, text_file
+from bootstrap.hostparts.manifest import STATE_DIR
 from bootstrap.images import missing
 from bootstrap.inventory.model import Inventory
 from bootstrap.rules import k3s_versions
@@ -35,12 +36,24 @@ def archive_path(archive: Path) -> str:
     return f"{IMAGES_DIR}/{archive.name}"
 
 
+# What a GPU node was last asked to pull (the tool's record, outside agent/images, which k3s
+# would read): the same list again is not asked again, so a second `up` while the first
+# one's pulls still run changes nothing (it says what is still downloading).
+PULLS_REQUESTED = f"{STATE_DIR}/image-pulls.txt"
+
+
 def paths(inventory: Inventory) -> set[str]:
-    """Every archive a host of this inventory may hold (none without an air-gap folder)."""
+    """Every archive a host of this inventory may hold (none without an air-gap folder), and
+    the record of the pulls asked for."""
     if not inventory.k3s.airgap:
-        return set()
+        return {PULLS_REQUESTED}
     folder = airgap_folder(inventory)
-    return {archive_path(p) for arch in ARCHES for p in image_archives(folder, arch)}
+    return {archive_path(p) for arch in ARCHES for p in image_archives(folder, arch)} | {PULLS_REQUESTED}
+
+
+def pulls_record(images: list[str]) -> list[FileSpec]:
+    """The record of what this node is to hold (none for a node that is to pull nothing)."""
+    return [text_file(PULLS_REQUESTED, "".join(f"{i}\n" for i in images))] if images else []
 
 
 def files(artifacts: K3sArtifacts) -> list[FileSpec]:
@@ -148,14 +161,18 @@ WATCHES_FOLDER_AWK = (
 
 def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts, version_after: str | None = None) -> None:
     """`wanted`: what this node should hold (empty but on GPU nodes); `version_after`: the k3s
-    version that runs here once the plan is carried out (it decides list or crictl)."""
+    version that runs here once the plan is carried out (it decides list or crictl). Pulls
+    start after a (re)start, or when the list asked for changed (PULLS_REQUESTED): the same
+    list while k3s runs is being pulled already."""
     plan = draft.plan
     if wanted and plan.service == "restart":
         # A list of an earlier run whose pulls are unfinished would hold this restart (k3s
         # pulls the lists it finds at start first): removed now, written again after it.
         plan.prepare.append(f"rm -f {IMAGE_LIST_GLOB}")
+    asked_before = not any(u.path == PULLS_REQUESTED for u in plan.uploads)
     plan.prepull = missing(wanted, facts.images)
-    if not plan.prepull:
+    if not plan.prepull or (plan.service is None and asked_before):
+        plan.prepull = []
         return
     plan.actions.add(Action.PULL_IMAGES)
     watches = None if version_after is None else imports_while_running(version_after)

@@ -51,6 +51,7 @@ def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifact
     desired.packages = packages.component_packages(inventory, gpu) + list(driver_packages)
     if gpu:
         desired.prepull = prepull_images(inventory, *os_release)
+        desired.files += k3s_images.pulls_record(desired.prepull)
     if host_toolkit:
         desired.toolkit_source = packages.toolkit_source_line(inventory, artifacts.arch)
         desired.files.append(text_file(packages.TOOLKIT_SOURCE, desired.toolkit_source + "\n"))

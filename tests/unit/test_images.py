@@ -198,8 +198,11 @@ def test_image_pulls_start_in_the_background_once_k3s_runs():
     from bootstrap.hostplan.host_plan import HostPlan
     from bootstrap.inventory.model import Node
 
-    def plan(service, images, version="v1.33.5+k3s1"):
-        draft = Draft(HostPlan(node=Node(name="g", address="10.0.0.2"), unit="k3s-agent", service=service), {})
+    def plan(service, images, version="v1.33.5+k3s1", asked=True):
+        wanted = ["busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0"]
+        uploads = k3s_images.pulls_record(wanted) if asked else []
+        draft = Draft(HostPlan(node=Node(name="g", address="10.0.0.2"), unit="k3s-agent", service=service,
+                               uploads=list(uploads)), {})
         k3s_images.plan_prepull(draft, ["busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0"],
                                 HostFacts(images=images), version)
         return draft.plan
@@ -211,14 +214,17 @@ def test_image_pulls_start_in_the_background_once_k3s_runs():
     assert "/var/lib/rancher/k3s/agent/images/bootstrap-pull-$(date +%s%N).txt" in script
     assert "printf '%s\\n' busybox:1.36 nvcr.io/nvidia/gpu-operator:v26.7.0 > \"$l.part\" && mv -f" in script
     assert "crictl" not in script
-    # k3s runs already: with the host's other changes; only what it lacks
-    running = plan(None, ("docker.io/library/busybox:1.36",))
+    # k3s runs already and the list asked for changed: with the host's other changes; only what it lacks
+    running = plan(None, ("docker.io/library/busybox:1.36",), asked=True)
     assert running.pull_after_start == [] and running.prepull == ["nvcr.io/nvidia/gpu-operator:v26.7.0"]
     assert "bootstrap-pull-" in "\n".join(running.prepare)
+    # the same list asked before, k3s running: its pulls run already (a second `up` changes nothing)
+    same = plan(None, ("docker.io/library/busybox:1.36",), asked=False)
+    assert same.prepull == [] and same.prepare == [] and not same.changed
     # a restart: the old lists go first, so the restart does not wait for their pulls
     assert plan("restart", None).prepare == ["rm -f /var/lib/rancher/k3s/agent/images/bootstrap-pull-*.txt"]
     # a k3s that does not watch agent/images: crictl pulls, detached
-    old = plan(None, (), "v1.31.4+k3s1")
+    old = plan(None, (), "v1.31.4+k3s1", asked=True)
     assert len(old.prepare) == 1 and old.prepare[0].startswith("setsid sh -c ") and old.prepare[0].endswith("&")
     assert plan(None, ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0")).prepare == []
     # an air-gap binary of unknown version: the host's `k3s --version` decides
@@ -317,7 +323,8 @@ def test_up_says_which_gpu_node_is_still_downloading_what():
     held = ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0")
     facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[], images=()), "gpu-1": replace(healthy_host("gpu-1"), images=held)}
     (line,) = download_lines(inv, facts)
-    assert line.startswith("images: gpu-1 is still downloading 5 in the background: nvcr.io/nvidia/gpu-operator:v26.7.0")
+    assert line.startswith("images: gpu-1 is still downloading 5 in the background (k3s logs a failed pull): "
+                           "nvcr.io/nvidia/gpu-operator:v26.7.0")
     assert "busybox" not in line and "cp-1" not in line
     everything = held + tuple(prepull_images(inv))
     assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)}) == []
