@@ -7,7 +7,9 @@ for k3s to say it imported them.
 GPU nodes get the images validation, the GPU Operator and the first jobs need pulled in
 the background, starting as soon as k3s runs there: the tool writes them as an image list
 (.txt) into agent/images once k3s runs, and k3s's image watcher pulls them through the CRI
-(registries.yaml's mirrors apply) while `up` goes on. Never before k3s starts: k3s pulls
+(registries.yaml's mirrors apply, one image after the other: k3s-io/docs
+docs/add-ons/import-images.md, "Online image importing", version gate v1.32.0+k3s1,
+v1.31.5+k3s1, v1.30.9+k3s1, v1.29.13+k3s1) while `up` goes on. Never before k3s starts: k3s pulls
 every list it finds at start before it starts the kubelet (k3s-io/k3s
 pkg/agent/containerd/containerd.go, Run returns PreloadImages; the k3s docs' "Import
 Images"), so a (re)start would wait for gigabytes. A k3s too old to watch the folder gets
