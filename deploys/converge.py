@@ -45,14 +45,21 @@ def _keep(keep_previous_binary: bool) -> list[str]:
     return [k3s_binary.keep_previous()] if keep_previous_binary else []
 
 
-def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S) -> StringCommand:
+def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S, then: list[str] = ()) -> StringCommand:
     """(Re)start without blocking, then wait: active (in a new run, for a restart) is
     success; a crash (systemd's auto-restart, or a second new run) or the time-out fails
     with the unit's last log lines. A unit caught in a crash loop from before is stopped
-    and its failed state cleared first, so its history does not count against this start."""
+    and its failed state cleared first, so its history does not count against this start.
+    `then`: shell lines run once it is active, in the same command (no round trip more);
+    their failure is reported on stderr, the start still succeeded."""
+    done, head = "exit 0", ""
+    if then:
+        done = "started"
+        head = "started() {\n  { " + "\n".join(then) + \
+            "\n  } || echo \"$u is active, but starting its image pulls failed\" >&2\n  exit 0\n}\n"
     script = f"""
 u={unit}
-show() {{ systemctl show -p "$1" --value $u 2>/dev/null; }}
+{head}show() {{ systemctl show -p "$1" --value $u 2>/dev/null; }}
 old=$(show InvocationID)
 state=$(show ActiveState)
 was_active=no; [ "$state" = active ] && was_active=yes
@@ -65,8 +72,8 @@ while [ $i -lt {timeout} ]; do
   state=$(show ActiveState); sub=$(show SubState); id=$(show InvocationID)
   if [ -n "$id" ] && [ "$id" != "$old" ] && [ -z "$first" ]; then first=$id; fi
   if [ "$state" = active ]; then
-    if [ -n "$first" ] && [ "$id" = "$first" ]; then exit 0; fi
-    if [ {action} = start ] && [ $was_active = yes ]; then exit 0; fi
+    if [ -n "$first" ] && [ "$id" = "$first" ]; then {done}; fi
+    if [ {action} = start ] && [ $was_active = yes ]; then {done}; fi
   fi
   if [ "$state" = failed ] || [ "$sub" = auto-restart ]; then break; fi
   if [ -n "$first" ] && [ -n "$id" ] && [ "$id" != "$first" ]; then break; fi
@@ -77,14 +84,6 @@ journalctl -u $u -n 8 --no-pager -o cat 2>/dev/null | grep -iv token | tail -n 5
 exit 1
 """
     return StringCommand(script.strip())
-
-
-def prepull_command(images: list[str]) -> StringCommand:
-    """Pull through the CRI, so registries.yaml (mirrors, credentials, the embedded mirror)
-    applies as it does for pods."""
-    refs = " ".join(shlex.quote(i) for i in images)
-    return StringCommand(f"for i in {refs}; do out=$(k3s crictl pull \"$i\" 2>&1) || "
-                         f"{{ echo \"pulling $i failed: $(echo \"$out\" | tail -n 1)\" >&2; exit 1; }}; done")
 
 
 def verify_nvidia_runtime_command() -> StringCommand:

@@ -14,6 +14,7 @@ from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 from bootstrap.flows.run import Run
+from bootstrap.images import download_lines
 
 
 def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
@@ -33,6 +34,8 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
             else plan_cluster(run.inventory, run.facts)
         summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
                                 trace=run.console.phase)
+    for line in download_lines(run.inventory, run.settled_facts()):  # k3s pulls them in the background
+        run.console.say(line)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     say_summary(run.console, summary, changes, time.monotonic() - started)
     if validate and not (changes or hosts_changed):

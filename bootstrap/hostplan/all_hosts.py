@@ -53,7 +53,7 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], tokens: JoinTo
         gpu = node.name in gpu_names
         packages = driver_packages(inventory, host) if gpu else []
         want = desired_state(inventory, node, tokens, artifacts[host.arch], gpu, packages, join_via,
-                               embedded_mirror=mirror)
+                               embedded_mirror=mirror, os_release=(host.os_id, host.os_version_id))
         try:
             plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
         except RemoteDataError as exc:  # one host's answer: its failure, never the others'

@@ -26,6 +26,7 @@ class Desired:
     k3s_download: K3sArtifacts | None = None  # online install: fetch on the host
     gpu: bool = False
     prepull: list[str] = field(default_factory=list)  # images this node should hold before jobs start
+    k3s_version: str | None = None  # the k3s this node is to run (None: an air-gap binary of unknown version)
     sysctls: dict[str, str] = field(default_factory=dict)  # kernel settings k3s needs here
 
     def paths(self) -> list[str]:
@@ -34,8 +35,11 @@ class Desired:
 
 def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifacts: K3sArtifacts,
                   gpu: bool, driver_packages: list[str], join_via: Node | None = None,
-                  embedded_mirror: bool = False) -> Desired:
-    desired = Desired(gpu=gpu, sysctls=kernel.sysctls(ipv6_pods=pods_have_ipv6(inventory)))
+                  embedded_mirror: bool = False, os_release: tuple[str | None, str | None] = (None, None)) -> Desired:
+    """`os_release`: the host's (ID, VERSION_ID), for the images named after the OS (the GPU
+    Operator's driver)."""
+    desired = Desired(gpu=gpu, sysctls=kernel.sysctls(ipv6_pods=pods_have_ipv6(inventory)),
+                      k3s_version=artifacts.version)
     host_toolkit = gpu and packages.needs_host_toolkit(inventory)
     config = k3sconfig.render(k3sconfig.node_config(inventory, node, tokens, join_via, embedded_mirror,
                                                     nvidia_default_runtime=host_toolkit))
@@ -46,7 +50,8 @@ def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifact
         desired.k3s_download = artifacts
     desired.packages = packages.component_packages(inventory, gpu) + list(driver_packages)
     if gpu:
-        desired.prepull = prepull_images(inventory)
+        desired.prepull = prepull_images(inventory, *os_release)
+        desired.files += k3s_images.pulls_record(desired.prepull)
     if host_toolkit:
         desired.toolkit_source = packages.toolkit_source_line(inventory, artifacts.arch)
         desired.files.append(text_file(packages.TOOLKIT_SOURCE, desired.toolkit_source + "\n"))

@@ -28,6 +28,7 @@ class HostPlan:
     changes: list[str] = field(default_factory=list)  # for people: what will change (no secrets)
     verify_nvidia_runtime: bool = False
     prepull: list[str] = field(default_factory=list)  # images to pull once k3s runs
+    pull_after_start: list[str] = field(default_factory=list)  # shell lines starting them, after a (re)start
     start_timeout: int = 300  # seconds a (re)start may take: k3s imports its image archives first
     actions: set[Action] = field(default_factory=set)  # for code: what the plan does (see Action)
 
@@ -53,7 +54,9 @@ def plan_host(node: Node, desired: Desired, facts: HostFacts, cluster_id: str, c
     k3s_images.plan_import(draft, facts.k3s.version if facts.k3s else None,
                            [f for f in desired.files if f.image_archive])
     manifest.plan(draft, desired.paths(), facts.manifest)
-    k3s_images.plan_prepull(draft, desired.prepull, facts)
+    running = facts.k3s.version if facts.k3s else None
+    k3s_images.plan_prepull(draft, desired.prepull, facts,
+                            (desired.k3s_version or running) if draft.plan.service else running)
     plan = draft.plan
     if desired.gpu and needs_host_toolkit_runtime(desired):
         runtimes = facts.containerd.runtimes if facts.containerd else []
@@ -82,7 +85,7 @@ def before_the_ca(plan: HostPlan) -> HostPlan:
     """A joining node's plan without its config.yaml and its start: what it can do while
     the first server of a new cluster starts (its config names the CA that server makes)."""
     return replace(plan, uploads=[u for u in plan.uploads if u.path != k3s_service.CONFIG], service=None,
-                   prepull=[], verify_nvidia_runtime=False)
+                   prepull=[], pull_after_start=[], verify_nvidia_runtime=False)
 
 
 def after_the_ca(plan: HostPlan) -> HostPlan:

@@ -1,7 +1,9 @@
 """The steps `up` and `rebuild` run, in order, from the hosts' plans: prepare every host,
 the first server, the other servers one at a time (etcd joins one member at a time), all
-agents, the NVIDIA runtime check on GPU nodes, the image pre-pulls. Pure: it decides the
-commands (bootstrap.deploys.converge); bootstrap.hosts.executor runs them."""
+agents, the NVIDIA runtime check on GPU nodes. A GPU node's image pulls start in the
+background as soon as its k3s runs (with its start, or with its other changes when k3s
+already runs: bootstrap.hostparts.k3s_images), so no step waits for a download. Pure: it
+decides the commands (bootstrap.deploys.converge); bootstrap.hosts.executor runs them."""
 
 from __future__ import annotations
 
@@ -52,22 +54,24 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
                     needs=None if server.name == first else needs)
         if plan and server.name in peers:
             # Stopped for the restore: it starts whatever its plan said.
-            step.commands[server.name] = [converge.wait_for_service(plan.unit, "start", plan.start_timeout)]
+            step.commands[server.name] = [start_command(plan, "start")]
         elif plan and plan.service:
             if server.name != first and first in failed:
                 step.commands[server.name] = [converge.refuse(f"not joining: the first server {first} failed")]
             else:
-                step.commands[server.name] = [converge.wait_for_service(plan.unit, plan.service, plan.start_timeout)]
+                step.commands[server.name] = [start_command(plan, plan.service)]
         steps.append(step)
     agents = Step("join agents", needs=needs)
     for agent in inventory.agents:
         plan = plans.get(agent.name)
         if plan and plan.service:
-            agents.commands[agent.name] = [converge.wait_for_service(plan.unit, plan.service, plan.start_timeout)]
+            agents.commands[agent.name] = [start_command(plan, plan.service)]
     steps.append(agents)
     steps.append(Step("check nvidia runtime", {n: [converge.verify_nvidia_runtime_command()]
                                                 for n, p in plans.items() if p.verify_nvidia_runtime}))
-    # Every GPU node at once: validate and the first jobs then start without downloads.
-    steps.append(Step("pre-pull images", {n: [converge.prepull_command(p.prepull)] for n, p in plans.items()
-                                          if p.prepull and n not in failed}))
     return steps
+
+
+def start_command(plan: HostPlan, action: str):
+    """(Re)start k3s and wait for it; then, in the same command, start the node's image pulls."""
+    return converge.wait_for_service(plan.unit, action, plan.start_timeout, then=plan.pull_after_start)

@@ -5,6 +5,7 @@ import gzip
 import io
 import re
 import tarfile
+import time
 
 import pytest
 import yaml
@@ -66,11 +67,24 @@ def check_images(hosts, inventory, first, airgap):
         mirrors = yaml.safe_load(host.ssh("sudo cat /etc/rancher/k3s/registries.yaml").stdout)["mirrors"]
         assert {"docker.io", "nvcr.io", "registry.k8s.io"} <= set(mirrors)
 
-    # Pre-pulls: the validation images and the inventory's, on the GPU nodes only, at once.
-    wanted = {"nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36",
-              "ghcr.io/example/train:1.0"}
+    # Pulls: the validation images, the inventory's and the GPU Operator's, on the GPU nodes
+    # only, at once; k3s pulls them from an image list in agent/images written once it runs
+    # (the start did not wait for them), in the background: `up` was done before they were.
+    from bootstrap.images import normalise, prepull_images
+    from bootstrap.inventory.loader import load_inventory
+
+    wanted = {normalise(i) for i in prepull_images(load_inventory(inventory))}
+    assert {"nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36",
+            "ghcr.io/example/train:1.0", "nvcr.io/nvidia/gpu-operator:v26.7.0"} <= wanted
     for gpu in (g1, g2):
-        assert {ref for _, ref in pulls_on(gpu)} == wanted
+        listed = gpu.ssh("sudo sh -c 'cat /var/lib/rancher/k3s/agent/images/bootstrap-pull-*.txt'").stdout.split()
+        assert {normalise(i) for i in listed} == wanted
+        deadline = time.monotonic() + 90
+        while {ref for _, ref in pulls_on(gpu)} != wanted:
+            assert time.monotonic() < deadline, pulls_on(gpu)
+            time.sleep(1)
+        active = float(gpu.ssh("date -d \"$(systemctl show -p ActiveEnterTimestamp --value k3s-agent)\" +%s").stdout)
+        assert min(t for t, _ in pulls_on(gpu)) >= active - 1  # after k3s was up, not before
         assert wanted | {"nvcr.io/nvidia/pytorch:25.01-py3", "docker.io/rancher/mirrored-pause:3.6"} <= images_on(gpu)
     assert pulls_on(cp) == []
     assert "nvcr.io/nvidia/pytorch:25.01-py3" in images_on(cp)  # the air-gap archive, on every node

@@ -848,6 +848,39 @@ def test_containerd_config_detects_the_nvidia_runtime(k3s, tmp_path, procs, airg
     assert f"Error encountered while importing {images}/broken.tar.zst" in log
 
 
+@needs_upstream
+def test_image_lists_are_pulled_before_the_start_or_in_the_background_as_k3s_does(k3s, tmp_path, procs):
+    """k3s-io/k3s pkg/agent/containerd/containerd.go: Run pulls every .txt list in agent/images
+    before the node goes on (PreloadImages); watcher.go pulls one that lands later, beside
+    everything else. Bad lines are logged and skipped (prePullImages)."""
+    images = tmp_path / "var/lib/rancher/k3s/agent/images"
+    images.mkdir(parents=True)
+    (images / "early.txt").write_text("docker.io/example/early:1\n\n   \nNot A Reference!\n")
+    env = {"K3S_STANDIN_PULL_SECONDS": "1"}
+    p, _ = start_server(procs, k3s, tmp_path, f"token: {PASSWORD}\n", env=env)
+    log = p.log()
+    # the list's pull came before the start went on
+    assert log.index("Pulling image docker.io/example/early:1") < log.index("k3s is up and running")
+    assert f"Pulling images from {images}/early.txt" in log
+    assert 'Failed to parse image reference \\"Not A Reference!\\": could not parse reference: Not A Reference!' in log
+    assert log.count("Pulling image ") == 1  # blank lines skipped
+    # a list written while k3s runs: pulled in the background, one image after the other
+    (images / "later.txt.part").write_text("docker.io/example/early:1\nghcr.io/example/a:2\nregistry.k8s.io/b:3\n")
+    os.rename(images / "later.txt.part", images / "later.txt")
+    pulls = tmp_path / "var/lib/rancher/k3s/agent/containerd/standin-pulls.log"
+    deadline = time.monotonic() + 20
+    while f"Imported images from {images}/later.txt in " not in p.log():
+        assert time.monotonic() < deadline, p.log()
+        time.sleep(0.2)
+    log = p.log()
+    assert "Image docker.io/example/early:1 has already been pulled" in log
+    assert [line.split()[1] for line in pulls.read_text().splitlines()] == [
+        "docker.io/example/early:1", "ghcr.io/example/a:2", "registry.k8s.io/b:3"]
+    listed = run(k3s, "crictl", "images", root=tmp_path).stdout
+    assert "ghcr.io/example/a" in listed and "registry.k8s.io/b" in listed
+    assert "later.txt.part" not in log  # a name the watcher does not take
+
+
 # --------------------------------------------------------------------------- snapshots and restore
 
 

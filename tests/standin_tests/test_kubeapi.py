@@ -186,6 +186,47 @@ def test_watch_streams_changes(cluster):
     assert status == 200
 
 
+@needs_upstream
+def test_connections_stay_open_across_requests_watches_and_bodies_until_the_client_closes(cluster):
+    """HTTP/1.1 keep-alive as kube-apiserver's Go server: requests share one TLS connection
+    (through the tool's tunnel one SSH channel and one handshake, not one per request)."""
+    import http.client
+
+    cluster.server()
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster.port, timeout=10, context=cluster.tls(cluster.kubeconfig))
+
+    def ask(method, path, body=None, headers=None):
+        conn.request(method, path, body=body, headers={"Accept": "application/json", **(headers or {})},
+                     encode_chunked="Transfer-Encoding" in (headers or {}))
+        resp = conn.getresponse()
+        return resp, resp.read()
+
+    resp, body = ask("GET", "/version")
+    assert resp.status == 200 and resp.version == 11 and json.loads(body)["gitVersion"] == VERSION
+    first = conn.sock
+    assert first is not None  # not closed after the answer
+    # a body in chunks (Go sends them when it does not know the length), then one by length
+    chunks = iter([json.dumps({"metadata": {"name": "chunked"}}).encode()])
+    resp, body = ask("POST", "/api/v1/namespaces/default/configmaps", body=chunks,
+                     headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    assert resp.status == 201, body
+    resp, body = ask("POST", "/api/v1/namespaces/default/configmaps", body=json.dumps({"metadata": {"name": "sized"}}),
+                     headers={"Content-Type": "application/json"})
+    assert resp.status == 201, body
+    # an error answer and a watch that runs out keep the connection too
+    resp, body = ask("GET", "/api/v1/namespaces/default/configmaps/missing")
+    assert resp.status == 404 and json.loads(body)["reason"] == "NotFound"
+    resp, body = ask("GET", "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1")
+    assert resp.status == 200 and {json.loads(line)["object"]["metadata"]["name"] for line in body.splitlines()} >= {
+        "chunked", "sized"}
+    resp, body = ask("GET", "/api/v1/namespaces/default/configmaps/sized")
+    assert resp.status == 200 and conn.sock is first
+    # the client's Connection: close ends it
+    resp, body = ask("GET", "/version", headers={"Connection": "close"})
+    assert resp.status == 200 and resp.getheader("Connection") == "close" and conn.sock is None
+    conn.close()
+
+
 # --------------------------------------------------------------------------- nodes
 
 

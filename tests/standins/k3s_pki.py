@@ -209,6 +209,9 @@ def server_context(tls_dir, chain, key):
         ctx.load_cert_chain(cert_file, key_file)
     ctx.load_verify_locations(cafile=os.path.join(tls_dir, "client-ca.crt"))
     ctx.verify_mode = ssl.CERT_OPTIONAL
+    # kube-apiserver offers "h2" then "http/1.1" (kubernetes staging/src/k8s.io/apiserver/pkg/server/
+    # secure_serving.go, tlsConfig); this stand-in, standard library only, offers HTTP/1.1 with
+    # kept-alive connections (k3s_standin.QuietHandler): Go clients take it and reuse connections.
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
 

@@ -1513,14 +1513,47 @@ def start_shim(shim_path):
 IMAGE_SUFFIXES = (".tar", ".tar.lz4", ".tar.bz2", ".tbz", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".txt")
 
 
+# What go-containerregistry's name.ParseReference(s, WeakValidation, Insecure) takes (k3s
+# checks each line of a .txt list with it): an optional registry (a first part with "." or
+# ":" or "localhost"), lowercase repository parts of [a-z0-9_.-], then an optional tag of
+# [A-Za-z0-9_.-] (at most 128, not starting with . or -) and/or @sha256:<64 hex>.
+IMAGE_REFERENCE = re.compile(r"^(?:(?:[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/)?"
+                             r"[a-z0-9_.-]+(?:/[a-z0-9_.-]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+                             r"(?:@sha256:[0-9a-f]{64})?$")
+
+
+def pull_list(data_dir, path):
+    """A .txt list as k3s's prePullImages takes it (k3s-io/k3s pkg/agent/containerd/containerd.go,
+    v1.32+: preloadFile logs "Pulling images from PATH"; each line trimmed, blank ones skipped,
+    one go-containerregistry cannot parse logged "Failed to parse image reference %q: could not
+    parse reference: ..." and skipped, the others kept; one already held "has already been
+    pulled"; the rest pulled one after the other through the CRI, "Pulling image NAME").
+    Pulls take K3S_STANDIN_PULL_SECONDS each and are logged to standin-pulls.log as
+    `crictl pull`'s are."""
+    info("Pulling images from %s" % path)
+    held = load_images(data_dir)
+    for line in (read_text(path) or "").splitlines():
+        name = line.strip()
+        if not name:
+            continue
+        if not IMAGE_REFERENCE.match(name):
+            error("Failed to parse image reference %s: could not parse reference: %s" % (json.dumps(name), name))
+            continue
+        if normalise_image(name) in held:
+            info("Image %s has already been pulled" % name)
+            continue
+        info("Pulling image %s" % name)
+        time.sleep(float(os.environ.get("K3S_STANDIN_PULL_SECONDS", "0.5")))
+        add_images(data_dir, [name], "pull:" + os.path.basename(path))
+        with open(os.path.join(data_dir, "agent", "containerd", "standin-pulls.log"), "a") as fh:
+            fh.write("%.3f %s\n" % (time.time(), normalise_image(name)))
+
+
 def import_file(data_dir, path):
     """One file of agent/images, logged as k3s logs it."""
     started = time.monotonic()
     if path.endswith(".txt"):
-        refs = [l.strip() for l in (read_text(path) or "").splitlines() if l.strip()]
-        for ref in refs:
-            info("Pulling image %s..." % ref)
-        add_images(data_dir, refs, "pull:" + os.path.basename(path))
+        pull_list(data_dir, path)
         info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
         return True
     info("Importing images from %s" % path)
@@ -1531,7 +1564,9 @@ def import_file(data_dir, path):
 
 
 def import_images(data_dir):
-    """Real k3s imports every supported file in agent/images into containerd at start."""
+    """Real k3s imports every supported file in agent/images into containerd at start, before
+    it goes on to the kubelet (containerd.go Run returns PreloadImages' result): a .txt list
+    there makes the start wait for every pull in it."""
     images = os.path.join(data_dir, "agent", "images")
     mkdirs(images)
     seen = {}
@@ -1941,12 +1976,100 @@ def aux_ports(opts, role, address, etcd):
     return ports
 
 
+class BodyError(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+# kube-apiserver's MaxRequestBodyBytes: 3 MiB (kubernetes staging/src/k8s.io/apiserver/pkg/server/config.go,
+# NewConfig); a larger body is 413.
+MAX_REQUEST_BODY = 3 * 1024 * 1024
+
+
+def read_request_body(rfile, headers, limit=MAX_REQUEST_BODY):
+    """A request's whole body: Content-Length bytes, or the chunks of Transfer-Encoding:
+    chunked (Go's net/http server takes both). Raises BodyError(400 or 413)."""
+    if "chunked" in (headers.get("Transfer-Encoding") or "").lower():
+        return _read_chunked(rfile, limit)
+    text = (headers.get("Content-Length") or "0").strip()
+    if not text.isdigit():
+        raise BodyError(400, "bad Content-Length")
+    if int(text) > limit:
+        raise BodyError(413, "request body too large")
+    body = rfile.read(int(text)) if int(text) else b""
+    if len(body) != int(text):
+        raise BodyError(400, "unexpected end of the request body")
+    return body
+
+
+def _read_chunked(rfile, limit):
+    parts, total = [], 0
+    while True:
+        line = rfile.readline(1026)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BodyError(400, "bad chunk size")
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise BodyError(413, "request body too large")
+        data = rfile.read(size)
+        if len(data) != size or rfile.read(2) != b"\r\n":
+            raise BodyError(400, "unexpected end of a chunk")
+        parts.append(data)
+    while rfile.readline(8194) not in (b"\r\n", b"\n", b""):  # trailers
+        pass
+    return b"".join(parts)
+
+
 class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 with kept-alive connections, as kube-apiserver's Go net/http server
+    (kubernetes staging/src/k8s.io/apiserver/pkg/server/secure_serving.go, Serve: an
+    http.Server with IdleTimeout 90 s; its TLS config offers ALPN "h2" then "http/1.1",
+    tlsConfig). Clients (kubectl, Helm, the tool's urllib3 pool) send every request of a
+    session over one connection: through the SSH tunnel one channel and one TLS handshake,
+    not one per request. A request with `Connection: close` (or HTTP/1.0 without
+    keep-alive) still ends its connection (http.server does that). HTTP/2 is not offered:
+    this stand-in is Python's standard library only (k3s_pki.server_context's ALPN)."""
     server_version = "k3s-standin"
     sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 90  # the socket's timeout: an idle kept-alive connection ends after it
 
     def log_message(self, fmt, *args):  # requests carry tokens in headers: log nothing of them
         return
+
+    def send_response(self, code, message=None):
+        self.connection_header_sent = False
+        super().send_response(code, message)
+
+    def send_header(self, keyword, value):
+        if keyword.lower() == "connection":
+            self.connection_header_sent = True
+        super().send_header(keyword, value)
+
+    def end_headers(self):
+        # Go's server says it closes when the request asked (net/http server.go,
+        # chunkWriter.writeHeader: closeAfterReply sets "Connection: close").
+        if self.close_connection and not getattr(self, "connection_header_sent", True):
+            self.send_header("Connection", "close")
+        super().end_headers()
+
+    def parse_request(self):
+        """The request line and headers, then the whole body (self.body): on a kept-alive
+        connection a body left unread would be taken for the next request."""
+        self.body = b""
+        if not super().parse_request():
+            return False
+        try:
+            self.body = read_request_body(self.rfile, self.headers)
+        except BodyError as exc:
+            self.send_error(exc.code, str(exc))  # with Connection: close
+            return False
+        return True
 
     def reply(self, status, body, content_type="application/json"):
         if not isinstance(body, (bytes, str)):
@@ -2182,8 +2305,7 @@ def make_supervisor_handler(state):
                 self.reply(404, {"error": "not found"})
                 return
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(self.body or b"{}")
             except (ValueError, json.JSONDecodeError):
                 self.reply(400, {"error": "bad join request"})
                 return

@@ -1713,8 +1713,7 @@ class KubeAPI:
         parsed = urllib.parse.urlparse(handler.path)
         path = parsed.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(parsed.query, keep_blank_values=True).items()}
-        length = int(handler.headers.get("Content-Length") or 0)
-        body = handler.rfile.read(length) if length > 0 else b""
+        body = handler.body  # read whole with the headers (k3s_standin.QuietHandler.parse_request)
         try:
             identity = client_identity(handler)
             if identity is None:
@@ -1902,20 +1901,20 @@ class KubeAPI:
                         "message": "too old resource version: %s (%d)" % (since, oldest - 1), "reason": "Expired",
                         "code": 410}})
                     cursor = None
-        handler.protocol_version = "HTTP/1.1"
+        # Chunked, and the connection stays open after the last chunk (the handler speaks
+        # HTTP/1.1 with keep-alive): a client reuses it for its next request, as with Go's server.
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.send_header("Cache-Control", "no-cache, private")
-        handler.send_header("Connection", "close")
         handler.end_headers()
-        handler.close_connection = True
 
         def chunk(data):
             try:
                 handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 handler.wfile.flush()
             except OSError:
+                handler.close_connection = True
                 raise Disconnect()
 
         for event in pending:

@@ -19,6 +19,7 @@ from bootstrap.hostparts.manifest import MANIFEST
 from bootstrap.hostplan import desired as d
 from bootstrap.hostplan import k3sconfig
 from bootstrap.hostplan.drivers import driver_packages
+from bootstrap.images import gpu_operator_images
 from bootstrap.hostplan.host_plan import plan_host
 from bootstrap.errors import BootstrapError
 from bootstrap.inventory.loader import parse_inventory
@@ -87,7 +88,8 @@ def converged_facts(want: d.Desired, unit: str) -> HostFacts:
                      packages={"nvidia-container-toolkit": "1.17.8-1"},
                      held_packages=["nvidia-container-toolkit"],
                      # as `crictl images` names them (full names) once pulled
-                     images=("nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36"),
+                     images=("nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36",
+                             *gpu_operator_images(INV)),
                      k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
                                     [SystemdUnit(f"{unit}.service", "loaded", "active", "enabled")]))
 
@@ -99,7 +101,8 @@ def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
     assert fresh.service == "start" and {u.path for u in fresh.uploads} >= {CONFIG, K3S_BINARY, MANIFEST}
     assert any("apt-get install" in line and "nvidia-container-toolkit" in line for line in fresh.prepare)
     assert any(line.startswith("swapoff") for line in fresh.prepare)
-    assert fresh.prepull == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36"]
+    assert fresh.prepull[:3] == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36",
+                                 "nvcr.io/nvidia/gpu-operator:v26.7.0"]
     manifest = yaml.safe_load(next(u for u in fresh.uploads if u.path == MANIFEST).content)
     assert manifest["sysctl_before"] == {"net.ipv4.ip_forward": "0"} and manifest["swap_disabled"]
     assert manifest["packages_installed"] == ["nvidia-container-toolkit"]

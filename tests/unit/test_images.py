@@ -133,9 +133,132 @@ def test_gpu_nodes_prepull_the_validation_images_and_the_inventorys():
 validate: {nccl: {enabled: true, min_busbw_gbps: 100}}
 images: {prepull: [nvcr.io/nvidia/pytorch:25.01-py3, "busybox:1.36"]}
 """)
+    operator = ["nvcr.io/nvidia/gpu-operator:v26.7.0", "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",
+                "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless",
+                "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0", "registry.k8s.io/nfd/node-feature-discovery:v0.19.0"]
     assert prepull_images(inv) == ["nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "busybox:1.36",
                                    "ghcr.io/coreweave/nccl-tests:12.4.1-cudnn-devel-ubuntu22.04-nccl2.21.5-1-85f9143",
-                                   "nvcr.io/nvidia/pytorch:25.01-py3"]
+                                   "nvcr.io/nvidia/pytorch:25.01-py3"] + operator
+
+
+def test_the_gpu_operators_images_follow_its_chart_version_and_driver_mode():
+    from bootstrap.images import gpu_operator_images
+
+    host = gpu_operator_images(parse_inventory(BASE + "gpu: {driver: host}\n"), "ubuntu", "24.04")
+    assert "nvcr.io/nvidia/gpu-operator:v26.7.0" in host and not any("driver" in i or "toolkit" in i for i in host)
+    operator = parse_inventory(BASE + "gpu: {driver: operator}\n")
+    with_driver = gpu_operator_images(operator, "ubuntu", "24.04")
+    assert {"nvcr.io/nvidia/k8s/container-toolkit:v1.20.0", "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0",
+            "nvcr.io/nvidia/driver:595.91.07-ubuntu24.04"} <= set(with_driver)
+    # the driver's tag names the OS: unknown, or not a plain name (a host's answer), no driver image
+    assert not any(i.startswith("nvcr.io/nvidia/driver:") for i in gpu_operator_images(operator))
+    assert not any(i.startswith("nvcr.io/nvidia/driver:") for i in gpu_operator_images(operator, "ubu ntu", "1;x"))
+    # a chart version the table does not know: nothing guessed
+    assert gpu_operator_images(parse_inventory(BASE + "charts: {gpu_operator: v99.1.0}\n")) == []
+
+
+def test_the_gpu_operator_image_table_matches_the_upstream_chart():
+    """Every version in the table against its chart's values.yaml and Chart.yaml (../shared/upstream)."""
+    from upstream import upstream
+
+    from bootstrap.images import GPU_OPERATOR_IMAGES
+
+    def image(section):
+        return f"{section['repository']}/{section['image']}:{section.get('version') or version}"
+
+    for version, table in GPU_OPERATOR_IMAGES.items():
+        values = yaml.safe_load(upstream(f"gpu-operator/{version}/values.yaml").read_text())
+        chart = yaml.safe_load(upstream(f"gpu-operator/{version}/Chart.yaml").read_text())
+        # the validator and the operator: no version in values, the chart's appVersion (= its version)
+        assert values["validator"].get("version") is None and values["operator"].get("version") is None
+        assert table["validator"] == image(values["validator"]) == image(values["operator"])
+        assert table["device_plugin"] == image(values["devicePlugin"]) == image(values["gfd"])
+        assert table["dcgm_exporter"] == image(values["dcgmExporter"])
+        assert table["mig_manager"] == image(values["migManager"])
+        assert table["toolkit"] == image(values["toolkit"])
+        assert table["driver_manager"] == image(values["driver"]["manager"])
+        assert table["driver"] == image(values["driver"])
+        (nfd,) = [d for d in chart["dependencies"] if d["name"] == "node-feature-discovery"]
+        assert table["nfd"] == f"registry.k8s.io/nfd/node-feature-discovery:v{nfd['version']}"
+        # What the defaults run for container workloads is all in the table: every other
+        # section with an image is off, or only for sandbox workloads (off by default).
+        listed = {"validator", "operator", "devicePlugin", "gfd", "dcgmExporter", "migManager", "toolkit", "driver"}
+        sandbox_only = {"vgpuDeviceManager", "vfioManager", "sandboxDevicePlugin", "kataSandboxDevicePlugin",
+                        "ccManager", "kataManager", "vgpuManager"}
+        assert values["sandboxWorkloads"]["enabled"] is False and values["nfd"]["enabled"] is True
+        for name, section in values.items():
+            if isinstance(section, dict) and "image" in section and name not in listed | sandbox_only:
+                assert section.get("enabled") is False or name == "draDriver", name
+
+
+def test_image_pulls_start_in_the_background_once_k3s_runs():
+    from bootstrap.facts.host_facts import HostFacts
+    from bootstrap.hostparts import k3s_images
+    from bootstrap.hostparts.base import Action, Draft
+    from bootstrap.hostplan.host_plan import HostPlan
+    from bootstrap.inventory.model import Node
+
+    def plan(service, images, version="v1.33.5+k3s1", asked=True):
+        wanted = ["busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0"]
+        uploads = k3s_images.pulls_record(wanted) if asked else []
+        draft = Draft(HostPlan(node=Node(name="g", address="10.0.0.2"), unit="k3s-agent", service=service,
+                               uploads=list(uploads)), {})
+        k3s_images.plan_prepull(draft, ["busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0"],
+                                HostFacts(images=images), version)
+        return draft.plan
+
+    # joining: nothing before the start (a list there would hold it), the list right after it
+    joining = plan("start", None)
+    assert joining.prepare == [] and Action.PULL_IMAGES in joining.actions
+    script = "\n".join(joining.pull_after_start)
+    assert "/var/lib/rancher/k3s/agent/images/bootstrap-pull-$(date +%s%N).txt" in script
+    assert "printf '%s\\n' busybox:1.36 nvcr.io/nvidia/gpu-operator:v26.7.0 > \"$l.part\" && mv -f" in script
+    assert "crictl" not in script
+    # k3s runs already and the list asked for changed: with the host's other changes; only what it lacks
+    running = plan(None, ("docker.io/library/busybox:1.36",), asked=True)
+    assert running.pull_after_start == [] and running.prepull == ["nvcr.io/nvidia/gpu-operator:v26.7.0"]
+    assert "bootstrap-pull-" in "\n".join(running.prepare)
+    # the same list asked before, k3s running: its pulls run already (a second `up` changes nothing)
+    same = plan(None, ("docker.io/library/busybox:1.36",), asked=False)
+    assert same.prepull == [] and same.prepare == [] and not same.changed
+    # a restart: the old lists go first, so the restart does not wait for their pulls
+    assert plan("restart", None).prepare == ["rm -f /var/lib/rancher/k3s/agent/images/bootstrap-pull-*.txt"]
+    # a k3s that does not watch agent/images: crictl pulls, detached
+    old = plan(None, (), "v1.31.4+k3s1", asked=True)
+    assert len(old.prepare) == 1 and old.prepare[0].startswith("setsid sh -c ") and old.prepare[0].endswith("&")
+    assert plan(None, ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/gpu-operator:v26.7.0")).prepare == []
+    # an air-gap binary of unknown version: the host's `k3s --version` decides
+    unknown = "\n".join(plan("start", None, None).pull_after_start)
+    assert unknown.startswith("if k3s --version 2>/dev/null | awk ") and "bootstrap-pull-" in unknown
+    assert "setsid sh -c" in unknown and unknown.endswith("fi")
+
+
+def test_the_version_check_on_the_host_agrees_with_the_table():
+    import subprocess
+
+    from bootstrap.hostparts.k3s_images import WATCHES_FOLDER_AWK, imports_while_running
+
+    for version in ("v1.33.5+k3s1", "v1.32.0+k3s1", "v1.31.4+k3s1", "v1.31.5+k3s1", "v1.30.8+k3s1", "v1.30.9+k3s1",
+                    "v1.29.13+k3s1", "v1.29.12+k3s1", "v1.28.15+k3s1", "v1.34.1+k3s1"):
+        said = subprocess.run(["sh", "-c", f"echo 'k3s version {version} (0123abcd)' | {WATCHES_FOLDER_AWK}"])
+        assert (said.returncode == 0) == imports_while_running(version), version
+    assert subprocess.run(["sh", "-c", f"true | {WATCHES_FOLDER_AWK}"]).returncode != 0  # no k3s: crictl
+
+
+def test_no_step_waits_for_image_pulls():
+    from bootstrap.hostplan.host_plan import HostPlan
+    from bootstrap.hostplan.steps import converge_steps
+    from bootstrap.inventory.model import Node
+
+    inv = parse_inventory(BASE)
+    plans = {"cp-1": HostPlan(node=inv.node("cp-1"), unit="k3s", service="start"),
+             "gpu-1": HostPlan(node=inv.node("gpu-1"), unit="k3s-agent", service="start", prepull=["busybox:1.36"],
+                               pull_after_start=["echo pulls-start"])}
+    steps = converge_steps(inv, plans, set())
+    assert [s.name for s in steps] == ["prepare host", "start server cp-1", "join agents", "check nvidia runtime"]
+    (join,) = steps[2].commands["gpu-1"]
+    assert "echo pulls-start" in join.bits[0] and "crictl pull" not in join.bits[0]
+    assert "pulls-start" not in steps[1].commands["cp-1"][0].bits[0]
 
 
 def test_repository_names_keep_registry_ports():
@@ -187,3 +310,22 @@ def test_a_new_archive_on_a_running_node_is_awaited_or_restarts_an_older_k3s():
     assert plan("v1.31.5+k3s1").service is None
     starting = plan("v1.33.5+k3s1", service="start")
     assert starting.prepare == [] and starting.service == "start"  # imported at start, within its wait
+
+
+def test_up_says_which_gpu_node_is_still_downloading_what():
+    from dataclasses import replace
+
+    from test_host_phase_flow import healthy_host
+
+    from bootstrap.images import download_lines, prepull_images
+
+    inv = parse_inventory(BASE.replace("role: server}", "role: server, gpu: {enabled: false}}"))
+    held = ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0")
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[], images=()), "gpu-1": replace(healthy_host("gpu-1"), images=held)}
+    (line,) = download_lines(inv, facts)
+    assert line.startswith("images: gpu-1 is still downloading 5 in the background (k3s logs a failed pull): "
+                           "nvcr.io/nvidia/gpu-operator:v26.7.0")
+    assert "busybox" not in line and "cp-1" not in line
+    everything = held + tuple(prepull_images(inv))
+    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)}) == []
+    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)}) == []  # k3s not read
