@@ -154,7 +154,7 @@ def round_trips(direct: dict, slow: dict, rtt_ms: int) -> dict[str, float]:
 def wait_not_ready(inventory: Path, name: str, timeout: float = 120) -> None:
     from bootstrap.cluster.client import connect, get
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(inventory)
     deadline = time.monotonic() + timeout

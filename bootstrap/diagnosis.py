@@ -2,7 +2,7 @@
 how its answer is cut into sections, what looks wrong (the summary), and the archive's
 member names. I/O lives in bootstrap.flows.diagnose.
 
-A host's answer is untrusted: it is capped (bootstrap.hosts.remote_output reads at most
+A host's answer is untrusted: it is capped (bootstrap.remote.remote_output reads at most
 MAX_HOST_BYTES), cut only at a boundary the tool chose for this run, and only the sections
 the tool asked for are kept, each capped again. Member names are built here from the
 inventory's node names (DNS labels) and the tool's own section names; names that come from
@@ -16,8 +16,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from bootstrap.console_text import printable
-from bootstrap.hostparts.k3s_service import CONFIG, CONTAINERD_CONFIG
-from bootstrap.hostparts.registries import REGISTRIES
+from bootstrap.host.parts.k3s_service import CONFIG, CONTAINERD_CONFIG
+from bootstrap.host.parts.registries import REGISTRIES
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -255,7 +255,7 @@ class Console:
 
 def report_host_failures(console: Console, failures) -> None:
     """Each failed host (`failures`: {node: HostFailure}), one `FAILED` line each, sorted,
-    on stderr: the only place such a line is written (tests/unit/test_flow_shape.py)."""
+    on stderr: the only place such a line is written (tests/unit/flows/test_flow_shape.py)."""
     for failure in sorted(failures.values(), key=lambda f: f.node):
         console.warn(f"FAILED {failure.render()}")
 

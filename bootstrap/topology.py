@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bootstrap.facts.host_facts import HostFacts
-from bootstrap.hostparts.registries import embedded_mirror_on
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.host.parts.registries import embedded_mirror_on
 from bootstrap.inventory.model import Inventory, Node
-from bootstrap.rules.node_addresses import NodeAddresses, choose_all
+from bootstrap.checks.node_addresses import NodeAddresses, choose_all
 
 
 def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts | None) -> bool:

@@ -1,6 +1,6 @@
 """The pyinfra commands that carry out a host plan. They only decide commands; the plan
-(bootstrap.hostplan) already compared desired state with the facts gathered up front, and
-bootstrap.hosts.executor runs them, step by step, all hosts of a step in parallel. A host
+(bootstrap.host.plan) already compared desired state with the facts gathered up front, and
+bootstrap.remote.executor runs them, step by step, all hosts of a step in parallel. A host
 with nothing to do in a step gets no commands (no round trip).
 """
 
@@ -11,20 +11,20 @@ import shlex
 
 from pyinfra.api import FunctionCommand, StringCommand
 
-from bootstrap.hostparts import k3s_binary, placing
-from bootstrap.hosts import archive
-from bootstrap.hostparts.k3s_service import CONTAINERD_CONFIG
-from bootstrap.hostplan import restore
-from bootstrap.hostplan.host_plan import HostPlan
+from bootstrap.host.parts import k3s_binary, placing
+from bootstrap.remote import archive
+from bootstrap.host.parts.k3s_service import CONTAINERD_CONFIG
+from bootstrap.host.plan import restore
+from bootstrap.host.plan.host_plan import HostPlan
 
 SERVICE_TIMEOUT_S = 300
 
 
 def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> list:
     """A host's change in ONE command when it has files: its root script receives them as a
-    tar stream on stdin (bootstrap.hosts.archive), extracts them into a private (0700,
+    tar stream on stdin (bootstrap.remote.archive), extracts them into a private (0700,
     root's) staging dir, places each with its mode (a temp name in the target's folder, synced,
-    renamed over it: bootstrap.hostparts.placing) and runs the preparation lines. One
+    renamed over it: bootstrap.host.parts.placing) and runs the preparation lines. One
     channel instead of a staging command, an SFTP session and a root script, and a secret
     never sits in a login user's file or on a command line. The script's trap removes the
     staging dir on every exit.
@@ -101,7 +101,7 @@ def restore_commands(snapshot, s3_configured: bool = False) -> list:
     """Put a local snapshot on the new server and reset the datastore from it, in one
     command (the snapshot arrives on its stdin). The token in config.yaml (the old
     cluster's) decrypts it; k3s refuses a wrong one."""
-    # The name is one of the state folder's own (bootstrap.snapshots pattern); quoted anyway.
+    # The name is one of the state folder's own (bootstrap.state.snapshots pattern); quoted anyway.
     remote = restore.remote_snapshot_path(snapshot.name)
     script = "\n".join([
         *archive.receiving_lines(),

@@ -1,9 +1,9 @@
 """A stand-in for a HostSession in in-process flow tests: what flows use of one (facts,
 failures, execute), with hosts that do not answer and hosts whose steps fail. It implements
-bootstrap.hosts.interface.Hosts, as the real session does (tests/unit/test_hosts_interface.py
+bootstrap.remote.interface.Hosts, as the real session does (tests/unit/remote/test_hosts_interface.py
 checks both against it, signatures included)."""
 
-from bootstrap.hosts.interface import HostFailure
+from bootstrap.remote.interface import HostFailure
 
 
 class FakeSession:
@@ -52,7 +52,7 @@ class FakeSession:
 
 class LocalShellClient:
     """A paramiko client's shape over this machine's `sh`: what the byte-channel code of
-    bootstrap.hosts (archive, remote_output) runs on, so its real scripts and streams are
+    bootstrap.remote (archive, remote_output) runs on, so its real scripts and streams are
     tested through a real shell and GNU tar without a host."""
 
     def get_transport(self):
@@ -93,7 +93,7 @@ class LocalShellChannel:
 
 
 class PyinfraHost:
-    """A connected pyinfra Host's shape as bootstrap.hosts.pyinfra_link reads it."""
+    """A connected pyinfra Host's shape as bootstrap.remote.pyinfra_link reads it."""
 
     def __init__(self, client, sudo: bool = False, name: str = "cp-1"):
         self.name, self.data = name, {"_sudo": sudo}
@@ -101,7 +101,7 @@ class PyinfraHost:
 
 
 def run_here(script: str, sources: list) -> bool:
-    """bootstrap.hosts.archive.run_with_archive on this machine (see LocalShellClient)."""
-    from bootstrap.hosts import archive
+    """bootstrap.remote.archive.run_with_archive on this machine (see LocalShellClient)."""
+    from bootstrap.remote import archive
 
     return archive.run_with_archive(None, PyinfraHost(LocalShellClient()), script, sources)

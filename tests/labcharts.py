@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from bootstrap.components import versions
+from bootstrap.cluster.components import versions
 
 TEMPLATE = """apiVersion: v1
 kind: ConfigMap

@@ -11,11 +11,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bootstrap.cluster.node_status import node_ready
-from bootstrap import helm
-from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_object, get, get_all, merge_patch,
-                                      object_path, path_of, wait_for)
+from bootstrap.cluster import helm
+from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_object, get, get_all, merge_patch, object_path, path_of, wait_for)
 from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
-from bootstrap.components import gpu_operator, gpu_sharing
+from bootstrap.cluster.components import gpu_operator, gpu_sharing
 from bootstrap.inventory.model import Inventory
 
 DIGESTS = ("kube-system", "bootstrap-releases")

@@ -10,18 +10,18 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request, wait_for
-from bootstrap.components import gpu_sharing
+from bootstrap.cluster.components import gpu_sharing
 from bootstrap.console_text import printable
-from bootstrap.components.rdma import resource_key
-from bootstrap.facts.host_facts import HostFacts
-from bootstrap.images import BUSYBOX, NCCL_IMAGE
-from bootstrap.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
+from bootstrap.cluster.components.rdma import resource_key
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.host.images import BUSYBOX, NCCL_IMAGE
+from bootstrap.host.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory
 from bootstrap.topology import gpu_nodes
-from bootstrap.rules import mig
-from bootstrap.rules.node_addresses import choose, on_host
-from bootstrap.rules.providers import PROVIDER_LABEL, provider_groups
+from bootstrap.checks import mig
+from bootstrap.checks.node_addresses import choose, on_host
+from bootstrap.checks.providers import PROVIDER_LABEL, provider_groups
 
 NAMESPACE = "bootstrap-validate"
 TOLERATE_ALL = [{"operator": "Exists"}]

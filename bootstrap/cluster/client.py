@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap.cluster import kubeconfig_file
-from bootstrap.cluster.tunnel import Tunnel
+from bootstrap.remote.tunnel import Tunnel
 from bootstrap.errors import BootstrapError
 from bootstrap.inventory.model import Inventory
 from bootstrap.remote_data import RemoteDataError, loads
-from bootstrap.statedir import StateDir
+from bootstrap.state.folder import StateDir
 
 
 class ClusterError(BootstrapError):
@@ -90,7 +90,7 @@ def connect(inventory: Inventory, state: StateDir, ssh=None):
 
 
 def reusing_ssh(connect_fn, session):
-    """`connect_fn` given the session's SSH connections (bootstrap.hosts.interface.Hosts.ssh_client)
+    """`connect_fn` given the session's SSH connections (bootstrap.remote.interface.Hosts.ssh_client)
     when it can reuse one: a connect function that can declares an `ssh` parameter, as `connect` does."""
     if "ssh" not in inspect.signature(connect_fn).parameters:
         return connect_fn

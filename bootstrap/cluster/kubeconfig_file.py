@@ -10,11 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from bootstrap.cluster.tunnel import connect_ssh
+from bootstrap.remote.tunnel import connect_ssh
 from bootstrap.errors import BootstrapError
-from bootstrap.hostparts.k3s_service import KUBECONFIG
+from bootstrap.host.parts.k3s_service import KUBECONFIG
 from bootstrap.inventory.model import Inventory
-from bootstrap.statedir import StateDir, write_atomically
+from bootstrap.state.folder import StateDir, write_atomically
 
 
 def context_name(inventory: Inventory) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootstrap.cluster.tunnel import API_PORT, connect_ssh
+from bootstrap.remote.tunnel import API_PORT, connect_ssh
 from bootstrap.errors import BootstrapError
-from bootstrap.facts.host_facts import HostFacts
-from bootstrap.hostparts.k3s_service import unit_name
-from bootstrap.hosts.sshlink import SSH_ERRORS
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.host.parts.k3s_service import unit_name
+from bootstrap.remote.sshlink import SSH_ERRORS
 from bootstrap.inventory.model import Inventory, Node, Role
-from bootstrap.statedir import StateDir
+from bootstrap.state.folder import StateDir
 
 SERVER_UNIT = unit_name(Role.SERVER)
 

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
-    from bootstrap.chart_archives import check_archives
+    from bootstrap.cluster.charts import check_archives
     from bootstrap.inventory.loader import load_inventory
 
     inventory = load_inventory(args.inventory)

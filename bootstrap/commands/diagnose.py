@@ -16,7 +16,7 @@ def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.flows.diagnose import diagnose
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     path, summary = diagnose(inventory, StateDir(inventory), console)

@@ -30,7 +30,7 @@ def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.flows.uninstall import tear_down
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     confirm(inventory, args.yes)

@@ -17,13 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.commands.common import select_nodes
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.facts.render import render_host
-    from bootstrap.hosts.connections import open_hosts, report_failures
-    from bootstrap.hosts.session import HostFailure
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.host.facts.render import render_host
+    from bootstrap.remote.connections import open_hosts, report_failures
+    from bootstrap.remote.session import HostFailure
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.lock import cluster_lock
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.lock import cluster_lock
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     nodes = select_nodes(inventory, args.node)

@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.lock import cluster_lock
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.lock import cluster_lock
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
@@ -34,7 +34,7 @@ def run(args, console) -> int:
 
 def forget_one(state, inventory, name, console) -> None:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
-    from bootstrap.hosts import hostkeys
+    from bootstrap.remote import hostkeys
 
     node = inventory.node(name)
     port = inventory.ssh_for(node).port

@@ -31,7 +31,7 @@ def run(args, console) -> int:
     from bootstrap.flows.burn_in import burn_in
     from bootstrap.flows.gpu_health import check_health, render
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)

@@ -26,8 +26,8 @@ def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.cluster import kubeconfig_file
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.lock import cluster_lock
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.lock import cluster_lock
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
@@ -49,7 +49,7 @@ def hold_tunnel(inventory, state, path, port: int, merge: bool, console) -> None
     certificate carries 127.0.0.1, so kubectl verifies TLS through it as it does direct."""
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.cluster import kubeconfig_file
-    from bootstrap.cluster.tunnel import Tunnel
+    from bootstrap.remote.tunnel import Tunnel
 
     errors = []
     for server in inventory.servers:

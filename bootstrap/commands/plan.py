@@ -18,7 +18,7 @@ def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.flows.inspection import planned_changes
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     console.say_lines(planned_changes(inventory, StateDir(inventory), console,

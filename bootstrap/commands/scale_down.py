@@ -28,7 +28,7 @@ def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.flows.scale_down import ScaleDownOptions, scale_down
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     options = ScaleDownOptions(nodes=args.node or [], idle=args.idle, drain_timeout=args.timeout,

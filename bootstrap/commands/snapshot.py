@@ -14,9 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.lock import cluster_lock
-    from bootstrap.snapshots import take
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.lock import cluster_lock
+    from bootstrap.state.snapshots import take
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)

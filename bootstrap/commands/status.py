@@ -18,7 +18,7 @@ def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
     from bootstrap.flows.inspection import cluster_status, render_status
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     report = cluster_status(inventory, StateDir(inventory), console)

@@ -28,7 +28,7 @@ def run(args, console) -> int:
     from bootstrap.flows.host_phase import UpOptions, bring_up
     from bootstrap.flows.replaced_machines import forget_replaced_keys
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     if args.replace:

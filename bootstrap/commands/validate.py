@@ -15,12 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args, console) -> int:
     # imported here: startup time (`bootstrap --help` imports every command module for its flags)
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
     from bootstrap.flows.cluster_side import validate_cluster
-    from bootstrap.hosts.connections import open_hosts
+    from bootstrap.remote.connections import open_hosts
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.lock import cluster_lock
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.lock import cluster_lock
+    from bootstrap.state.folder import StateDir
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)

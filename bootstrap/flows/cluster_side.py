@@ -11,10 +11,10 @@ import time
 
 from bootstrap.cluster.apply import apply_cluster
 from bootstrap.cluster.client import connect as connect_to_cluster
-from bootstrap.components.cluster_plan import plan_cluster
+from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 from bootstrap.flows.run import Run
-from bootstrap.images import download_lines
+from bootstrap.host.images import download_lines
 
 
 def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,

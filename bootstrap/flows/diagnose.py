@@ -31,11 +31,11 @@ from bootstrap import __version__
 from bootstrap import diagnosis as d
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.errors import BootstrapError
-from bootstrap.hosts.connections import open_hosts
-from bootstrap.lock import cluster_lock
+from bootstrap.remote.connections import open_hosts
+from bootstrap.state.lock import cluster_lock
 from bootstrap.redaction import Redactor, kubeconfig_secrets
 from bootstrap.remote_data import RemoteDataError, decode, loads
-from bootstrap.statedir import write_atomically
+from bootstrap.state.folder import write_atomically
 
 STATE_SECRETS = ("token", "agent-token")
 STATE_KUBECONFIGS = ("kubeconfig", "kubeconfig-tunnel")
@@ -82,7 +82,7 @@ def known_secrets(inventory, state) -> Redactor:
     """Every secret the tool can know of: the state folder's tokens and kubeconfig keys, and
     the credentials the inventory names (read where they can be; one that cannot is one the
     hosts cannot have got from the tool either)."""
-    from bootstrap.secrets import resolve
+    from bootstrap.state.secrets import resolve
 
     redactor = Redactor()
     for name in STATE_SECRETS:
@@ -135,8 +135,8 @@ def read_local(path: Path, limit: int = MAX_STATE_FILE_BYTES, *, tail: bool = Fa
 
 def read_over_ssh(session, inventory, node, script: str) -> bytes:
     """The script's output from `node` over the session's own connection, as root (sudo -n
-    where the inventory says so), capped and with a deadline (bootstrap.hosts.remote_output)."""
-    from bootstrap.hosts.remote_output import run_command, sh_command
+    where the inventory says so), capped and with a deadline (bootstrap.remote.remote_output)."""
+    from bootstrap.remote.remote_output import run_command, sh_command
 
     client = session.ssh_client(node.name)
     if client is None:
@@ -148,7 +148,7 @@ def read_over_ssh(session, inventory, node, script: str) -> bytes:
 
 def collect_hosts(session, inventory, read_host, findings: d.Findings) -> tuple[dict[str, str], dict]:
     """({member: text}, {node: HostFacts}); every host at once, one round trip each."""
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 
     boundary = secrets.token_hex(16)
     script = d.host_script(boundary, HostFactsFact().command(health=True))
@@ -189,7 +189,7 @@ def collect_hosts(session, inventory, read_host, findings: d.Findings) -> tuple[
 
 
 def parse_facts(output: bytes | None):
-    from bootstrap.facts.probe import parse_host_facts
+    from bootstrap.host.facts.probe import parse_host_facts
 
     if not output:
         return None
@@ -202,7 +202,7 @@ def parse_facts(output: bytes | None):
 def gpu_health_problems(inventory, facts: dict) -> list[str]:
     """Health errors as `bootstrap health` finds them (checked even where the inventory turned
     the probe off: asked for explicitly)."""
-    from bootstrap.preflight import gpu_health_findings
+    from bootstrap.checks.preflight import gpu_health_findings
 
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))
     try:
@@ -297,7 +297,7 @@ def describe_pod(cluster, pod: dict, events: list[dict]) -> str:
 
 def helm_releases(kubeconfig: Path) -> list[dict]:
     """`helm list` of every release in every namespace, any status, as JSON."""
-    from bootstrap.helm import HelmError, helm_binary
+    from bootstrap.cluster.helm import HelmError, helm_binary
 
     # Status filters rather than --all, which Helm 4 dropped (it lists every status by default).
     argv = [helm_binary(), "list", "--all-namespaces", "--deployed", "--failed", "--pending", "--uninstalling",

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 from bootstrap.cluster.client import connect as connect_to_cluster
-from bootstrap.hosts.connections import open_hosts
-from bootstrap.lock import cluster_lock
+from bootstrap.remote.connections import open_hosts
+from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import report_host_failures
 from bootstrap.topology import gpu_nodes
 
@@ -49,8 +49,8 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
                  connect=connect_to_cluster) -> list[NodeHealth]:
     from dataclasses import replace
 
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.preflight import gpu_health_findings
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.checks.preflight import gpu_health_findings
 
     # Asked for explicitly: checked even where the inventory turned the probe off.
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))

@@ -8,10 +8,10 @@ import contextlib
 
 from bootstrap.flows.host_phase import preflight_and_plan, probe
 from bootstrap.flows.run import Run
-from bootstrap.hosts.connections import open_hosts
-from bootstrap.lock import cluster_lock
+from bootstrap.remote.connections import open_hosts
+from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import end_run
-from bootstrap.statedir import StateDir
+from bootstrap.state.folder import StateDir
 
 
 def check_hosts(inventory, console, open_session=open_hosts) -> int:

@@ -12,35 +12,34 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap import snapshots
-from bootstrap.chart_archives import check_archives
+from bootstrap.state import snapshots
+from bootstrap.cluster.charts import check_archives
 from bootstrap.cluster.kubeconfig_file import rewrite as rewrite_kubeconfig
 from bootstrap.errors import BootstrapError, UsageError
-from bootstrap.facts.host_facts import HostFacts
-from bootstrap.facts.pyinfra_fact import HostFactsFact
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import enforce, examine
 from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
 from bootstrap.flows.rolling_upgrade import run_rollout
 from bootstrap.flows.run import Run
-from bootstrap.hostparts.k3s_service import CONFIG, K3S_DATA_DIR, KUBECONFIG
-from bootstrap.hostparts.paths import managed_paths
-from bootstrap.hostplan.all_hosts import Plans, make_plans
-from bootstrap.hostplan.host_plan import after_the_ca, before_the_ca
-from bootstrap.hostplan.join_tokens import (LEGACY_NOTE, PLACEHOLDER, SERVER_TOKEN_FILE, JoinTokens,
-                                            ca_hash_from_server_token, is_secret)
-from bootstrap.hostplan.rollout import plan_rollout
-from bootstrap.hostplan.steps import converge_steps, first_server_step
-from bootstrap.hosts.connections import open_hosts
-from bootstrap.hosts.executor import StepResult
+from bootstrap.host.parts.k3s_service import CONFIG, K3S_DATA_DIR, KUBECONFIG
+from bootstrap.host.parts.paths import managed_paths
+from bootstrap.host.plan.all_hosts import Plans, make_plans
+from bootstrap.host.plan.host_plan import after_the_ca, before_the_ca
+from bootstrap.host.plan.join_tokens import (LEGACY_NOTE, PLACEHOLDER, SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token, is_secret)
+from bootstrap.host.plan.rollout import plan_rollout
+from bootstrap.host.plan.steps import converge_steps, first_server_step
+from bootstrap.remote.connections import open_hosts
+from bootstrap.remote.executor import StepResult
 from bootstrap.inventory.model import Inventory
-from bootstrap.lock import cluster_lock
+from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import end_run
-from bootstrap.statedir import StateDir
+from bootstrap.state.folder import StateDir
 
 
-CA_HASH = "ca-hash"  # the state folder's copy of the cluster CA's sha256 (bootstrap.hostplan.join_tokens)
+CA_HASH = "ca-hash"  # the state folder's copy of the cluster CA's sha256 (bootstrap.host.plan.join_tokens)
 # The state folder's mark of a cluster built before agent tokens (join_tokens.LEGACY_NOTE).
 NO_AGENT_TOKEN = "no-agent-token"
 

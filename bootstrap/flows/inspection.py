@@ -15,9 +15,9 @@ from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
 from bootstrap.flows.host_phase import preflight_and_plan, probe
 from bootstrap.flows.run import Run
-from bootstrap.hostplan.rollout import plan_rollout
-from bootstrap.hosts.connections import open_hosts
-from bootstrap.lock import cluster_lock
+from bootstrap.host.plan.rollout import plan_rollout
+from bootstrap.remote.connections import open_hosts
+from bootstrap.state.lock import cluster_lock
 
 RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
@@ -26,8 +26,8 @@ RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
 def cluster_status(inventory, state, console, *, open_session=open_hosts, connect=connect_to_cluster) -> dict:
     """Every node as its host and the API see it, the components' state, the newest snapshot."""
-    from bootstrap import snapshots
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.state import snapshots
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 
     with cluster_lock(state, "status"):
         with open_session(inventory, list(inventory.nodes), "status", console) as session:
@@ -110,8 +110,8 @@ def cluster_view(inventory, state, facts, connect=connect_to_cluster):
     """Node objects and component versions, or (None, {}) when no server's API answers."""
     from bootstrap.cluster.apply import read_digests
     from bootstrap.cluster.client import get
-    from bootstrap.components.cluster_plan import plan_cluster
-    from bootstrap.helm import release_state
+    from bootstrap.cluster.components.cluster_plan import plan_cluster
+    from bootstrap.cluster.helm import release_state
 
     try:
         with connect(inventory, state) as cluster:
@@ -161,7 +161,7 @@ def rollout_plan(run: Run, max_unavailable: int) -> list[str]:
 def token_plan(tokens) -> list[str]:
     """What happens to the join tokens: a new agent token for a cluster whose state folder
     has none yet, or why a cluster built before agent tokens keeps its agents' token."""
-    from bootstrap.hostplan.join_tokens import LEGACY_NOTE, PLACEHOLDER
+    from bootstrap.host.plan.join_tokens import LEGACY_NOTE, PLACEHOLDER
 
     if tokens is None or tokens is PLACEHOLDER:
         return []
@@ -175,7 +175,7 @@ def token_plan(tokens) -> list[str]:
 
 def network_plan(inventory, facts, topology) -> list[str]:
     """The network mode and the reachability probes `up` makes before any change."""
-    from bootstrap.rules.reachability import describe_probes, plan_probes
+    from bootstrap.checks.reachability import describe_probes, plan_probes
 
     backend = inventory.k3s.flannel_backend
     mode = ("public: nodes talk over their public addresses; pod traffic in WireGuard (flannel "
@@ -188,8 +188,8 @@ def network_plan(inventory, facts, topology) -> list[str]:
 def component_changes(inventory, state, facts, connect=connect_to_cluster) -> list[str]:
     """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
     from bootstrap.cluster.apply import read_digests
-    from bootstrap.components.cluster_plan import plan_cluster
-    from bootstrap.helm import APPLIED, NOT_INSTALLED, release_state
+    from bootstrap.cluster.components.cluster_plan import plan_cluster
+    from bootstrap.cluster.helm import APPLIED, NOT_INSTALLED, release_state
 
     releases = plan_cluster(inventory, facts).releases
     applied: dict = {}

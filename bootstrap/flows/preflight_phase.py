@@ -1,20 +1,20 @@
 """Preflight as one entry: `examine(run)` returns every finding (the host checks, who owns
 each host, the k3s versions, reachability between the hosts, GPU health); `enforce(run,
 report)` is the flow's part: print them, leave blocked hosts out, stop when one is an error.
-The checks themselves are pure (bootstrap.preflight, bootstrap.hostplan.rollout); what is
+The checks themselves are pure (bootstrap.checks.preflight, bootstrap.host.plan.rollout); what is
 I/O here is the reachability probe and resolving the k3s release (online for a channel)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bootstrap.artifacts import k3s_artifacts
+from bootstrap.host.release import k3s_artifacts
 from bootstrap.errors import BootstrapError
 from bootstrap.flows.run import Run
-from bootstrap.hostplan.rollout import version_findings
-from bootstrap.hosts import reachability
+from bootstrap.host.plan.rollout import version_findings
+from bootstrap.remote import reachability
 from bootstrap.inventory.model import Inventory
-from bootstrap.preflight import Finding, blocked_nodes, ownership_findings, preflight
+from bootstrap.checks.preflight import Finding, blocked_nodes, ownership_findings, preflight
 from bootstrap.progress import report_host_failures
 
 

@@ -21,19 +21,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bootstrap import snapshots
-from bootstrap.hostplan.rollout import plan_rollout
-from bootstrap.hostplan.steps import converge_steps
+from bootstrap.state import snapshots
+from bootstrap.host.plan.rollout import plan_rollout
+from bootstrap.host.plan.steps import converge_steps
 from bootstrap.cluster.client import connect as connect_to_cluster
-from bootstrap.hosts.connections import open_hosts
+from bootstrap.remote.connections import open_hosts
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.host_phase import fetch_kubeconfig, preflight_and_plan, probe
 from bootstrap.flows.run import Run
 from bootstrap.progress import report_host_failures
 from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.flows.replaced_machines import cluster_nodes, remove_nodes
-from bootstrap.lock import cluster_lock
-from bootstrap.rules.lost_nodes import classify, quorum_after, replaced_machines, stale_after_restore
+from bootstrap.state.lock import cluster_lock
+from bootstrap.checks.lost_nodes import classify, quorum_after, replaced_machines, stale_after_restore
 
 
 

@@ -21,7 +21,7 @@ from bootstrap.cluster.node_status import is_server, node_ready
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
 from bootstrap.flows.run import Run
-from bootstrap.rules.lost_nodes import fresh, replaced_machines
+from bootstrap.checks.lost_nodes import fresh, replaced_machines
 
 
 def cluster_nodes(inventory, state, connect=connect_to_cluster):
@@ -104,8 +104,8 @@ def forget_replaced_keys(inventory, state, names: list[str], console, connect=co
     means something else answers at its address. A machine lost moments ago still says Ready
     until the node controller's grace period is over: that long is waited for."""
     from bootstrap.errors import UsageError
-    from bootstrap.hosts import hostkeys
-    from bootstrap.lock import cluster_lock
+    from bootstrap.remote import hostkeys
+    from bootstrap.state.lock import cluster_lock
 
     unknown = [n for n in names if n not in {x.name for x in inventory.nodes}]
     if unknown:

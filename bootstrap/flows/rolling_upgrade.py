@@ -25,14 +25,14 @@ from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordon, cordoned_for_u
 from bootstrap.cluster.drain import drain as drain_node
 from bootstrap.deploys import converge
 from bootstrap.errors import BootstrapError, HostsFailed
-from bootstrap.hostparts import k3s_binary
-from bootstrap.hostplan.steps import Step
+from bootstrap.host.parts import k3s_binary
+from bootstrap.host.plan.steps import Step
 from bootstrap.progress import report_host_failures
-from bootstrap.hostparts.k3s_service import unit_name
-from bootstrap.hostplan.rollout import Rollout
+from bootstrap.host.parts.k3s_service import unit_name
+from bootstrap.host.plan.rollout import Rollout
 from bootstrap.cluster.node_status import node_ready
 from bootstrap.inventory.model import Role
-from bootstrap.rules.k3s_versions import parse as parse_version
+from bootstrap.checks.k3s_versions import parse as parse_version
 
 READY_TIMEOUT_S = 300
 
@@ -110,7 +110,7 @@ def drain_batch(cluster, rollout: Rollout, names: list[str], done: list[str], dr
 
 def upgrade_step(run, names: list[str]) -> Step:
     """The new binary in place (the old one kept), k3s restarted, then its image pulls started
-    in the background (bootstrap.hostparts.k3s_images)."""
+    in the background (bootstrap.host.parts.k3s_images)."""
     step = Step("upgrade k3s", {})
     for name in names:
         plan = run.hosts[name].plan
@@ -135,13 +135,13 @@ class RollbackPoint:
 
     snapshot: str  # its name (on `server`, in k3s's snapshot folder, and in the state folder)
     server: str
-    s3_configured: bool  # the reset then needs --etcd-s3=false (bootstrap.hostplan.restore)
+    s3_configured: bool  # the reset then needs --etcd-s3=false (bootstrap.host.plan.restore)
 
 
 def restore_rollback(rollout: Rollout, point: RollbackPoint) -> str:
     """k3s's roll-back procedure (k3s-io/docs docs/upgrades/roll-back.md, embedded etcd)
     with the snapshot taken before this rollout."""
-    from bootstrap.hostplan import restore
+    from bootstrap.host.plan import restore
 
     old = ", ".join(sorted({v for v in rollout.installed.values() if v})) or "the old release"
     reset = restore.reset_command(restore.remote_snapshot_path(point.snapshot), point.s3_configured)
@@ -171,11 +171,11 @@ def stop(rollout: Rollout, name: str, done: list[str], reason: str, drained_only
 
 def snapshot_before(inventory, state, rollout: Rollout, console, take_snapshot=None) -> RollbackPoint | None:
     """The way back, taken before the first server changes version; no rollout without it."""
-    from bootstrap import snapshots
+    from bootstrap.state import snapshots
 
     if not rollout.servers:
         return None
-    server = inventory.servers[0]  # where bootstrap.snapshots.take saves it
+    server = inventory.servers[0]  # where bootstrap.state.snapshots.take saves it
     try:
         path = (take_snapshot or snapshots.take)(inventory, state)
     except BootstrapError as exc:
@@ -189,7 +189,7 @@ def snapshot_before(inventory, state, rollout: Rollout, console, take_snapshot=N
 def run_rollout(run, rollout: Rollout, phase_between, *, drain_timeout: int, force: bool) -> None:
     """A snapshot when servers change version, servers one at a time, then
     `phase_between()` (new and reconfigured nodes converge as usual), then the agents batch
-    by batch. `run.take_snapshot(inventory, state)`: bootstrap.snapshots.take (a fake in tests)."""
+    by batch. `run.take_snapshot(inventory, state)`: bootstrap.state.snapshots.take (a fake in tests)."""
     run.console.say_lines(rollout.describe())
     started = time.monotonic()
     before = snapshot_before(run.inventory, run.state, rollout, run.console, run.take_snapshot)

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import gevent
 
 from bootstrap.cluster.client import connect as connect_to_cluster, reusing_ssh
-from bootstrap.facts.host_facts import HostFacts
+from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.progress import Console
-from bootstrap.rules.node_addresses import with_node_ips
-from bootstrap.secrets import with_secret_values
-from bootstrap.statedir import StateDir
+from bootstrap.checks.node_addresses import with_node_ips
+from bootstrap.state.secrets import with_secret_values
+from bootstrap.state.folder import StateDir
 from bootstrap.topology import Topology, resolve_topology
 
 
@@ -61,7 +61,7 @@ class Run:
     state: StateDir
     console: Console
     connect: Callable = connect_to_cluster  # (inventory, state) -> context manager of a Cluster
-    take_snapshot: Callable | None = None  # (inventory, state) -> path; None: bootstrap.snapshots.take
+    take_snapshot: Callable | None = None  # (inventory, state) -> path; None: bootstrap.state.snapshots.take
     session: object = None
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     topology: Topology | None = None

@@ -27,13 +27,13 @@ from bootstrap.console_text import printable
 from bootstrap.errors import HostsFailed, UsageError
 from bootstrap.flows.run import Run
 from bootstrap.flows.uninstall import uninstall
-from bootstrap.hostparts import k3s_service
-from bootstrap.hostplan.steps import Step
-from bootstrap.hosts.connections import open_hosts
+from bootstrap.host.parts import k3s_service
+from bootstrap.host.plan.steps import Step
+from bootstrap.remote.connections import open_hosts
 from bootstrap.inventory.model import Role
-from bootstrap.lock import cluster_lock
+from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import end_run, report_host_failures
-from bootstrap.rules.lost_nodes import quorum_after
+from bootstrap.checks.lost_nodes import quorum_after
 
 STOP_STEP = "stop k3s"
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 from bootstrap.console_text import printable
-from bootstrap.hosts.connections import open_hosts, report_failures
+from bootstrap.remote.connections import open_hosts, report_failures
 from bootstrap.errors import HostsFailed
-from bootstrap.lock import cluster_lock
+from bootstrap.state.lock import cluster_lock
 
 
 def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, force: bool = False,
@@ -26,7 +26,7 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     cannot be read fails on its own (with `force`, k3s is wiped from it) and the others go on. `before_teardown()`
     runs once no host was refused, before any is torn down (scale-down: stop k3s, remove
     the members)."""
-    from bootstrap.hostplan.steps import Step
+    from bootstrap.host.plan.steps import Step
 
     facts, owners = owned_hosts(session, inventory, state, nodes, force)
     foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
@@ -51,10 +51,10 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
 def owned_hosts(session, inventory, state, nodes, force: bool):
     """(facts of the hosts that may be torn down, {node: Ownership}): a host whose manifest
     cannot be read fails on its own, unless `force`."""
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.hostparts.manifest import MANIFEST
-    from bootstrap.hostparts.paths import managed_paths
-    from bootstrap.rules.ownership import ownership
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.host.parts.manifest import MANIFEST
+    from bootstrap.host.parts.paths import managed_paths
+    from bootstrap.checks.ownership import ownership
 
     names = {n.name for n in nodes}
     facts = {n: f for n, f in session.gather(HostFactsFact, paths=tuple(managed_paths(inventory))).items()
@@ -77,7 +77,7 @@ def teardown_scripts(session, inventory, facts, owners, empty: list[str], purge_
     from pyinfra.api import StringCommand
 
     from bootstrap.remote_data import RemoteDataError
-    from bootstrap.teardown import teardown_script
+    from bootstrap.host.teardown import teardown_script
 
     source = inventory.gpu.container_toolkit.apt_source
     scripts = {}

@@ -30,7 +30,7 @@ class SecretRef:
 
     env: str | None = None
     file: str | None = None
-    # Filled in by bootstrap.secrets.with_secret_values before planning, so the planners
+    # Filled in by bootstrap.state.secrets.with_secret_values before planning, so the planners
     # that render it stay pure; never shown (repr) and not part of equality.
     value: str | None = field(default=None, repr=False, compare=False)
 

@@ -9,24 +9,9 @@ from bootstrap.inventory.addresses import DNS_LABEL, SSH_USER, endpoint_error, h
 from bootstrap.inventory.cron import schedule_error
 from bootstrap.inventory.kube import label_value_error, node_label_key_error, taint_error
 from bootstrap.inventory.source import Path
-from bootstrap.inventory.spec import (
-    INVALID,
-    Bool,
-    Checker,
-    Enum,
-    Field,
-    Int,
-    ListOf,
-    MapOf,
-    Number,
-    Record,
-    Spec,
-    Str,
-    cidr_error,
-    describe_type,
-)
-from bootstrap.rules.k3s_flags import EVICTION_ARGS, arg_name, component_args, flag_problem
-from bootstrap.rules.k3s_versions import VERSION_PATTERN
+from bootstrap.inventory.spec import (INVALID, Bool, Checker, Enum, Field, Int, ListOf, MapOf, Number, Record, Spec, Str, cidr_error, describe_type)
+from bootstrap.checks.k3s_flags import EVICTION_ARGS, arg_name, component_args, flag_problem
+from bootstrap.checks.k3s_versions import VERSION_PATTERN
 
 DRIVER_MODES = ("preinstalled", "host", "operator")
 ROLES = tuple(role.value for role in m.Role)
@@ -357,7 +342,7 @@ NODE = Record(
         "gpu": Field(NODE_GPU),
         "rdma_interfaces": Field(ListOf(Str(pattern=INTERFACE, expected="an interface name",
                                             example="ibp26s0"), scalar_ok=True)),
-        # Both become label values on the Node (bootstrap.rules.providers).
+        # Both become label values on the Node (bootstrap.checks.providers).
         "provider": Field(Str(validator=label_value_error, expected="a provider name (a Kubernetes label value)",
                               example="lambda")),
         "region": Field(Str(validator=label_value_error, expected="a region name (a Kubernetes label value)",

@@ -1,6 +1,6 @@
 """A whole cluster behind a bastion: every connection the tool opens (pyinfra's sessions,
 the API tunnel, the kubeconfig fetch, snapshots) goes through `ssh.jump`, one remote layer
-(bootstrap/hosts/sshlink.py). The nodes drop SSH from anything but the bastion, so a
+(bootstrap/remote/sshlink.py). The nodes drop SSH from anything but the bastion, so a
 connection that bypassed it would fail."""
 
 import pytest

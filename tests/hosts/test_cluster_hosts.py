@@ -102,7 +102,7 @@ def test_each_validation_check_fails_for_the_right_reason(cluster):
                                     "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     from bootstrap.cluster.client import connect, request
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(wrong)
     with connect(inv, StateDir(inv)) as api:
@@ -175,7 +175,7 @@ def test_a_failed_mig_layout_is_reported_with_mig_managers_reason(cluster):
     from bootstrap.cluster.apply import wait_mig
     from bootstrap.cluster.client import ClusterError, connect, merge_patch
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(cluster["inventory"])
     with connect(inv, StateDir(inv)) as api:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.hosts
 def api_nodes(inventory_path):
     from bootstrap.cluster.client import connect, get
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(inventory_path)
     with connect(inv, StateDir(inv)) as api:
@@ -67,7 +67,7 @@ def test_lost_server_is_restored_from_the_snapshot_and_agents_rejoin(lab, tmp_pa
     assert first.returncode == 0, first.stdout + first.stderr
     from bootstrap.cluster.client import apply_object, connect, get
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(inventory)
     marker = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "before-loss", "namespace": "default"},

@@ -29,9 +29,9 @@ from clirun import BOOTSTRAP, run_bootstrap
 from labinv import write_inventory
 
 import testhosts
-from bootstrap.hostparts import k3s_service, placing
-from bootstrap.hostparts.paths import managed_paths
-from bootstrap.hosts.archive import STAGE_PREFIX
+from bootstrap.host.parts import k3s_service, placing
+from bootstrap.host.parts.paths import managed_paths
+from bootstrap.remote.archive import STAGE_PREFIX
 from bootstrap.inventory.loader import load_inventory
 
 pytestmark = pytest.mark.hosts

@@ -70,7 +70,7 @@ def check_images(hosts, inventory, first, airgap):
     # Pulls: the validation images, the inventory's and the GPU Operator's, on the GPU nodes
     # only, at once; k3s pulls them from an image list in agent/images written once it runs
     # (the start did not wait for them), in the background: `up` was done before they were.
-    from bootstrap.images import normalise, prepull_images
+    from bootstrap.host.images import normalise, prepull_images
     from bootstrap.inventory.loader import load_inventory
 
     wanted = {normalise(i) for i in prepull_images(load_inventory(inventory))}

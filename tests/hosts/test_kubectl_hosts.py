@@ -40,9 +40,9 @@ def client(argv, kubeconfig, home):
 def test_up_with_real_helm_then_kubeconfig_merge_kubectl_and_helm(lab, tmp_path, airgap):
     from standins.aptrepo import AptRepo, build_toolkit_deb
 
-    from bootstrap.cluster.tunnel import Tunnel
+    from bootstrap.remote.tunnel import Tunnel
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     hosts = lab.start(["kx-cp", "kx-g1"], gpu=["kx-g1"])
     repo = AptRepo([build_toolkit_deb(tmp_path / "debs")])

@@ -8,7 +8,7 @@ docker's marker file /.dockerenv, and every cgroup mount remounted read-only as 
 mounts them for a container that is not privileged. PID 1 stays
 systemd (a lab machine without systemd as PID 1 would not boot sshd the way the lab does);
 PID 1, network namespaces and netfilter refused are covered by the unit fixtures
-(tests/unit/test_machine_kind.py), read from the same probe words."""
+(tests/unit/checks/test_machine_kind.py), read from the same probe words."""
 
 import pytest
 from clirun import run_bootstrap

@@ -41,7 +41,7 @@ def test_a_nat_host_is_reached_at_an_address_it_does_not_hold(lab):
 def api_nodes(inventory_path):
     from bootstrap.cluster.client import connect, get
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(inventory_path)
     with connect(inv, StateDir(inv)) as api:
@@ -51,7 +51,7 @@ def api_nodes(inventory_path):
 def api_get(inventory_path, path):
     from bootstrap.cluster.client import connect, get
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(inventory_path)
     with connect(inv, StateDir(inv)) as api:
@@ -60,7 +60,7 @@ def api_get(inventory_path, path):
 
 def state_secret(inventory_path, name):
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     return (StateDir(load_inventory(inventory_path)).path / name).read_text().strip()
 

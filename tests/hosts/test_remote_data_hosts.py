@@ -38,7 +38,7 @@ def test_up_and_down_finish_for_the_others_and_name_the_liars_reason(lab, tmp_pa
     for host, unit in ((server, "k3s"), (honest, "k3s-agent")):
         assert host.ssh(f"systemctl is-active {unit}", check=False).stdout.strip() == "active", up.stdout + up.stderr
     assert liar.ssh("test -e /etc/rancher/k3s/config.yaml", check=False).returncode != 0  # never changed
-    # k3s.yaml was read back from the server (as bytes, bootstrap.hosts.remote_output) while the agents joined.
+    # k3s.yaml was read back from the server (as bytes, bootstrap.remote.remote_output) while the agents joined.
     assert "client-certificate-data" in (tmp_path / "state" / "kubeconfig").read_text()
 
     down = run_bootstrap("down", inventory, "--yes", timeout=600)

@@ -39,9 +39,9 @@ def test_facts_through_a_bastion_reach_a_node_only_it_can_reach(lab, tmp_path):
     assert not list(state.glob("*ssh_config*")) and not list(state.glob(".known_hosts*"))
 
     # The API tunnel's client goes through the bastion too.
-    from bootstrap.cluster.tunnel import connect_ssh
+    from bootstrap.remote.tunnel import connect_ssh
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     inv = load_inventory(inventory)
     client = connect_ssh(inv, inv.nodes[0], StateDir(inv))

@@ -23,7 +23,7 @@ LIAR_FILES = {
     "/etc/os-release": f'PRETTY_NAME="{ATTACK}"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n',
     # First on the PATH of the login user and of sudo: the probe's `tr -c ...` filter becomes `cat`.
     "/usr/local/bin/tr": ("#!/bin/sh\ncase \"$1\" in -c) exec cat;; esac\nexec /usr/bin/tr \"$@\"\n", 0o755),
-    # Every host file is synced before it is renamed into place (bootstrap/hostparts/placing.py).
+    # Every host file is synced before it is renamed into place (bootstrap/host/parts/placing.py).
     "/usr/local/bin/sync": (f"#!/bin/sh\nprintf '%s\\n' 'sync: error syncing' '{ATTACK}' >&2\nexit 1\n", 0o755),
 }
 LIVE_VIEW_CODES = re.compile(r"\033\[(?:\d+F|2K|3[12]m|0m)")  # the live view's own: up, clear, colours

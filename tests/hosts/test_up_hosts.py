@@ -230,9 +230,9 @@ def test_kubeconfig_merge_and_api_tunnel(lab, tmp_path, airgap):
 
     import yaml
 
-    from bootstrap.cluster.tunnel import Tunnel
+    from bootstrap.remote.tunnel import Tunnel
     from bootstrap.inventory.loader import load_inventory
-    from bootstrap.statedir import StateDir
+    from bootstrap.state.folder import StateDir
 
     (cp,) = lab.start(["kc-cp"])
     inventory = write_inventory(tmp_path / "inv.yaml", [cp], cluster="kc", extra={"k3s": {"airgap": str(airgap)}})

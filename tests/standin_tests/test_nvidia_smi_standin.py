@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.facts.probe import NVSMI_QUERY_ARGS, PROBE_SCRIPT, parse_host_facts, split_sections
+from bootstrap.host.facts.probe import NVSMI_QUERY_ARGS, PROBE_SCRIPT, parse_host_facts, split_sections
 
 TESTS = Path(__file__).resolve().parents[1]
 STANDIN = TESTS / "standins" / "nvidia-smi"

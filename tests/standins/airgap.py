@@ -9,8 +9,8 @@
         dest/k3s-airgap-images-amd64.tar.zst  a small, valid .tar.zst placeholder
         dest/sha256sum-amd64.txt              "<sha256>  <file>" lines, as in a release
 
-The flag names come from the product's own list (bootstrap/rules/k3s_flags.txt, made from the
-k3s docs; tests/unit/test_inventory_hostile.py checks it against the upstream copy when that is
+The flag names come from the product's own list (bootstrap/checks/k3s_flags.txt, made from the
+k3s docs; tests/unit/inventory/test_inventory_hostile.py checks it against the upstream copy when that is
 present), read at build time: the stand-in needs nothing outside the checkout.
 
 As a command: python tests/standins/airgap.py DEST [--version vX.Y.Z+k3sN]
@@ -31,7 +31,7 @@ STANDIN_SOURCE = Path(__file__).resolve().parent / "k3s_standin.py"
 KUBEAPI_SOURCE = Path(__file__).resolve().parent / "kubeapi.py"
 PKI_SOURCE = Path(__file__).resolve().parent / "k3s_pki.py"
 FLAGS_NAME = "k3s/flags-docs-0243496.txt"  # the upstream copy, under the upstream data folder
-SHIPPED_FLAGS = Path(__file__).resolve().parents[2] / "bootstrap" / "rules" / "k3s_flags.txt"
+SHIPPED_FLAGS = Path(__file__).resolve().parents[2] / "bootstrap" / "checks" / "k3s_flags.txt"
 DEFAULT_VERSION = "v1.33.5+k3s1"
 GO_VERSION = "go1.24.6"
 EMBED_LINE = "EMBEDDED = None\n"

@@ -5,7 +5,7 @@ Nothing here can download k3s, so the tests install this program as
 /usr/local/bin/k3s through the tool's air-gap path (tests/standins/airgap.py builds
 the folder). It is one file, Debian 12's python3 (3.11) standard library only. The
 builder embeds the k3s version and the valid `k3s server` / `k3s agent` flag names
-(the product's bootstrap/rules/k3s_flags.txt) into the EMBEDDED line below; the source file itself
+(the product's bootstrap/checks/k3s_flags.txt) into the EMBEDDED line below; the source file itself
 refuses to run.
 
 What it honours, like real k3s (details in each section below):

@@ -3,9 +3,10 @@ round trips from the same phase at 0 ms and at an added RTT."""
 
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from repo_paths import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import run  # noqa: E402
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import upstream
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 OURS = ("bootstrap", "__editable__", "gpu_cluster_bootstrap")  # an install of this project, any kind
 
 
@@ -75,7 +75,7 @@ def test_pytest_collects_the_whole_suite_in_a_checkout(deps):
     result = bare_python(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"], [ROOT, deps], env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "error" not in result.stdout.splitlines()[-1]
-    assert "tests/unit/test_converge.py::" in result.stdout
+    assert "tests/unit/deploys/test_converge.py::" in result.stdout
 
 
 def test_every_package_of_the_tree_ships_in_the_wheel():

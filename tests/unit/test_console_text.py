@@ -24,11 +24,12 @@ from bootstrap import progress
 from bootstrap.cluster.checks import CheckResult, _last, render_table
 from bootstrap.console_text import MAX_LINE_BYTES, PrintableFormatter, printable, printable_lines
 from bootstrap.errors import BootstrapError, UsageError, run_command
-from bootstrap.facts.host_facts import ListeningPort
-from bootstrap.facts.render import render_host
+from bootstrap.host.facts.host_facts import ListeningPort
+from bootstrap.host.facts.render import render_host
 from bootstrap.flows.inspection import node_row, render_status
-from bootstrap.hosts.session import HostFailure
-from bootstrap.preflight import Finding
+from bootstrap.remote.session import HostFailure
+from bootstrap.checks.preflight import Finding
+from repo_paths import ROOT
 
 # The review's os-release: sets the clipboard (OSC 52), clears the screen, homes the cursor
 # and prints a fake success line.
@@ -240,7 +241,7 @@ def test_errors_printed_by_the_cli_are_escaped_and_exact_in_json(raised, capsys)
 
 
 def test_host_failures_are_one_line(capsys):
-    from bootstrap.hosts.connections import report_failures
+    from bootstrap.remote.connections import report_failures
 
     failures = {"a1": HostFailure("a1", f"join agents: {ATTACK_LINES}", ATTACK)}
     with pytest.raises(BootstrapError):
@@ -273,7 +274,6 @@ def test_questions_and_warnings_go_through_the_same_writer(monkeypatch, capsys):
 
 # --- no other way out --------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {"bootstrap/progress.py", "bootstrap/console_text.py"}  # the console and its writer
 
 

@@ -6,8 +6,8 @@ command module; the kubernetes client takes ~0.3 s); and it says so, in a commen
 import ast
 import importlib.util
 from pathlib import Path
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("bootstrap", "deploys")
 MARK = "# imported here:"
 
@@ -15,9 +15,9 @@ MARK = "# imported here:"
 # there after merging them and then removes this list (and the test that it is still needed).
 NOT_YET = {
     # wt-run: the flows, preflight, progress
-    "bootstrap/flows/*.py", "bootstrap/preflight.py", "bootstrap/progress.py",
+    "bootstrap/flows/*.py", "bootstrap/checks/preflight.py", "bootstrap/progress.py",
     # wt-remote: the remote layer and its import circles
-    "bootstrap/hosts/*.py", "bootstrap/cluster/tunnel.py", "bootstrap/statedir.py", "bootstrap/snapshots.py",
+    "bootstrap/remote/*.py", "bootstrap/remote/tunnel.py", "bootstrap/state/folder.py", "bootstrap/state/snapshots.py",
 }
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"bootstrap": ROOT / "bootstrap", "bootstrap.deploys": ROOT / "deploys"}
 
 
@@ -157,8 +157,8 @@ def test_the_walker_sees_function_level_imports_and_cycles(tmp_path):
 
 def test_the_graph_covers_the_tool():
     graph = import_graph()
-    assert "bootstrap.hosts.session" in graph and "bootstrap.deploys.converge" in graph
-    assert "bootstrap.hosts.archive" in graph["bootstrap.deploys.converge"]
+    assert "bootstrap.remote.session" in graph and "bootstrap.deploys.converge" in graph
+    assert "bootstrap.remote.archive" in graph["bootstrap.deploys.converge"]
 
 
 def test_no_import_cycles():
@@ -169,11 +169,11 @@ def test_no_import_cycles():
 
 def test_paramiko_is_imported_by_one_module():
     """paramiko only where pyinfra has no API (the bastion hop, the API tunnel, the byte
-    channels under pyinfra's connection), in one module: bootstrap.hosts.sshlink."""
+    channels under pyinfra's connection), in one module: bootstrap.remote.sshlink."""
     importers = set()
     for name, path in module_files().items():
         for node in _import_nodes(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if any(n == "paramiko" or n.startswith("paramiko.") for n in names):
                 importers.add(name)
-    assert importers == {"bootstrap.hosts.sshlink"}
+    assert importers == {"bootstrap.remote.sshlink"}

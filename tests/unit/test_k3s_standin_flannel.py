@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 from sandbox import FAST, TOKEN, Cluster, Proc, cluster, free_port, k3s, wait  # noqa: F401  (fixtures: k3s, cluster)
+from repo_paths import TESTS
 
-SOURCE = Path(__file__).resolve().parents[1] / "standins" / "k3s_standin.py"
+SOURCE = TESTS / "standins" / "k3s_standin.py"
 RELEASE = os.uname().release
 MODULE = f"lib/modules/{RELEASE}/kernel/drivers/net/wireguard/wireguard.ko"
 FLANNEL = "flannel.alpha.coreos.com/"

@@ -26,22 +26,23 @@ from test_facts_parsers import h200_probe_output, recorded, section
 from bootstrap import progress, remote_data
 from bootstrap.cluster import client
 from bootstrap.errors import BootstrapError, HostsFailed
-from bootstrap.facts import gpu_health
-from bootstrap.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
-from bootstrap.facts.probe import SECTIONS, parse_host_facts, split_sections
-from bootstrap.facts.render import render_host
+from bootstrap.host.facts import gpu_health
+from bootstrap.host.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
+from bootstrap.host.facts.probe import SECTIONS, parse_host_facts, split_sections
+from bootstrap.host.facts.render import render_host
 from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.uninstall import tear_down
-from bootstrap.hostparts import manifest
-from bootstrap.hostplan.all_hosts import make_plans
-from bootstrap.hostplan.join_tokens import JoinTokens
+from bootstrap.host.parts import manifest
+from bootstrap.host.plan.all_hosts import make_plans
+from bootstrap.host.plan.join_tokens import JoinTokens
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.remote_data import RemoteDataError
-from bootstrap.rules.ownership import ownership
-from bootstrap.statedir import StateDir, new_cluster_id
-from bootstrap.teardown import teardown_script
+from bootstrap.checks.ownership import ownership
+from bootstrap.state.folder import StateDir, new_cluster_id
+from bootstrap.host.teardown import teardown_script
+from repo_paths import TESTS
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = TESTS / "fixtures"
 GOLDEN_MANIFEST = json.loads((FIXTURES / "golden" / "teardown-manifest.json").read_text())
 OUR_ID = GOLDEN_MANIFEST["cluster_id"]
 H200_XML = recorded("nvidia-smi-q-x.txt")[1]
@@ -353,7 +354,7 @@ def test_every_other_hosts_plan_is_built(tmp_path):
     from test_hostparts import airgap_inventory
 
     inventory = airgap_inventory(tmp_path)
-    from bootstrap.artifacts import k3s_artifacts
+    from bootstrap.host.release import k3s_artifacts
 
     artifacts = k3s_artifacts(inventory, {"amd64"})
     facts = {"cp-1": HostFacts(arch="amd64"), "gpu-1": HostFacts(arch="amd64", manifest={"cluster_id": None,
@@ -458,7 +459,7 @@ class FakeClient:
 
 
 def test_read_command_keeps_bytes_and_refuses_floods_and_silence():
-    from bootstrap.hosts.remote_output import read_command, sh_command
+    from bootstrap.remote.remote_output import read_command, sh_command
 
     channel = FakeChannel([b"ok \xff\x1b[2J", b"\n"])
     assert read_command(FakeClient(channel), sh_command("echo 'x'"), max_bytes=100, timeout=5, what="p") \
@@ -476,7 +477,7 @@ def test_read_command_keeps_bytes_and_refuses_floods_and_silence():
 
 def session_over(inventory, channels, sudo=True):
     """A HostSession whose hosts' SSH connections are FakeClients over `channels`."""
-    from bootstrap.hosts.session import HostSession
+    from bootstrap.remote.session import HostSession
 
     class Host:
         data = {"_sudo": sudo}
@@ -510,13 +511,13 @@ def test_root_files_are_read_as_capped_bytes(tmp_path):
 
 
 def test_the_probe_filters_nothing_on_the_host():
-    from bootstrap.facts.probe import PROBE_SCRIPT
+    from bootstrap.host.facts.probe import PROBE_SCRIPT
 
     assert "tr -c" not in PROBE_SCRIPT  # a filter on the host runs as the host decides
 
 
 def test_gather_reads_each_host_as_bytes_and_fails_only_the_flooding_one(tmp_path):
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 
     inventory, _ = three_hosts(tmp_path)
     probe = "\n".join(h200_probe_output()).encode() + b"\n"
@@ -544,12 +545,12 @@ def _golden_inventory():
 def test_preflight_and_every_plan_are_made_whatever_the_hosts_answer(first, second):
     from collections import defaultdict
 
-    from bootstrap.artifacts import online_artifacts
-    from bootstrap.hostplan.rollout import plan_rollout, version_findings
-    from bootstrap.preflight import ownership_findings, preflight
+    from bootstrap.host.release import online_artifacts
+    from bootstrap.host.plan.rollout import plan_rollout, version_findings
+    from bootstrap.checks.preflight import ownership_findings, preflight
     from bootstrap.cluster.liveness import service_verdict
-    from bootstrap.rules import reachability as rr
-    from bootstrap.rules.lost_nodes import classify
+    from bootstrap.checks import reachability as rr
+    from bootstrap.checks.lost_nodes import classify
 
     inventory = _golden_inventory()
     honest = replace(parse_host_facts(h200_probe_output()), manifest=GOLDEN_MANIFEST)
@@ -590,7 +591,7 @@ def test_pod_logs_give_numbers_or_nothing(log):
 
 
 def test_package_names_a_host_prints_are_checked_before_they_reach_apt():
-    from bootstrap.facts import parsers as p
+    from bootstrap.host.facts import parsers as p
 
     lines = ["hi nvidia-x;reboot 1.0", "ii nvidia-utils-580 580.159.04-0ubuntu1", "hi libnvidia-gl-580 $(id)",
              "hi nvidia-kernel-common-580:amd64 1:580.159.04"]
@@ -600,7 +601,7 @@ def test_package_names_a_host_prints_are_checked_before_they_reach_apt():
 
 
 def test_a_parser_bug_on_one_hosts_output_fails_only_that_host(tmp_path, monkeypatch):
-    from bootstrap.facts.pyinfra_fact import HostFactsFact
+    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 
     inventory, _ = three_hosts(tmp_path)
     probe = "\n".join(h200_probe_output()).encode() + b"\n"
@@ -623,7 +624,7 @@ def test_pyinfras_reads_of_a_hosts_output_replace_bytes_that_are_not_utf8():
 
     import paramiko.file
 
-    from bootstrap.hosts.sshlink import decode_remote_output_leniently
+    from bootstrap.remote.sshlink import decode_remote_output_leniently
 
     class Pipe(paramiko.file.BufferedFile):
         """A text-mode paramiko file over fixed bytes, as exec_command's stdout is."""
@@ -648,7 +649,7 @@ def up_with_one_bad_answer(tmp_path, bad: str):
 
 
 def test_an_agent_whose_probe_answer_is_refused_is_left_out_and_the_others_converge(tmp_path):
-    # A flood, a stall or an unparsable probe (bootstrap.hosts.session._gather_untrusted) used
+    # A flood, a stall or an unparsable probe (bootstrap.remote.session._gather_untrusted) used
     # to read as an unreachable host: `up` stopped for every host.
     inventory, state, session = up_with_one_bad_answer(tmp_path, "a1")
     with pytest.raises(HostsFailed, match="a1"):

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = [ROOT / "scripts" / name for name in ("test", "try-lab", "try-lab-down", "lib/install.sh", "lib/lab.sh")] \
     + [ROOT / ".ci" / "run"]
 COMMANDS = [p for p in SCRIPTS if p.parent.name != "lib"]

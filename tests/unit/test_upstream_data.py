@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import upstream
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-VOLCANO = "tests/unit/test_checks.py::test_volcano_jobs_validate_against_the_upstream_crd"
-NEEDS_DATA = [VOLCANO, "tests/unit/test_components.py",
-              "tests/unit/test_inventory_hostile.py::test_the_shipped_flag_list_matches_upstream"]
+VOLCANO = "tests/unit/cluster/test_checks.py::test_volcano_jobs_validate_against_the_upstream_crd"
+NEEDS_DATA = [VOLCANO, "tests/unit/cluster/components/test_components.py",
+              "tests/unit/inventory/test_inventory_hostile.py::test_the_shipped_flag_list_matches_upstream"]
 NEEDS_NOTHING = "tests/unit/test_progress.py"
 
 

@@ -1,0 +1,90 @@
+"""NVIDIA GPU Operator release values for k3s (checked against the chart's v26.7.0 values.yaml)."""
+
+from __future__ import annotations
+
+import yaml
+
+from bootstrap.cluster.components import gpu_sharing, versions
+from bootstrap.cluster.components.release import Release
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.host.parts.k3s_service import CONTAINERD_SOCKET
+from bootstrap.host.parts.packages import needs_host_toolkit
+from bootstrap.inventory.model import Component, Inventory
+
+NAMESPACE = "gpu-operator"
+RELEASE = "gpu-operator"  # the Helm release name (apply.py restarts its device plugin)
+DEVICE_PLUGIN_CONFIGMAP = "bootstrap-device-plugin-config"
+MIG_PARTED_CONFIGMAP = "bootstrap-mig-parted-config"
+
+
+def toolkit_env() -> list[dict]:
+    """Only k3s's socket, for every operator version. The toolkit signals containerd
+    through it; it must not rewrite k3s's containerd config: pointing older toolkits
+    (< v25.10) at k3s's config.toml.tmpl replaces the template k3s renders its CNI and
+    registry settings from (NVIDIA/gpu-operator issue 473). k3s finds the runtime the
+    toolkit installs by itself when it renders containerd's config
+    (k3s-io/k3s pkg/agent/containerd/nvidia.go, findNvidiaContainerRuntimes:
+    /usr/local/nvidia/toolkit/nvidia-container-runtime) and registers the `nvidia`
+    RuntimeClass; from v25.10 the toolkit also writes a drop-in and GPUs reach pods
+    through CDI (the RKE2 docs' recipe, used in k3s PR #11065)."""
+    return [{"name": "CONTAINERD_SOCKET", "value": CONTAINERD_SOCKET}]
+
+
+DRIVER_UPGRADE_POLICY = {
+    "autoUpgrade": True,
+    "maxParallelUpgrades": 1,
+    "maxUnavailable": 1,
+    # GPU pods are evicted by the operator; a drain also moves the node's other pods, with
+    # a time-out so that one stuck pod cannot hold the rollout forever.
+    "drain": {"enable": True, "force": False, "timeoutSeconds": 300, "deleteEmptyDir": True},
+}
+
+
+def values(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict:
+    # preinstalled/host: the driver and the container toolkit are on the host already.
+    toolkit_in_cluster = not needs_host_toolkit(inventory)
+    out: dict = {
+        "driver": {"enabled": inventory.gpu.driver == "operator"},
+        "toolkit": {"enabled": toolkit_in_cluster},
+        "mig": {"strategy": gpu_sharing.mig_strategy(inventory)},
+        "migManager": {"config": {"default": gpu_sharing.MIG_DISABLED}},
+    }
+    if inventory.gpu.driver == "operator":
+        # A chart or driver version change swaps the driver container under running GPU
+        # nodes: the operator's upgrade controller then takes one node at a time, drained.
+        out["driver"]["upgradePolicy"] = DRIVER_UPGRADE_POLICY
+    if toolkit_in_cluster:
+        out["toolkit"]["env"] = toolkit_env()
+    # The tool applies these ConfigMaps itself (config_maps below), before the release: the
+    # operator does not watch them, so the tool must know when one changed to restart the
+    # device plugin; and a changed sharing setup then needs no Helm upgrade.
+    if gpu_sharing.device_plugin_configs(inventory, facts_by_node):
+        out["devicePlugin"] = {"config": {"create": False, "name": DEVICE_PLUGIN_CONFIGMAP,
+                                          "default": gpu_sharing.default_device_plugin_key(inventory)}}
+    if gpu_sharing.mig_parted_config(inventory, facts_by_node):
+        out["migManager"]["config"].update({"create": False, "name": MIG_PARTED_CONFIGMAP})
+    return out
+
+
+def config_maps(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+    """The operator's namespace and the sharing ConfigMaps its release refers to."""
+    objects: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+    plugin_configs = gpu_sharing.device_plugin_configs(inventory, facts_by_node)
+    if plugin_configs:
+        objects.append(_config_map(DEVICE_PLUGIN_CONFIGMAP, plugin_configs))
+    mig_config = gpu_sharing.mig_parted_config(inventory, facts_by_node)
+    if mig_config:
+        # MIG Manager requires the key `config.yaml` in a custom mig-parted ConfigMap.
+        objects.append(_config_map(MIG_PARTED_CONFIGMAP, {"config.yaml": yaml.safe_dump(mig_config, sort_keys=False)}))
+    return objects
+
+
+def _config_map(name: str, data: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE},
+            "data": data}
+
+
+def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:
+    src = versions.source(inventory, Component.GPU_OPERATOR)
+    return Release(RELEASE, NAMESPACE, src.chart, src.repo, src.version,
+                   values(inventory, facts_by_node), src.archive)

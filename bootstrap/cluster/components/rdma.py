@@ -1,0 +1,184 @@
+"""RDMA for pods: Multus + whereabouts (rke2-multus chart), the Mellanox RDMA shared device
+plugin (our manifests), and one NetworkAttachmentDefinition per RDMA netdev."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import math
+from dataclasses import dataclass
+
+import yaml
+
+from bootstrap import templates
+from bootstrap.cluster.components import versions
+from bootstrap.host.parts.k3s_service import K3S_DATA_DIR
+from bootstrap.topology import gpu_nodes
+from bootstrap.cluster.components.release import ComponentError, Release
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.inventory.kube import nad_name  # one derivation, shared with the inventory check
+from bootstrap.inventory.model import Component, Inventory
+
+NAMESPACE = "kube-system"
+NAD_NAMESPACE = "default"
+CONFIGMAP = "rdma-devices"
+# k3s's CNI config dir (the kubelet's --cni-conf-dir under k3s); the bin dir is read per
+# cluster from containerd's generated config, since it moved between k3s releases.
+K3S_CNI_CONF_DIR = f"{K3S_DATA_DIR}/agent/etc/cni/net.d"
+DEFAULT_SUBNET = "172.29.0.0/16"  # used when network.rdma.subnet is not given
+RDMA_HCA_MAX = 63  # pods that may share one HCA; the value NVIDIA's Network Operator examples use
+PLUGIN_UPDATE_INTERVAL = 300  # seconds between device rescans (upstream example value)
+
+
+@dataclass(frozen=True)
+class CniDirs:
+    bin_dir: str
+    conf_dir: str = K3S_CNI_CONF_DIR
+
+
+def cni_dirs(inventory: Inventory, facts_by_node: dict[str, HostFacts], conf_dir: str = K3S_CNI_CONF_DIR) -> CniDirs:
+    """The CNI bin dir k3s's containerd uses: one chart value, so every node must agree."""
+    seen = {}
+    for node in inventory.nodes:
+        facts = facts_by_node.get(node.name)
+        if facts and facts.containerd and facts.containerd.cni_bin_dir:
+            seen.setdefault(facts.containerd.cni_bin_dir, []).append(node.name)
+    if not seen:
+        raise ComponentError("the CNI bin dir is unknown: no node's containerd config was read",
+                             "run `bootstrap facts` after k3s is installed on the nodes")
+    if len(seen) > 1:
+        where = "; ".join(f"{d} on {', '.join(names)}" for d, names in seen.items())
+        raise ComponentError(f"nodes use different CNI bin dirs ({where})",
+                             "upgrade k3s to one version on every node (from the October 2024 releases it is data/cni)")
+    return CniDirs(next(iter(seen)), conf_dir)
+
+
+# --- Multus + whereabouts -------------------------------------------------------------
+
+def multus_values(dirs: CniDirs) -> dict:
+    # Keys as in the k3s docs (networking/multus-ipams); multusAutoconfigDir must point at
+    # k3s's dir too, so Multus finds flannel's config to delegate to. Thin Multus only: the
+    # thick plugin's DaemonSet mounts /etc/cni/net.d and /opt/cni/bin whatever the values
+    # say (rancher/rke2-charts charts/rke2-multus/rke2-multus/v4.3.009/templates/
+    # daemonSet-thick.yaml, hostPath volumes cni and cnibin), and k3s keeps its CNI config and
+    # binaries under /var/lib/rancher/k3s: thick Multus would never see flannel.
+    return {
+        "config": {"cni_conf": {
+            "confDir": dirs.conf_dir,
+            "binDir": dirs.bin_dir,
+            "kubeconfig": f"{dirs.conf_dir}/multus.d/multus.kubeconfig",
+            "multusAutoconfigDir": dirs.conf_dir,
+        }},
+        "rke2-whereabouts": {"enabled": True, "fullnameOverride": "whereabouts",
+                             "cniConf": {"confDir": dirs.conf_dir, "binDir": dirs.bin_dir}},
+        "thickPlugin": {"enabled": False},
+    }
+
+
+def multus_releases(inventory: Inventory, dirs: CniDirs) -> list[Release]:
+    src = versions.source(inventory, Component.MULTUS)
+    main = Release("multus", NAMESPACE, src.chart, src.repo, src.version, multus_values(dirs), src.archive)
+    crd = versions.multus_crd_source(src)
+    if crd is None:
+        return [main]
+    # The CRD chart renders the whereabouts CRDs only when told whereabouts is on (its
+    # templates test `rke2-whereabouts.enabled`, e.g. rke2-multus-crd 4.3.016).
+    crds = Release("multus-crd", NAMESPACE, crd.chart, crd.repo, crd.version, {"rke2-whereabouts": {"enabled": True}},
+                   crd.archive)
+    return [crds, main]
+
+
+# --- the RDMA shared device plugin ------------------------------------------------------
+
+def resource_parts(inventory: Inventory) -> tuple[str, str]:
+    prefix, _, name = inventory.network.rdma.resource_name.partition("/")
+    return prefix, name
+
+
+def resource_key(inventory: Inventory) -> str:
+    """What pods request in resources.limits, e.g. `rdma/rdma_shared_device_a: 1`."""
+    return "/".join(resource_parts(inventory))
+
+
+def interfaces(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[str]:
+    """Every RDMA netdev any GPU node uses, in inventory order (a node may name its own)."""
+    rdma = inventory.network.rdma
+    names: list[str] = []
+    per_node = [n.rdma_interfaces if n.rdma_interfaces is not None else rdma.interfaces
+                for n in gpu_nodes(inventory, facts_by_node)] or [rdma.interfaces]
+    for wanted in per_node:
+        names += [i for i in wanted if i not in names]
+    return names
+
+
+def plugin_config(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict:
+    prefix, name = resource_parts(inventory)
+    entry: dict = {"resourceName": name, "rdmaHcaMax": RDMA_HCA_MAX,
+                   "selectors": {"ifNames": interfaces(inventory, facts_by_node)}}
+    if prefix != "rdma":  # the plugin's default prefix
+        entry["resourcePrefix"] = prefix
+    return {"periodicUpdateInterval": PLUGIN_UPDATE_INTERVAL, "configList": [entry]}
+
+
+def plugin_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+    config = json.dumps(plugin_config(inventory, facts_by_node), indent=2) + "\n"
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE}, "data": {"config.json": config}}
+    src = versions.source(inventory, Component.RDMA_SHARED_DEVICE_PLUGIN)
+    daemonset = yaml.safe_load(templates.render(
+        "components/rdma-shared-dev-plugin.yaml.j2", namespace=NAMESPACE, configmap=CONFIGMAP,
+        image=f"{src.image}:{src.version}", config_sha256=hashlib.sha256(config.encode()).hexdigest()))
+    return [configmap, daemonset]
+
+
+# --- NetworkAttachmentDefinitions --------------------------------------------------------
+
+def _link_layer(interface: str, facts_by_node: dict[str, HostFacts]) -> str | None:
+    layers = {dev.link_layer for facts in facts_by_node.values() for dev in facts.rdma
+              if interface in dev.netdevs and dev.link_layer}
+    if len(layers) > 1:
+        raise ComponentError(f"RDMA interface {interface} is InfiniBand on some nodes and Ethernet on others",
+                             "give the nodes their own rdma_interfaces so one name means one link type")
+    return next(iter(layers), None)
+
+
+def subnets(subnet: str, count: int) -> list[str]:
+    """One range per interface (rail), cut evenly from the inventory's subnet."""
+    network = ipaddress.ip_network(subnet, strict=False)
+    extra_bits = math.ceil(math.log2(count)) if count > 1 else 0
+    if network.prefixlen + extra_bits > network.max_prefixlen - 2:
+        raise ComponentError(f"network.rdma.subnet {subnet} is too small for {count} RDMA interfaces",
+                             "give a larger subnet, e.g. a /16")
+    return [str(n) for n in list(network.subnets(prefixlen_diff=extra_bits))[:count]]
+
+
+def network_attachment(interface: str, ip_range: str, link_layer: str | None, dirs: CniDirs) -> dict:
+    name = nad_name(interface)
+    ipam = {
+        "type": "whereabouts",
+        "range": ip_range,
+        # whereabouts otherwise looks under /etc/cni/net.d, which k3s does not use.
+        "configuration_path": f"{dirs.conf_dir}/whereabouts.d/whereabouts.conf",
+        "kubernetes": {"kubeconfig": f"{dirs.conf_dir}/whereabouts.d/whereabouts.kubeconfig"},
+    }
+    if link_layer == "InfiniBand":
+        # macvlan cannot ride on IPoIB; host-device moves the netdev into the pod (one pod
+        # per node at a time), with the rdma device plugin still sharing the HCA.
+        cni = {"cniVersion": "1.0.0", "name": name, "type": "host-device", "device": interface, "ipam": ipam}
+    else:
+        cni = {"cniVersion": "1.0.0", "name": name, "type": "macvlan", "master": interface,
+               "mode": "bridge", "ipam": ipam}
+    return {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": NAD_NAMESPACE},
+            "spec": {"config": json.dumps(cni, indent=2)}}
+
+
+def network_attachments(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs) -> list[dict]:
+    names = interfaces(inventory, facts_by_node)
+    ranges = subnets(inventory.network.rdma.subnet or DEFAULT_SUBNET, len(names))
+    return [network_attachment(i, r, _link_layer(i, facts_by_node), dirs) for i, r in zip(names, ranges)]
+
+
+def manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs) -> list[dict]:
+    return plugin_manifests(inventory, facts_by_node) + network_attachments(inventory, facts_by_node, dirs)

@@ -1,0 +1,137 @@
+"""Helm, run as a subprocess (Helm 3.8+ and Helm 4 take the same flags we use).
+
+Values travel in a file, never on the command line: they can hold site details, and
+`--set` would re-type strings like "true". The file is 0600 in a private temporary
+folder and is removed when Helm exits, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bootstrap.cluster.components.release import Release
+from bootstrap.errors import BootstrapError
+
+HELM_ENV = "BOOTSTRAP_HELM"
+MIN_VERSION = (3, 8, 0)  # the oldest Helm this tool supports (OCI registries GA, current flag set)
+VERSION_TIMEOUT_S = 30
+EXIT_MARGIN_S = 60  # Helm enforces --timeout itself; this only catches a hung process
+
+
+class HelmError(BootstrapError):
+    """Helm is missing, too old, or a command failed; the message carries Helm's own words."""
+
+
+def helm_binary() -> str:
+    configured = os.environ.get(HELM_ENV)
+    if configured:
+        return configured
+    found = shutil.which("helm")
+    if not found:
+        raise HelmError("helm was not found on PATH",
+                        f"install Helm 3.8 or newer (https://helm.sh/docs/intro/install/), or set {HELM_ENV} "
+                        "to its path")
+    return found
+
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise HelmError(f"helm was not found at {argv[0]}",
+                        f"install Helm 3.8 or newer, or point {HELM_ENV} at it") from None
+    except PermissionError:
+        raise HelmError(f"{argv[0]} cannot be run (permission denied)",
+                        f"check {HELM_ENV} or the file's mode") from None
+    except subprocess.TimeoutExpired:
+        raise HelmError(f"{' '.join(argv[:3])} did not finish within {int(timeout)}s") from None
+
+
+def _helm_said(result: subprocess.CompletedProcess) -> str:
+    text = (result.stderr or "").strip() or (result.stdout or "").strip()
+    return text or f"exit status {result.returncode}, no output"
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """`v3.14.2+g3fc9f4b` or `v4.1.4+g05fa379` -> (3, 14, 2) / (4, 1, 4)."""
+    match = re.search(r"v?(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(p) for p in match.groups()) if match else None  # type: ignore[return-value]
+
+
+def check_version(helm: str | None = None) -> tuple[int, int, int]:
+    helm = helm or helm_binary()
+    result = _run([helm, "version", "--short"], VERSION_TIMEOUT_S)
+    if result.returncode != 0:
+        raise HelmError(f"`{helm} version --short` failed: {_helm_said(result)}")
+    version = parse_version(result.stdout)
+    if version is None:
+        raise HelmError(f"cannot read Helm's version from {result.stdout.strip()!r}")
+    if version < MIN_VERSION:
+        raise HelmError(f"Helm {'.'.join(map(str, version))} is too old; 3.8 or newer is needed",
+                        f"upgrade Helm, or set {HELM_ENV} to a newer one")
+    return version
+
+
+def chart_argv(release: Release) -> list[str]:
+    """Where Helm takes the chart from: a local archive, an oci:// registry (the chart's
+    reference is REGISTRY/NAME), or a chart repository."""
+    if release.archive:
+        return [release.archive, "--version", release.version]
+    if release.repo.startswith("oci://"):
+        return [f"{release.repo.rstrip('/')}/{release.chart}", "--version", release.version]
+    return [release.chart, "--repo", release.repo, "--version", release.version]
+
+
+def upgrade_install_argv(helm: str, release: Release, values_file: str | Path, kubeconfig_path: str | Path,
+                         timeout_s: int) -> list[str]:
+    return [helm, "upgrade", "--install", release.name, *chart_argv(release),
+            "--namespace", release.namespace, "--create-namespace",
+            "--values", str(values_file),
+            "--wait", "--timeout", f"{int(timeout_s)}s",
+            "--kubeconfig", str(kubeconfig_path)]
+
+
+def write_values(folder: Path, values: dict) -> Path:
+    path = folder / "values.yaml"
+    # JSON is YAML; it keeps every string a string ("true", "0755") without quoting rules.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(values, handle, indent=2, sort_keys=True)
+    return path
+
+
+def upgrade_install(release: Release, kubeconfig_path: str | Path, timeout: int = 600, *,
+                    helm: str | None = None) -> None:
+    """`helm upgrade --install` one release and wait for it; raises HelmError with Helm's stderr."""
+    helm = helm or helm_binary()
+    with tempfile.TemporaryDirectory(prefix="bootstrap-helm-") as folder:  # mode 0700
+        values_file = write_values(Path(folder), release.values)
+        result = _run(upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout),
+                      timeout + EXIT_MARGIN_S)
+    if result.returncode != 0:
+        raise HelmError(f"helm upgrade --install {release.name} ({release.chart} {release.version}) failed:\n"
+                        f"{_helm_said(result)}",
+                        f"re-run to retry; inspect with `helm status {release.name} -n {release.namespace}`")
+
+
+APPLIED, PENDING, NOT_INSTALLED = "applied", "changes pending", "not installed"
+
+
+def release_state(release: Release, applied_digests: dict[str, str]) -> str:
+    """Where a release stands against the digests recorded when releases were last applied:
+    the one answer `up`, `plan` and `status` all read."""
+    if release.name not in applied_digests:
+        return NOT_INSTALLED
+    return APPLIED if applied_digests[release.name] == release.digest() else PENDING
+
+
+def releases_to_apply(releases: list[Release], applied_digests: dict[str, str]) -> list[Release]:
+    """The releases whose digest differs from the one recorded when last applied (or that
+    were never applied), in the given order."""
+    return [r for r in releases if release_state(r, applied_digests) != APPLIED]

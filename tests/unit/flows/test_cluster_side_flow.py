@@ -1,0 +1,120 @@
+"""`up`'s cluster half in-process: `cluster_phase` against the sandboxed stand-in API (the
+built k3s stand-in on 127.0.0.1, tests/sandbox.py) through
+an injected `connect`, with the recording Helm. What a first apply changes, and that a
+second one on the converged cluster changes nothing and calls Helm no more."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from test_host_phase_flow import healthy_host
+from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
+
+from bootstrap import progress
+from bootstrap.cluster.client import Cluster as ApiCluster
+from bootstrap.flows.cluster_side import cluster_phase
+from bootstrap.flows.run import Run
+from bootstrap.inventory.loader import load_inventory
+from bootstrap.state.folder import StateDir
+from repo_paths import TESTS
+
+RECORDER = TESTS / "standins" / "helm_recorder.py"
+
+
+@pytest.fixture
+def helm_calls(tmp_path, monkeypatch):
+    program = tmp_path / "bin" / "helm"
+    program.parent.mkdir()
+    shutil.copy(RECORDER, program)
+    program.chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("BOOTSTRAP_HELM", str(program))
+    monkeypatch.setenv("HELM_RECORD", str(record))
+    return lambda: [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+@pytest.fixture
+def lab(k3s, tmp_path):  # noqa: F811
+    sandbox = Cluster(k3s, tmp_path / "hosts")
+    sandbox.server(name="cp-1")
+    sandbox.agent("gpu-1", gpus=2)
+    sandbox.wait_ready("cp-1", "gpu-1")
+    yield sandbox
+    sandbox.stop()
+
+
+def inventory_for(tmp_path, **gpu):
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "flow", "state_dir": "state", "nodes": [
+        {"name": "cp-1", "address": "10.0.0.1", "role": "server", "gpu": {"enabled": False}},
+        {"name": "gpu-1", "address": "10.0.0.2", "labels": {"pool": "h200"},
+         "gpu": {"sharing": {"time_slicing": {"replicas": 4}}, **gpu}}]}))
+    inventory = load_inventory(path)
+    return inventory, StateDir(inventory)
+
+
+
+def a_run(inventory, state, facts, console, connect) -> Run:
+    run = Run(inventory, state, console, connect=connect)
+    run.set_facts(facts)
+    return run
+
+
+def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_calls, tmp_path):
+    inventory, state = inventory_for(tmp_path)
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[]), "gpu-1": healthy_host("gpu-1")}
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("# Helm's kubeconfig; the recording Helm only passes it on\n")
+    connected = []
+
+    @contextlib.contextmanager
+    def connect(inv, st):
+        assert (inv, st) == (inventory, state)
+        connected.append(1)
+        yield ApiCluster(lab.api, kubeconfig)
+
+    out = io.StringIO()
+    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                            validate=False)
+    assert changed and connected
+    first = helm_calls()
+    releases = {call["argv"][2] for call in first if call["argv"][:2] == ["upgrade", "--install"]}
+    assert "gpu-operator" in releases, first
+    labels = lab.node("gpu-1").metadata.labels
+    assert labels["pool"] == "h200"
+    assert "cluster: " in out.getvalue() and "release(s) applied" in out.getvalue()
+
+    again = io.StringIO()
+    changed = cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(again)), connect),
+                            validate=False, hosts_changed=False)
+    assert not changed
+    assert "cluster: no change" in again.getvalue()
+    assert len(helm_calls()) == len(first), "a converged cluster calls Helm again"
+
+
+def test_a_changed_sharing_setting_upgrades_only_what_it_touches(lab, helm_calls, tmp_path):
+    inventory, state = inventory_for(tmp_path)
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[]), "gpu-1": healthy_host("gpu-1")}
+
+    @contextlib.contextmanager
+    def connect(inv, st):
+        yield ApiCluster(lab.api, tmp_path / "kubeconfig")
+
+    console = progress.Console(progress.Reporter(io.StringIO()))
+    cluster_phase(a_run(inventory, state, facts, console, connect), validate=False)
+    before = len(helm_calls())
+    inventory, state = inventory_for(tmp_path, sharing={"time_slicing": {"replicas": 8}})
+    out = io.StringIO()
+    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                         validate=False, hosts_changed=False)
+    assert "no change" not in out.getvalue()
+    # The sharing config lives in an object the operator's device plugin reads, not in a
+    # release's values: what changed is named, and no release is re-applied for it.
+    assert len(helm_calls()) == before, helm_calls()[before:]

@@ -1,0 +1,99 @@
+"""Recovery in about a minute: servers evict a lost node's pods k3s.lost_node_eviction_s after
+its last heartbeat (private default 60 s, public 180 s) instead of Kubernetes' ~6 minutes
+(node-monitor-grace-period 40/50 s + default-*-toleration-seconds 300 s)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from bootstrap.errors import InvalidInput
+from bootstrap.host.plan import k3sconfig
+from bootstrap.host.plan.join_tokens import JoinTokens
+from bootstrap.inventory.loader import parse_inventory
+from bootstrap.checks import k3s_flags
+
+TOKENS = JoinTokens("tok", "agent-tok")
+
+
+def inventory(k3s: str = "{}", network: str = "{}"):
+    return parse_inventory(f"""\
+cluster: t
+k3s: {k3s}
+network: {network}
+nodes:
+  - {{name: cp-1, address: 203.0.113.10, role: server}}
+  - {{name: gpu-1, address: 203.0.113.21}}
+""", "inv.yaml")
+
+
+def server_and_agent(inv):
+    return (k3sconfig.node_config(inv, inv.node("cp-1"), TOKENS), k3sconfig.node_config(inv, inv.node("gpu-1"), TOKENS))
+
+
+def eviction(config: dict) -> tuple[list, list]:
+    return config.get("kube-apiserver-arg"), config.get("kube-controller-manager-arg")
+
+
+def test_private_mode_evicts_a_lost_nodes_pods_in_about_a_minute():
+    server, agent = server_and_agent(inventory())
+    assert eviction(server) == (["default-not-ready-toleration-seconds=10", "default-unreachable-toleration-seconds=10"],
+                                ["node-monitor-grace-period=50s"])  # 50 + 10 = 60 s
+    assert eviction(agent) == (None, None)  # the API server and controller manager run on servers only
+    written = yaml.safe_load(k3sconfig.render(server))
+    assert written["kube-controller-manager-arg"] == ["node-monitor-grace-period=50s"]
+
+
+def test_public_mode_waits_longer_because_internet_paths_flap():
+    server, _ = server_and_agent(inventory(network="{mode: public}"))
+    assert eviction(server) == (["default-not-ready-toleration-seconds=120",
+                                 "default-unreachable-toleration-seconds=120"], ["node-monitor-grace-period=60s"])
+
+
+@pytest.mark.parametrize("seconds, toleration, grace", [(90, 40, 50), (60, 10, 50), (30, 0, 30), (600, 550, 50)])
+def test_the_inventory_key_sets_the_total(seconds, toleration, grace):
+    server, _ = server_and_agent(inventory(f"{{lost_node_eviction_s: {seconds}}}"))
+    assert eviction(server) == ([f"default-not-ready-toleration-seconds={toleration}",
+                                 f"default-unreachable-toleration-seconds={toleration}"],
+                                [f"node-monitor-grace-period={grace}s"])
+
+
+def test_a_users_argument_of_the_same_name_wins_and_is_not_written_twice():
+    server, _ = server_and_agent(inventory(
+        '{server_config: {kube-apiserver-arg: ["--default-unreachable-toleration-seconds=30", "audit-log-maxage=7"], '
+        'kube-controller-manager-arg: "node-monitor-grace-period=45s"}, agent_config: {kubelet-arg: '
+        '["shutdown-grace-period=90s"]}}'))
+    assert server["kube-apiserver-arg"] == ["default-not-ready-toleration-seconds=10",
+                                            "--default-unreachable-toleration-seconds=30", "audit-log-maxage=7"]
+    assert server["kube-controller-manager-arg"] == ["node-monitor-grace-period=45s"]
+    _, agent = server_and_agent(inventory('{agent_config: {kubelet-arg: ["shutdown-grace-period=90s"]}}'))
+    assert agent["kubelet-arg"] == ["shutdown-grace-period-critical-pods=10s", "shutdown-grace-period=90s"]
+    assert [k3s_flags.arg_name(a) for a in ("--a=1", "a+=2", "a-=3", "a")] == ["a"] * 4  # k3s's GetArgs
+
+
+def test_the_flags_are_not_refused_under_server_config():
+    for flag in ("kube-apiserver-arg", "kube-controller-manager-arg"):
+        assert k3s_flags.flag_problem("server", flag) is None
+
+
+def problems(k3s: str) -> list:
+    with pytest.raises(InvalidInput) as caught:
+        inventory(k3s)
+    return caught.value.problems
+
+
+def test_the_key_and_the_same_argument_under_server_config_are_refused_with_the_way_out():
+    (found,) = problems('{lost_node_eviction_s: 60, server_config: {kube-controller-manager-arg: '
+                        '["--node-monitor-grace-period=20s"]}}')
+    assert found.path == "k3s.server_config.kube-controller-manager-arg"
+    assert found.message == "node-monitor-grace-period is set here and by k3s.lost_node_eviction_s"
+    assert "keep k3s.lost_node_eviction_s" in found.hint and "or remove it" in found.hint
+    # other arguments beside the key are fine
+    inventory('{lost_node_eviction_s: 60, server_config: {kube-apiserver-arg: ["audit-log-maxage=7"]}}')
+
+
+@pytest.mark.parametrize("value, words", [(10, "10 is below the minimum of 20"), (7200, "above the maximum of 3600"),
+                                          ('"1m"', "expected seconds")])
+def test_a_value_out_of_range_is_refused(value, words):
+    (found,) = problems(f"{{lost_node_eviction_s: {value}}}")
+    assert found.path == "k3s.lost_node_eviction_s" and words in found.message
