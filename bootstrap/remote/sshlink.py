@@ -316,7 +316,10 @@ class PortForward:
             # uncaught exception here prints a traceback to the operator's terminal.
             pass
         finally:
-            channel.close()
+            try:
+                channel.close()  # on a cut transport paramiko raises EOFError here too
+            except SSH_ERRORS:
+                pass
             local.close()
 
 

@@ -1,7 +1,8 @@
 """The tunnel's forwarding threads end quietly when the SSH connection is cut under them.
 
 paramiko raises EOFError from `Channel.sendall` once the transport is gone
-(paramiko/packet.py `write_all`); an uncaught exception in a thread prints a traceback to
+(paramiko/packet.py `write_all`), and from `Channel.close` too, which sends a close message
+on the same dead transport (CI saw both); an uncaught exception in a thread prints a traceback to
 the operator's terminal (CI saw one in the cut-at-cluster-side fault test).
 """
 
@@ -19,8 +20,9 @@ from bootstrap.remote.sshlink import PortForward
 class _CutChannel:
     """A channel whose SSH transport was cut: it selects as idle, and sending fails."""
 
-    def __init__(self, error: BaseException):
+    def __init__(self, error: BaseException, close_raises: bool = False):
         self._error = error
+        self.close_raises = close_raises
         self._reader, self._writer = socket.socketpair()
         self.closed = False
 
@@ -37,15 +39,18 @@ class _CutChannel:
         self.closed = True
         self._reader.close()
         self._writer.close()
+        if self.close_raises:  # paramiko's Channel.close sends a message on the dead transport
+            raise EOFError()
 
 
+@pytest.mark.parametrize("close_raises", [False, True])
 @pytest.mark.parametrize("error", [EOFError(), paramiko.SSHException("Socket is closed"),
                                    ConnectionResetError(104, "reset")])
-def test_a_cut_connection_ends_the_pump_without_a_traceback(error):
+def test_a_cut_connection_ends_the_pump_without_a_traceback(error, close_raises):
     tunnel = PortForward(client=None, remote_port=6443)
     local, client_side = socket.socketpair()
     client_side.sendall(b"GET /api/v1/nodes HTTP/1.1\r\n\r\n")
-    channel = _CutChannel(error)
+    channel = _CutChannel(error, close_raises)
     seen: list[BaseException] = []
     previous = threading.excepthook
     threading.excepthook = lambda args: seen.append(args.exc_value)
