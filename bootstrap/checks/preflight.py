@@ -16,6 +16,11 @@ from bootstrap.host.parts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks import cuda, machine_kind, mig
 from bootstrap.topology import Topology, gpu_nodes, is_gpu_node, resolve_topology
+from bootstrap.host.parts.manifest import MANIFEST
+from bootstrap.checks.ownership import ownership
+from bootstrap.checks.gpu_health import health_issues
+from bootstrap.checks.node_addresses import candidates, choose, on_host
+from bootstrap.checks.providers import group_of, provider_groups, quorum_loss_by_provider
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 SUPPORTED_ARCH = ("amd64", "arm64")
@@ -49,9 +54,6 @@ def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluste
     """A host another cluster (or a hand-made k3s) owns is never changed. One whose manifest
     cannot be read is not changed either, and blocks only itself: what a host returns
     never stops the others."""
-    from bootstrap.host.parts.manifest import MANIFEST
-    from bootstrap.checks.ownership import ownership
-
     findings = []
     for node in inventory.nodes:
         if node.name in facts:
@@ -98,8 +100,6 @@ def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts]) -> di
     """Each GPU node's health issues as findings. They never fail preflight as a whole: with
     gpu.health strict, `up` leaves a node with an error out (blocked_nodes); otherwise an
     error is reported as a warning that says strict would block."""
-    from bootstrap.checks.gpu_health import health_issues
-
     if inventory.gpu.health == "off":
         return {}
     nodes = [n for n in gpu_nodes(inventory, facts) if n.name in facts and facts[n.name].gpu_health is not None]
@@ -176,9 +176,6 @@ def check_clock_skew(inventory: Inventory, facts: dict[str, HostFacts]) -> list[
 def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
     """Across providers: WireGuard on every node, servers that can form etcd, RDMA within
     one provider, and a warning when one provider holds the control plane's majority."""
-    from bootstrap.checks.node_addresses import choose
-    from bootstrap.checks.providers import group_of, provider_groups, quorum_loss_by_provider
-
     findings = []
     if inventory.k3s.flannel_backend == "wireguard-native":
         for node in inventory.nodes:
@@ -221,8 +218,6 @@ def check_node_addresses(inventory: Inventory, facts: dict[str, HostFacts]) -> l
     """node-ip must be an address of the host itself: k3s exits, and systemd restarts it
     forever, when no interface holds it (bootstrap.checks.node_addresses says where k3s
     checks). Behind a 1:1 NAT the SSH address is not on the host: say what is used instead."""
-    from bootstrap.checks.node_addresses import candidates, choose, on_host
-
     findings = []
     for node in inventory.nodes:
         host = facts.get(node.name)

@@ -15,6 +15,7 @@ from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 from bootstrap.flows.run import Run
 from bootstrap.host.images import download_lines
+from bootstrap.cluster.checks import render_table, run_checks
 
 
 def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
@@ -61,8 +62,6 @@ def say_summary(console, summary: dict, changes: int, seconds: float) -> None:
 def validate_cluster(inventory, state, facts, console, *, as_json: bool = False,
                      connect=connect_to_cluster) -> int:
     """The checks (bootstrap.cluster.checks) as a table, JSON or events; exit 1 when one fails."""
-    from bootstrap.cluster.checks import render_table, run_checks
-
     with connect(inventory, state) as cluster:
         results = run_checks(cluster, inventory, facts)
 

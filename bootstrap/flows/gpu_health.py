@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, merge_patch
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import report_host_failures
 from bootstrap.topology import gpu_nodes
+from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+from bootstrap.checks.preflight import gpu_health_findings
+from bootstrap.cluster.drain import cordon
 
 HEALTH_LABEL = "bootstrap.k3s/gpu-health"  # "error" on a node --cordon cordoned
 HEALTH_REASON = "bootstrap.k3s/gpu-health-reason"  # the first error, as an annotation
@@ -47,11 +50,6 @@ def new_since(record: dict, facts) -> list:
 
 def check_health(inventory, state, console, *, cordon: bool = False, open_session=open_hosts,
                  connect=connect_to_cluster) -> list[NodeHealth]:
-    from dataclasses import replace
-
-    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.checks.preflight import gpu_health_findings
-
     # Asked for explicitly: checked even where the inventory turned the probe off.
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))
     with cluster_lock(state, "health"):
@@ -82,9 +80,6 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
 
 
 def cordon_unhealthy(inventory, state, unhealthy: list[NodeHealth], console, connect) -> None:
-    from bootstrap.cluster.client import merge_patch
-    from bootstrap.cluster.drain import cordon
-
     if not unhealthy:
         return
     with connect(inventory, state) as cluster:

@@ -34,6 +34,7 @@ from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.flows.replaced_machines import cluster_nodes, remove_nodes
 from bootstrap.state.lock import cluster_lock
 from bootstrap.checks.lost_nodes import classify, quorum_after, replaced_machines, stale_after_restore
+from bootstrap.cluster.liveness import servers_liveness
 
 
 
@@ -52,8 +53,6 @@ REAL = Edges()
 def control_plane_lost(inventory, state, facts, api_error: str, console, port_check=None) -> list:
     """Restore is only for a control plane that is really gone: no server's k3s answers at
     the connection level (SSH, service, API port). Anything else is an error with its cause."""
-    from bootstrap.cluster.liveness import servers_liveness
-
     liveness = servers_liveness(inventory, state, facts, port_check)
     alive = [s for s in liveness if s.answers]
     if alive:

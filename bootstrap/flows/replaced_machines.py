@@ -16,18 +16,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import ClusterError, connect as connect_to_cluster, get
 from bootstrap.cluster.node_status import is_server, node_ready
 from bootstrap.console_text import printable
-from bootstrap.errors import BootstrapError
+from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.flows.run import Run
 from bootstrap.checks.lost_nodes import fresh, replaced_machines
+from bootstrap.cluster.node_removal import remove_node
+from bootstrap.remote import hostkeys
+from bootstrap.state.lock import cluster_lock
 
 
 def cluster_nodes(inventory, state, connect=connect_to_cluster):
     """({name: Node}, None) through any server that answers, or (None, why not)."""
-    from bootstrap.cluster.client import ClusterError, get
-
     try:
         with connect(inventory, state) as cluster:
             nodes = get(cluster, "/api/v1/nodes") or {}
@@ -40,8 +41,6 @@ def cluster_nodes(inventory, state, connect=connect_to_cluster):
 
 def remove_nodes(inventory, state, names: list[str], servers: list[str], connect=connect_to_cluster) -> None:
     """Each Node and its node-password secret; `servers` leave etcd first."""
-    from bootstrap.cluster.node_removal import remove_node
-
     if not names:
         return
     with connect(inventory, state) as cluster:
@@ -103,10 +102,6 @@ def forget_replaced_keys(inventory, state, names: list[str], console, connect=co
     says is NotReady or gone: a Ready node's machine is still there, and a changed key then
     means something else answers at its address. A machine lost moments ago still says Ready
     until the node controller's grace period is over: that long is waited for."""
-    from bootstrap.errors import UsageError
-    from bootstrap.remote import hostkeys
-    from bootstrap.state.lock import cluster_lock
-
     unknown = [n for n in names if n not in {x.name for x in inventory.nodes}]
     if unknown:
         raise UsageError(f"--replace: no node named {', '.join(unknown)} in {inventory.source}")
