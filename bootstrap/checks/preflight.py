@@ -15,7 +15,7 @@ from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER_DIR
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks import cuda, machine_kind, mig
-from bootstrap.topology import Topology, gpu_nodes, is_gpu_node, resolve_topology
+from bootstrap.topology import Topology, is_gpu_node, resolve_topology
 from bootstrap.host.parts.manifest import MANIFEST
 from bootstrap.checks.ownership import ownership
 from bootstrap.checks.gpu_health import health_issues
@@ -91,18 +91,19 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts], topology: Topol
     findings += check_unique_hostnames(inventory, facts)
     findings += check_node_addresses(inventory, facts)
     findings += check_clock_skew(inventory, facts)
-    findings += check_providers(inventory, facts)
-    findings += [f for issues in gpu_health_findings(inventory, facts).values() for f in issues]
+    gpu = topology.gpu_nodes_of(inventory)
+    findings += check_providers(inventory, facts, gpu)
+    findings += [f for issues in gpu_health_findings(inventory, facts, gpu).values() for f in issues]
     return findings
 
 
-def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts]) -> dict[str, list[Finding]]:
+def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts], gpu: list[Node]) -> dict[str, list[Finding]]:
     """Each GPU node's health issues as findings. They never fail preflight as a whole: with
     gpu.health strict, `up` leaves a node with an error out (blocked_nodes); otherwise an
     error is reported as a warning that says strict would block."""
     if inventory.gpu.health == "off":
         return {}
-    nodes = [n for n in gpu_nodes(inventory, facts) if n.name in facts and facts[n.name].gpu_health is not None]
+    nodes = [n for n in gpu if n.name in facts and facts[n.name].gpu_health is not None]
     # Siblings rented as the same machine type have as many GPUs: the most any node of a
     # model shows is what each should have.
     most: dict[str, int] = {}
@@ -173,7 +174,7 @@ def check_clock_skew(inventory: Inventory, facts: dict[str, HostFacts]) -> list[
     return findings
 
 
-def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+def check_providers(inventory: Inventory, facts: dict[str, HostFacts], gpu: list[Node]) -> list[Finding]:
     """Across providers: WireGuard on every node, servers that can form etcd, RDMA within
     one provider, and a warning when one provider holds the control plane's majority."""
     findings = []
@@ -205,7 +206,7 @@ def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[F
                 "keep every server at one provider (they share its private network) and spread the agents, or "
                 "use servers whose public address is on their own interface"))
     if inventory.network.rdma:
-        groups = provider_groups(n for n in gpu_nodes(inventory, facts))
+        groups = provider_groups(gpu)
         if len(groups) > 1:
             findings.append(Finding(
                 inventory.nodes[0].name, "rdma", "RDMA does not cross providers: the GPU nodes are at "

@@ -37,6 +37,7 @@ from bootstrap.redaction import Redactor, kubeconfig_secrets
 from bootstrap.remote_data import RemoteDataError, decode, loads
 from bootstrap.state.folder import write_atomically
 from bootstrap.state.secrets import resolve
+from bootstrap.topology import resolve_topology
 from bootstrap.remote.remote_output import run_command, sh_command
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.host.facts.probe import parse_host_facts
@@ -200,7 +201,7 @@ def gpu_health_problems(inventory, facts: dict) -> list[str]:
     the probe off: asked for explicitly)."""
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))
     try:
-        found = gpu_health_findings(strict, facts)
+        found = gpu_health_findings(strict, facts, resolve_topology(inventory, facts).gpu_nodes_of(inventory))
     except Exception:  # noqa: BLE001 - the bundle matters more than this line of its summary
         return []
     return [f"{node}: GPU health: {f.message}" for node, items in found.items() for f in items

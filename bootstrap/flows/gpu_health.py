@@ -14,7 +14,7 @@ from bootstrap.cluster.client import connect as connect_to_cluster, merge_patch
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import report_host_failures
-from bootstrap.topology import gpu_nodes
+from bootstrap.topology import resolve_topology
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.checks.preflight import gpu_health_findings
 from bootstrap.cluster.drain import cordon
@@ -55,11 +55,12 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
     with cluster_lock(state, "health"):
         with open_session(inventory, list(inventory.nodes), "health", console) as session:
             facts = session.gather(HostFactsFact, health=True)
-        findings = gpu_health_findings(strict, facts)
+        gpu = resolve_topology(inventory, facts).gpu_nodes_of(inventory)
+        findings = gpu_health_findings(strict, facts, gpu)
         path = state.path / RECORD
         records = json.loads(path.read_text()) if path.exists() else {}
         results = []
-        for node in gpu_nodes(inventory, facts):
+        for node in gpu:
             if node.name not in facts:
                 continue
             host = facts[node.name]

@@ -18,6 +18,7 @@ from bootstrap.flows.run import Run
 from bootstrap.host.plan.rollout import plan_rollout
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
+from bootstrap.topology import resolve_topology
 from bootstrap.state import snapshots
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.flows.gpu_health import last_verdicts
@@ -38,7 +39,8 @@ def cluster_status(inventory, state, console, *, open_session=open_hosts, connec
         with open_session(inventory, list(inventory.nodes), "status", console) as session:
             facts = session.gather(HostFactsFact)
             # The API through the session's connection to the server: no second SSH connection.
-            nodes, components = cluster_view(inventory, state, facts, reusing_ssh(connect, session))
+            gpu = resolve_topology(inventory, facts).gpu_nodes_of(inventory)
+            nodes, components = cluster_view(inventory, state, facts, gpu, reusing_ssh(connect, session))
 
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
     health = last_verdicts(state)
@@ -108,7 +110,7 @@ def render_status(report: dict) -> list[str]:
     return lines
 
 
-def cluster_view(inventory, state, facts, connect=connect_to_cluster):
+def cluster_view(inventory, state, facts, gpu, connect=connect_to_cluster):
     """Node objects and component versions, or (None, {}) when no server's API answers."""
     try:
         with connect(inventory, state) as cluster:
@@ -117,7 +119,7 @@ def cluster_view(inventory, state, facts, connect=connect_to_cluster):
     except BootstrapError:
         return None, {}
     try:
-        releases = plan_cluster(inventory, facts).releases
+        releases = plan_cluster(inventory, facts, gpu).releases
     except BootstrapError:
         releases = []
     return nodes, {r.name: {"version": r.version, "state": release_state(r, digests)} for r in releases}
@@ -139,7 +141,8 @@ def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open
         # The hosts' connections are closed: the cluster through a tunnel of its own.
         return (host_changes(run) + token_plan(run.tokens) + rollout_plan(run, max_unavailable)
                 + network_plan(run.inventory, run.facts, run.topology)
-                + component_changes(run.inventory, state, run.facts, connect))
+                + component_changes(run.inventory, state, run.facts, run.topology.gpu_nodes_of(run.inventory),
+                                    connect))
 
 
 def host_changes(run: Run) -> list[str]:
@@ -178,9 +181,9 @@ def network_plan(inventory, facts, topology) -> list[str]:
     return [f"network: {mode}"] + describe_probes(probes)
 
 
-def component_changes(inventory, state, facts, connect=connect_to_cluster) -> list[str]:
+def component_changes(inventory, state, facts, gpu, connect=connect_to_cluster) -> list[str]:
     """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
-    releases = plan_cluster(inventory, facts).releases
+    releases = plan_cluster(inventory, facts, gpu).releases
     applied: dict = {}
     try:
         if (state.path / "kubeconfig").exists():

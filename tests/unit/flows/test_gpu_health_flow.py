@@ -12,6 +12,7 @@ from test_facts_parsers import from_fixture, h200_probe_output, section
 from bootstrap.host.facts.probe import PROBE_SCRIPT, parse_host_facts, probe_script
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.checks.preflight import gpu_health_findings, health_blocked
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 from repo_paths import TESTS
 
 VARIANTS = TESTS / "fixtures" / "gpu-vm-h200-variants"
@@ -50,23 +51,23 @@ def test_preflight_reports_in_warn_leaves_out_in_strict_and_skips_when_off():
     good = parse_host_facts(probe_output())
     bad = parse_host_facts(probe_output("remap-pending", XID79))
     facts = {"g1": good, "g2": bad}
-    warn = gpu_health_findings(inventory(), facts)
+    warn = gpu_health_findings(inventory(), facts, gpu_nodes(inventory(), facts))
     assert warn["g1"] == [] and {f.check for f in warn["g2"]} == {"gpu-health:remap", "gpu-health:xid"}
     assert all(f.severity == "warning" for f in warn["g2"])
     said = {f.check: "(gpu.health: strict would leave this node out)" in f.message for f in warn["g2"]}
     assert said == {"gpu-health:remap": False, "gpu-health:xid": True}  # a pending remap is only a warning
-    strict = gpu_health_findings(inventory("strict"), facts)
+    strict = gpu_health_findings(inventory("strict"), facts, gpu_nodes(inventory("strict"), facts))
     assert set(health_blocked([f for fs in strict.values() for f in fs])) == {"g2"}
     assert "sudo nvidia-smi -r" in strict["g2"][0].fix
     assert [f.check for f in health_blocked([f for fs in strict.values() for f in fs])["g2"]] == ["gpu-health:xid"]
-    assert gpu_health_findings(inventory("off"), facts) == {}
+    assert gpu_health_findings(inventory("off"), facts, gpu_nodes(inventory("off"), facts)) == {}
 
 
 def test_strict_keeps_a_node_whose_only_issue_is_a_pending_row_remap():
     """NVML (nvmlDeviceGetRemappedRows): a pending remap "won't affect future work on the GPU";
     only a remap failure is NVIDIA's replacement criterion."""
     pending = parse_host_facts(probe_output("remap-pending"))
-    strict = gpu_health_findings(inventory("strict"), {"g1": pending})
+    strict = gpu_health_findings(inventory("strict"), {"g1": pending}, gpu_nodes(inventory("strict"), {"g1": pending}))
     assert [(f.check, f.severity) for f in strict["g1"]] == [("gpu-health:remap", "warning")]
     assert health_blocked(strict["g1"]) == {}
 
@@ -74,7 +75,7 @@ def test_strict_keeps_a_node_whose_only_issue_is_a_pending_row_remap():
 def test_a_node_with_fewer_gpus_than_its_siblings_is_named():
     good = parse_host_facts(probe_output())
     two = replace(good, gpus=good.gpus * 2, gpu_health=good.gpu_health * 2)
-    found = gpu_health_findings(inventory("strict"), {"g1": two, "g2": good})
+    found = gpu_health_findings(inventory("strict"), {"g1": two, "g2": good}, gpu_nodes(inventory("strict"), {"g1": two, "g2": good}))
     assert [f.check for f in found["g2"]] == ["gpu-health:gpu-count"] and found["g1"] == []
 
 
@@ -86,7 +87,7 @@ def test_health_counts_only_xids_it_has_not_seen_and_renders_each_issue():
     seen = {"boot_id": BOOT, "last_xid_uptime_s": max(x.uptime_s for x in facts.xids)}
     assert new_since(seen, facts) == []
     assert len(new_since(dict(seen, boot_id="another-boot"), facts)) == 1  # rebooted: all are new
-    findings = gpu_health_findings(inventory("strict"), {"g2": facts})["g2"]
+    findings = gpu_health_findings(inventory("strict"), {"g2": facts}, gpu_nodes(inventory("strict"), {"g2": facts}))["g2"]
     text = "\n".join(render([NodeHealth("g2", findings, facts.xids, 1), NodeHealth("g1", [], [], 1)]))
     assert "g2: WARN  remap: GPU 0" in text and "g2: ERROR xid: GPU 0" in text and "       fix: " in text
     assert "g2: new since the last check: Xid 79" in text and "g1: ok (1 GPU(s))" in text

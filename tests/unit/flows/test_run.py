@@ -49,7 +49,7 @@ def test_the_planners_and_the_cluster_side_read_one_resolved_inventory(k3s, tmp_
         return {"labelled": [], "objects": [], "releases": []}
 
     monkeypatch.setattr(cluster_side, "apply_cluster", apply_cluster)
-    monkeypatch.setattr(cluster_side, "plan_cluster", lambda inventory, facts: ("plan of", inventory, facts))
+    monkeypatch.setattr(cluster_side, "plan_cluster", lambda inventory, facts, gpu: ("plan of", inventory, facts))
     bring_up(inv, state, UpOptions(validate=False), console(),
              open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
              connect=lambda *a: contextlib.nullcontext(object()), take_snapshot=lambda *a: Path("snap.db"))
