@@ -9,7 +9,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from bootstrap.cluster.client import connect as connect_to_cluster, get, reusing_ssh
+from bootstrap.cluster.client import connect as connect_to_cluster, get
 from bootstrap.cluster.node_status import ready_word
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
@@ -18,7 +18,6 @@ from bootstrap.flows.run import Run
 from bootstrap.host.plan.rollout import plan_rollout
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
-from bootstrap.topology import resolve_topology
 from bootstrap.state import snapshots
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.flows.gpu_health import last_verdicts
@@ -35,12 +34,15 @@ RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
 def cluster_status(inventory, state, console, *, open_session=open_hosts, connect=connect_to_cluster) -> dict:
     """Every node as its host and the API see it, the components' state, the newest snapshot."""
+    run = Run(inventory, state, console, connect=connect)
     with cluster_lock(state, "status"):
-        with open_session(inventory, list(inventory.nodes), "status", console) as session:
-            facts = session.gather(HostFactsFact)
-            # The API through the session's connection to the server: no second SSH connection.
-            gpu = resolve_topology(inventory, facts).gpu_nodes_of(inventory)
-            nodes, components = cluster_view(inventory, state, facts, gpu, reusing_ssh(connect, session))
+        with contextlib.ExitStack() as hosts:
+            run.open_hosts(hosts, open_session, inventory.nodes, "status")
+            run.set_facts(run.session.gather(HostFactsFact))
+            # The API through the session's connection to the server (Run.open_hosts): no second SSH connection.
+            nodes, components = cluster_view(inventory, state, run.facts, run.topology.gpu_nodes_of(inventory),
+                                             run.connect)
+    facts = run.facts
 
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
     health = last_verdicts(state)

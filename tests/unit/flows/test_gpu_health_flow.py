@@ -3,14 +3,20 @@ a degraded variant), preflight's findings (warn reports, strict leaves the node 
 skips, siblings decide the GPU count), `bootstrap health`'s Xid bookkeeping and render, the
 status column, and the burn-in's judging of n-body output."""
 
+import contextlib
+import io
 import re
 from dataclasses import replace
 from pathlib import Path
 
+from fakes import FakeSession
 from test_facts_parsers import from_fixture, h200_probe_output, section
 
+from bootstrap import progress
+from bootstrap.flows.gpu_health import check_health
+from bootstrap.state.folder import StateDir
 from bootstrap.host.facts.probe import PROBE_SCRIPT, parse_host_facts, probe_script
-from bootstrap.inventory.loader import parse_inventory
+from bootstrap.inventory.loader import load_inventory, parse_inventory
 from bootstrap.checks.preflight import gpu_health_findings, health_blocked
 from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 from repo_paths import TESTS
@@ -168,3 +174,20 @@ def test_the_health_command_line():
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["health", "inv.yaml", "--burn-in", "5"])
+
+
+def test_health_runs_on_a_run_and_reports_a_host_that_did_not_answer(tmp_path):
+    """`bootstrap health` on a `Run` like the other flows: its GPU nodes from the run's
+    topology, its FAILED lines through the one reporter."""
+    path = tmp_path / "inv.yaml"
+    path.write_text("cluster: h\nstate_dir: state\nnodes:\n  - {name: cp, address: 10.0.0.1, role: server, gpu: {enabled: false}}\n"
+                    "  - {name: g1, address: 10.0.0.2}\n  - {name: g2, address: 10.0.0.3}\n")
+    inv = load_inventory(path)
+    facts = {"cp": replace(parse_host_facts(h200_probe_output()), gpus=[]),
+             "g1": parse_host_facts(probe_output()), "g2": parse_host_facts(probe_output("remap-pending", XID79))}
+    session = FakeSession(inv, facts, unreachable=["g2"])
+    err = io.StringIO()
+    results = check_health(inv, StateDir(inv), progress.Console(progress.Reporter(io.StringIO()), err),
+                           open_session=lambda *a: contextlib.nullcontext(session))
+    assert [(r.node, r.verdict) for r in results] == [("g1", "ok")]
+    assert "FAILED g2" in err.getvalue()
