@@ -84,7 +84,7 @@ def downloads_in_progress(inventory: Inventory, facts_by_node: dict[str, HostFac
                           gpu: list[Node]) -> dict[str, list[str]]:
     """Per GPU node, what it should hold and its k3s does not yet: the pulls still going on."""
     wanted = {n.name: prepull_images(inventory, facts_by_node[n.name].os_id, facts_by_node[n.name].os_version_id)
-              for n in gpu}
+              for n in gpu if n.name in facts_by_node}  # a host that did not answer the later probe: unknown
     return still_downloading(wanted, {name: facts.images for name, facts in facts_by_node.items()})
 
 
