@@ -123,7 +123,9 @@ class LiveReporter(Reporter):
         self.rows = {h: HostRow(h) for h in hosts}
         self.drawn = 0
         self.redraw()
-        import gevent  # pyinfra's own scheduler: the ticker runs between its greenlets
+        # imported here: startup time (every command makes a console; only those that reach hosts
+        # load gevent, pyinfra's scheduler: the ticker runs between its greenlets)
+        import gevent
 
         def tick():
             while True:

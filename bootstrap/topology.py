@@ -41,6 +41,10 @@ class Topology:
     def is_gpu(self, name: str) -> bool:
         return name in self.gpu_nodes
 
+    def gpu_nodes_of(self, inventory: Inventory) -> list[Node]:
+        """The GPU nodes as `inventory`'s nodes (the run's resolved one: with node-ips), in its order."""
+        return [n for n in inventory.nodes if n.name in self.gpu_nodes]
+
     def with_releases(self, releases: dict) -> "Topology":
         target = next(iter(releases.values())).version if releases else None
         return replace(self, releases=releases, target_version=target)

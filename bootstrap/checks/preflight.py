@@ -15,7 +15,12 @@ from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER_DIR
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks import cuda, machine_kind, mig
-from bootstrap.topology import Topology, gpu_nodes, is_gpu_node, resolve_topology
+from bootstrap.topology import Topology, is_gpu_node, resolve_topology
+from bootstrap.host.parts.manifest import MANIFEST
+from bootstrap.checks.ownership import ownership
+from bootstrap.checks.gpu_health import health_issues
+from bootstrap.checks.node_addresses import candidates, choose, on_host
+from bootstrap.checks.providers import group_of, provider_groups, quorum_loss_by_provider
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 SUPPORTED_ARCH = ("amd64", "arm64")
@@ -49,9 +54,6 @@ def ownership_findings(inventory: Inventory, facts: dict[str, HostFacts], cluste
     """A host another cluster (or a hand-made k3s) owns is never changed. One whose manifest
     cannot be read is not changed either, and blocks only itself: what a host returns
     never stops the others."""
-    from bootstrap.host.parts.manifest import MANIFEST
-    from bootstrap.checks.ownership import ownership
-
     findings = []
     for node in inventory.nodes:
         if node.name in facts:
@@ -89,20 +91,19 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts], topology: Topol
     findings += check_unique_hostnames(inventory, facts)
     findings += check_node_addresses(inventory, facts)
     findings += check_clock_skew(inventory, facts)
-    findings += check_providers(inventory, facts)
-    findings += [f for issues in gpu_health_findings(inventory, facts).values() for f in issues]
+    gpu = topology.gpu_nodes_of(inventory)
+    findings += check_providers(inventory, facts, gpu)
+    findings += [f for issues in gpu_health_findings(inventory, facts, gpu).values() for f in issues]
     return findings
 
 
-def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts]) -> dict[str, list[Finding]]:
+def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts], gpu: list[Node]) -> dict[str, list[Finding]]:
     """Each GPU node's health issues as findings. They never fail preflight as a whole: with
     gpu.health strict, `up` leaves a node with an error out (blocked_nodes); otherwise an
     error is reported as a warning that says strict would block."""
-    from bootstrap.checks.gpu_health import health_issues
-
     if inventory.gpu.health == "off":
         return {}
-    nodes = [n for n in gpu_nodes(inventory, facts) if n.name in facts and facts[n.name].gpu_health is not None]
+    nodes = [n for n in gpu if n.name in facts and facts[n.name].gpu_health is not None]
     # Siblings rented as the same machine type have as many GPUs: the most any node of a
     # model shows is what each should have.
     most: dict[str, int] = {}
@@ -173,12 +174,9 @@ def check_clock_skew(inventory: Inventory, facts: dict[str, HostFacts]) -> list[
     return findings
 
 
-def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
+def check_providers(inventory: Inventory, facts: dict[str, HostFacts], gpu: list[Node]) -> list[Finding]:
     """Across providers: WireGuard on every node, servers that can form etcd, RDMA within
     one provider, and a warning when one provider holds the control plane's majority."""
-    from bootstrap.checks.node_addresses import choose
-    from bootstrap.checks.providers import group_of, provider_groups, quorum_loss_by_provider
-
     findings = []
     if inventory.k3s.flannel_backend == "wireguard-native":
         for node in inventory.nodes:
@@ -208,7 +206,7 @@ def check_providers(inventory: Inventory, facts: dict[str, HostFacts]) -> list[F
                 "keep every server at one provider (they share its private network) and spread the agents, or "
                 "use servers whose public address is on their own interface"))
     if inventory.network.rdma:
-        groups = provider_groups(n for n in gpu_nodes(inventory, facts))
+        groups = provider_groups(gpu)
         if len(groups) > 1:
             findings.append(Finding(
                 inventory.nodes[0].name, "rdma", "RDMA does not cross providers: the GPU nodes are at "
@@ -221,8 +219,6 @@ def check_node_addresses(inventory: Inventory, facts: dict[str, HostFacts]) -> l
     """node-ip must be an address of the host itself: k3s exits, and systemd restarts it
     forever, when no interface holds it (bootstrap.checks.node_addresses says where k3s
     checks). Behind a 1:1 NAT the SSH address is not on the host: say what is used instead."""
-    from bootstrap.checks.node_addresses import candidates, choose, on_host
-
     findings = []
     for node in inventory.nodes:
         host = facts.get(node.name)

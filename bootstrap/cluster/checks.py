@@ -17,8 +17,7 @@ from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.images import BUSYBOX, NCCL_IMAGE
 from bootstrap.host.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.kube import derived_name
-from bootstrap.inventory.model import Inventory
-from bootstrap.topology import gpu_nodes
+from bootstrap.inventory.model import Inventory, Node
 from bootstrap.checks import mig
 from bootstrap.checks.node_addresses import choose, on_host
 from bootstrap.checks.providers import PROVIDER_LABEL, provider_groups
@@ -430,10 +429,11 @@ def cleanup(cluster: Cluster, timeout_s: float = 120) -> None:
     wait_for(f"namespace {NAMESPACE} to be deleted", lambda: get(cluster, path) is None, timeout_s)
 
 
-def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]) -> list[CheckResult]:
+def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], gpu: list[Node]) -> list[CheckResult]:
+    """`gpu`: the run's GPU nodes (bootstrap.topology)."""
     timeout = inventory.validate.timeout_s
     # The checks read each node's GPUs from its facts: GPU nodes that answered.
-    checked = [n for n in gpu_nodes(inventory, facts) if n.name in facts]
+    checked = [n for n in gpu if n.name in facts]
     request(cluster, "POST", "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     results: list[CheckResult] = []

@@ -21,10 +21,12 @@ def run(args, console) -> int:
     from bootstrap.inventory.loader import load_inventory
     from bootstrap.state.lock import cluster_lock
     from bootstrap.state.folder import StateDir
+    from bootstrap.topology import resolve_topology
 
     inventory = load_inventory(args.inventory)
     state = StateDir(inventory)
     with cluster_lock(state, "validate"):  # it pins first-contact host keys
         with open_hosts(inventory, list(inventory.nodes), "validate", console) as session:
             facts = session.gather(HostFactsFact)
-        return validate_cluster(inventory, state, facts, console, as_json=args.json)
+        gpu = resolve_topology(inventory, facts).gpu_nodes_of(inventory)
+        return validate_cluster(inventory, state, facts, console, gpu=gpu, as_json=args.json)

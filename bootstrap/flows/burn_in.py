@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.burn_in import run_burn_in
 
 
 def burn_in(inventory, state, nodes_gpus: dict[str, int], seconds: int, console, connect=connect_to_cluster) -> dict:
-    from bootstrap.cluster.burn_in import run_burn_in
-
     nodes = {n: g for n, g in nodes_gpus.items() if g}
     if not nodes:
         console.say("burn-in: no GPU node to stress")

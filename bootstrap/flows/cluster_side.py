@@ -15,6 +15,7 @@ from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 from bootstrap.flows.run import Run
 from bootstrap.host.images import download_lines
+from bootstrap.cluster.checks import render_table, run_checks
 
 
 def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
@@ -30,18 +31,19 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
         with run.console.phase("cluster: tunnel"):
             cluster = stack.enter_context(run.connect(run.inventory, run.state))
         # Facts at hand: the plan now, so its objects are read with the node list.
-        plan = (lambda: plan_cluster(run.inventory, run.settled_facts())) if run.reprobing \
-            else plan_cluster(run.inventory, run.facts)
+        gpu = run.topology.gpu_nodes_of(run.inventory)
+        plan = (lambda: plan_cluster(run.inventory, run.settled_facts(), gpu)) if run.reprobing \
+            else plan_cluster(run.inventory, run.facts, gpu)
         summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
                                 trace=run.console.phase)
-    for line in download_lines(run.inventory, run.settled_facts()):  # k3s pulls them in the background
+    for line in download_lines(run.inventory, run.settled_facts(), run.topology.gpu_nodes_of(run.inventory)):  # k3s pulls them in the background
         run.console.say(line)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
     say_summary(run.console, summary, changes, time.monotonic() - started)
     if validate and not (changes or hosts_changed):
         run.console.say("validate: nothing changed, checks not re-run (`bootstrap validate` runs them)")
     elif validate and validate_cluster(run.inventory, run.state, run.settled_facts(), run.console,
-                                       connect=run.connect) != 0:
+                                       gpu=run.topology.gpu_nodes_of(run.inventory), connect=run.connect) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
     return bool(changes)
 
@@ -58,13 +60,12 @@ def say_summary(console, summary: dict, changes: int, seconds: float) -> None:
         console.say(f"cluster: no change ({seconds:.1f}s)")
 
 
-def validate_cluster(inventory, state, facts, console, *, as_json: bool = False,
+def validate_cluster(inventory, state, facts, console, *, gpu, as_json: bool = False,
                      connect=connect_to_cluster) -> int:
-    """The checks (bootstrap.cluster.checks) as a table, JSON or events; exit 1 when one fails."""
-    from bootstrap.cluster.checks import render_table, run_checks
-
+    """The checks (bootstrap.cluster.checks) as a table, JSON or events; exit 1 when one fails.
+    `gpu`: the GPU nodes as the run's topology resolved them."""
     with connect(inventory, state) as cluster:
-        results = run_checks(cluster, inventory, facts)
+        results = run_checks(cluster, inventory, facts, gpu)
 
     if console.json:  # inside `up --json`: one event, not a document
         console.event("validate", checks=[r.to_dict() for r in results])

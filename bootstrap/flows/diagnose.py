@@ -29,13 +29,20 @@ import yaml
 
 from bootstrap import __version__
 from bootstrap import diagnosis as d
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, get, request, reusing_ssh
 from bootstrap.errors import BootstrapError
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
 from bootstrap.redaction import Redactor, kubeconfig_secrets
 from bootstrap.remote_data import RemoteDataError, decode, loads
 from bootstrap.state.folder import write_atomically
+from bootstrap.state.secrets import resolve
+from bootstrap.topology import resolve_topology
+from bootstrap.remote.remote_output import run_command, sh_command
+from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+from bootstrap.host.facts.probe import parse_host_facts
+from bootstrap.checks.preflight import gpu_health_findings
+from bootstrap.cluster.helm import HelmError, helm_binary
 
 STATE_SECRETS = ("token", "agent-token")
 STATE_KUBECONFIGS = ("kubeconfig", "kubeconfig-tunnel")
@@ -50,8 +57,6 @@ BUNDLE_NAME = re.compile(r"diagnose-\d{8}-\d{6}\.tar\.gz")
 def diagnose(inventory, state, console, *, open_session=open_hosts, connect=connect_to_cluster,
              read_host=None, list_releases=None, now=time.time) -> tuple[Path, list[str]]:
     """Collect, redact, write the bundle: (its path, the summary's lines)."""
-    from bootstrap.cluster.client import reusing_ssh
-
     read_host = read_host or read_over_ssh
     list_releases = list_releases or helm_releases
     redactor = known_secrets(inventory, state)
@@ -82,8 +87,6 @@ def known_secrets(inventory, state) -> Redactor:
     """Every secret the tool can know of: the state folder's tokens and kubeconfig keys, and
     the credentials the inventory names (read where they can be; one that cannot is one the
     hosts cannot have got from the tool either)."""
-    from bootstrap.state.secrets import resolve
-
     redactor = Redactor()
     for name in STATE_SECRETS:
         redactor.add(read_local(state.path / name), name.replace("-", " "))
@@ -136,8 +139,6 @@ def read_local(path: Path, limit: int = MAX_STATE_FILE_BYTES, *, tail: bool = Fa
 def read_over_ssh(session, inventory, node, script: str) -> bytes:
     """The script's output from `node` over the session's own connection, as root (sudo -n
     where the inventory says so), capped and with a deadline (bootstrap.remote.remote_output)."""
-    from bootstrap.remote.remote_output import run_command, sh_command
-
     client = session.ssh_client(node.name)
     if client is None:
         raise RemoteDataError("no SSH connection to run it on")
@@ -148,8 +149,6 @@ def read_over_ssh(session, inventory, node, script: str) -> bytes:
 
 def collect_hosts(session, inventory, read_host, findings: d.Findings) -> tuple[dict[str, str], dict]:
     """({member: text}, {node: HostFacts}); every host at once, one round trip each."""
-    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-
     boundary = secrets.token_hex(16)
     script = d.host_script(boundary, HostFactsFact().command(health=True))
     for name, failure in session.failures.items():
@@ -189,8 +188,6 @@ def collect_hosts(session, inventory, read_host, findings: d.Findings) -> tuple[
 
 
 def parse_facts(output: bytes | None):
-    from bootstrap.host.facts.probe import parse_host_facts
-
     if not output:
         return None
     try:
@@ -202,11 +199,9 @@ def parse_facts(output: bytes | None):
 def gpu_health_problems(inventory, facts: dict) -> list[str]:
     """Health errors as `bootstrap health` finds them (checked even where the inventory turned
     the probe off: asked for explicitly)."""
-    from bootstrap.checks.preflight import gpu_health_findings
-
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))
     try:
-        found = gpu_health_findings(strict, facts)
+        found = gpu_health_findings(strict, facts, resolve_topology(inventory, facts).gpu_nodes_of(inventory))
     except Exception:  # noqa: BLE001 - the bundle matters more than this line of its summary
         return []
     return [f"{node}: GPU health: {f.message}" for node, items in found.items() for f in items
@@ -230,8 +225,6 @@ def collect_cluster(inventory, state, connect, list_releases, findings: d.Findin
 
 
 def read_cluster(cluster, list_releases, members: dict[str, str], findings: d.Findings) -> None:
-    from bootstrap.cluster.client import get
-
     nodes = (get(cluster, "/api/v1/nodes") or {}).get("items", []) or []
     members["cluster/nodes.json"] = as_json([node_view(n) for n in nodes])
     for node in nodes:
@@ -270,8 +263,6 @@ def node_view(node: dict) -> dict:
 
 def describe_pod(cluster, pod: dict, events: list[dict]) -> str:
     """The pod (without managedFields), its events, each container's log tail."""
-    from bootstrap.cluster.client import request
-
     meta = dict(pod.get("metadata", {}))
     meta.pop("managedFields", None)
     parts = [as_json(dict(pod, metadata=meta)), "\n--- events\n", "".join(d.event_line(e) + "\n" for e in events)]
@@ -297,8 +288,6 @@ def describe_pod(cluster, pod: dict, events: list[dict]) -> str:
 
 def helm_releases(kubeconfig: Path) -> list[dict]:
     """`helm list` of every release in every namespace, any status, as JSON."""
-    from bootstrap.cluster.helm import HelmError, helm_binary
-
     # Status filters rather than --all, which Helm 4 dropped (it lists every status by default).
     argv = [helm_binary(), "list", "--all-namespaces", "--deployed", "--failed", "--pending", "--uninstalling",
             "--output", "json", "--kubeconfig", str(kubeconfig)]

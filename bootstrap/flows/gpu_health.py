@@ -6,15 +6,19 @@ with --cordon."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, merge_patch
+from bootstrap.flows.run import Run
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import report_host_failures
-from bootstrap.topology import gpu_nodes
+from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+from bootstrap.checks.preflight import gpu_health_findings
+from bootstrap.cluster.drain import cordon
 
 HEALTH_LABEL = "bootstrap.k3s/gpu-health"  # "error" on a node --cordon cordoned
 HEALTH_REASON = "bootstrap.k3s/gpu-health-reason"  # the first error, as an annotation
@@ -47,21 +51,19 @@ def new_since(record: dict, facts) -> list:
 
 def check_health(inventory, state, console, *, cordon: bool = False, open_session=open_hosts,
                  connect=connect_to_cluster) -> list[NodeHealth]:
-    from dataclasses import replace
-
-    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.checks.preflight import gpu_health_findings
-
     # Asked for explicitly: checked even where the inventory turned the probe off.
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict"))
+    run = Run(inventory, state, console, connect=connect)
     with cluster_lock(state, "health"):
-        with open_session(inventory, list(inventory.nodes), "health", console) as session:
-            facts = session.gather(HostFactsFact, health=True)
-        findings = gpu_health_findings(strict, facts)
+        with contextlib.ExitStack() as hosts:
+            run.open_hosts(hosts, open_session, inventory.nodes, "health")
+            run.set_facts(run.session.gather(HostFactsFact, health=True))
+        facts, gpu = run.facts, run.topology.gpu_nodes_of(inventory)
+        findings = gpu_health_findings(strict, facts, gpu)
         path = state.path / RECORD
         records = json.loads(path.read_text()) if path.exists() else {}
         results = []
-        for node in gpu_nodes(inventory, facts):
+        for node in gpu:
             if node.name not in facts:
                 continue
             host = facts[node.name]
@@ -77,14 +79,11 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
         state.write_secret(RECORD, json.dumps(records, indent=1, sort_keys=True) + "\n")
         if cordon:
             cordon_unhealthy(inventory, state, [r for r in results if r.verdict == "error"], console, connect)
-    report_host_failures(console, session.failures)
+    report_host_failures(console, run.failures)
     return results
 
 
 def cordon_unhealthy(inventory, state, unhealthy: list[NodeHealth], console, connect) -> None:
-    from bootstrap.cluster.client import merge_patch
-    from bootstrap.cluster.drain import cordon
-
     if not unhealthy:
         return
     with connect(inventory, state) as cluster:

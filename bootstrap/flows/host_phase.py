@@ -237,9 +237,9 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         run.open_hosts(stack, open_session, inventory.nodes, "up")
         stack.callback(run.stop_reprobe)  # the second probe, still running: gone before the connections
         probe(run)
-        replaced = find_replaced(run)  # a machine re-created under a node's name: its old Node must go
-        preflight_and_plan(run, create_token=True, join_via=replaced.join_via)
-        clear_replaced(run, replaced)
+        find_replaced(run)  # a machine re-created under a node's name: its old Node must go
+        preflight_and_plan(run, create_token=True, join_via=run.join_via)
+        clear_replaced(run)
         converge_or_roll(run, options)
         if options.hosts_only:
             return

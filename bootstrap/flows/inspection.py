@@ -9,7 +9,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, get
 from bootstrap.cluster.node_status import ready_word
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
@@ -18,6 +18,14 @@ from bootstrap.flows.run import Run
 from bootstrap.host.plan.rollout import plan_rollout
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
+from bootstrap.state import snapshots
+from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+from bootstrap.flows.gpu_health import last_verdicts
+from bootstrap.cluster.apply import read_digests
+from bootstrap.cluster.components.cluster_plan import plan_cluster
+from bootstrap.cluster.helm import APPLIED, NOT_INSTALLED, release_state
+from bootstrap.host.plan.join_tokens import LEGACY_NOTE, PLACEHOLDER
+from bootstrap.checks.reachability import describe_probes, plan_probes
 
 RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
@@ -26,17 +34,15 @@ RESOURCE_PREFIXES = ("nvidia.com/", "rdma/")
 
 def cluster_status(inventory, state, console, *, open_session=open_hosts, connect=connect_to_cluster) -> dict:
     """Every node as its host and the API see it, the components' state, the newest snapshot."""
-    from bootstrap.state import snapshots
-    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-
+    run = Run(inventory, state, console, connect=connect)
     with cluster_lock(state, "status"):
-        with open_session(inventory, list(inventory.nodes), "status", console) as session:
-            facts = session.gather(HostFactsFact)
-            # The API through the session's connection to the server: no second SSH connection.
-            from bootstrap.cluster.client import reusing_ssh
-
-            nodes, components = cluster_view(inventory, state, facts, reusing_ssh(connect, session))
-    from bootstrap.flows.gpu_health import last_verdicts
+        with contextlib.ExitStack() as hosts:
+            run.open_hosts(hosts, open_session, inventory.nodes, "status")
+            run.set_facts(run.session.gather(HostFactsFact))
+            # The API through the session's connection to the server (Run.open_hosts): no second SSH connection.
+            nodes, components = cluster_view(inventory, state, run.facts, run.topology.gpu_nodes_of(inventory),
+                                             run.connect)
+    facts = run.facts
 
     newest = snapshots.newest(state) if (state.path / "snapshots").exists() else None
     health = last_verdicts(state)
@@ -106,13 +112,8 @@ def render_status(report: dict) -> list[str]:
     return lines
 
 
-def cluster_view(inventory, state, facts, connect=connect_to_cluster):
+def cluster_view(inventory, state, facts, gpu, connect=connect_to_cluster):
     """Node objects and component versions, or (None, {}) when no server's API answers."""
-    from bootstrap.cluster.apply import read_digests
-    from bootstrap.cluster.client import get
-    from bootstrap.cluster.components.cluster_plan import plan_cluster
-    from bootstrap.cluster.helm import release_state
-
     try:
         with connect(inventory, state) as cluster:
             nodes = {n["metadata"]["name"]: n for n in (get(cluster, "/api/v1/nodes") or {}).get("items", [])}
@@ -120,7 +121,7 @@ def cluster_view(inventory, state, facts, connect=connect_to_cluster):
     except BootstrapError:
         return None, {}
     try:
-        releases = plan_cluster(inventory, facts).releases
+        releases = plan_cluster(inventory, facts, gpu).releases
     except BootstrapError:
         releases = []
     return nodes, {r.name: {"version": r.version, "state": release_state(r, digests)} for r in releases}
@@ -142,7 +143,8 @@ def planned_changes(inventory, state, console, *, max_unavailable: int = 1, open
         # The hosts' connections are closed: the cluster through a tunnel of its own.
         return (host_changes(run) + token_plan(run.tokens) + rollout_plan(run, max_unavailable)
                 + network_plan(run.inventory, run.facts, run.topology)
-                + component_changes(run.inventory, state, run.facts, connect))
+                + component_changes(run.inventory, state, run.facts, run.topology.gpu_nodes_of(run.inventory),
+                                    connect))
 
 
 def host_changes(run: Run) -> list[str]:
@@ -161,8 +163,6 @@ def rollout_plan(run: Run, max_unavailable: int) -> list[str]:
 def token_plan(tokens) -> list[str]:
     """What happens to the join tokens: a new agent token for a cluster whose state folder
     has none yet, or why a cluster built before agent tokens keeps its agents' token."""
-    from bootstrap.host.plan.join_tokens import LEGACY_NOTE, PLACEHOLDER
-
     if tokens is None or tokens is PLACEHOLDER:
         return []
     if tokens.agent is None:
@@ -175,8 +175,6 @@ def token_plan(tokens) -> list[str]:
 
 def network_plan(inventory, facts, topology) -> list[str]:
     """The network mode and the reachability probes `up` makes before any change."""
-    from bootstrap.checks.reachability import describe_probes, plan_probes
-
     backend = inventory.k3s.flannel_backend
     mode = ("public: nodes talk over their public addresses; pod traffic in WireGuard (flannel "
             f"{backend}, flannel-external-ip)" if inventory.network.public
@@ -185,13 +183,9 @@ def network_plan(inventory, facts, topology) -> list[str]:
     return [f"network: {mode}"] + describe_probes(probes)
 
 
-def component_changes(inventory, state, facts, connect=connect_to_cluster) -> list[str]:
+def component_changes(inventory, state, facts, gpu, connect=connect_to_cluster) -> list[str]:
     """Which Helm releases `up` would install or upgrade (from the digests in the cluster)."""
-    from bootstrap.cluster.apply import read_digests
-    from bootstrap.cluster.components.cluster_plan import plan_cluster
-    from bootstrap.cluster.helm import APPLIED, NOT_INSTALLED, release_state
-
-    releases = plan_cluster(inventory, facts).releases
+    releases = plan_cluster(inventory, facts, gpu).releases
     applied: dict = {}
     try:
         if (state.path / "kubeconfig").exists():

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bootstrap.state import snapshots
@@ -34,26 +33,12 @@ from bootstrap.errors import BootstrapError, HostsFailed, UsageError
 from bootstrap.flows.replaced_machines import cluster_nodes, remove_nodes
 from bootstrap.state.lock import cluster_lock
 from bootstrap.checks.lost_nodes import classify, quorum_after, replaced_machines, stale_after_restore
-
-
-
-@dataclass(frozen=True)
-class Edges:
-    """Where repair meets the world: the real one by default (tests give fakes)."""
-
-    open_session: Callable = open_hosts  # (inventory, nodes, command, console) -> context manager of a session
-    connect: Callable = connect_to_cluster  # (inventory, state) -> context manager of a Cluster
-    api_port_accepts: Callable | None = None  # (inventory, node, state) -> (accepts, reason)
-
-
-REAL = Edges()
+from bootstrap.cluster.liveness import servers_liveness
 
 
 def control_plane_lost(inventory, state, facts, api_error: str, console, port_check=None) -> list:
     """Restore is only for a control plane that is really gone: no server's k3s answers at
     the connection level (SSH, service, API port). Anything else is an error with its cause."""
-    from bootstrap.cluster.liveness import servers_liveness
-
     liveness = servers_liveness(inventory, state, facts, port_check)
     alive = [s for s in liveness if s.answers]
     if alive:
@@ -131,17 +116,21 @@ class RepairReport:
     to_do: list[str] = field(default_factory=list)  # what the operator does next
 
 
-def repair(inventory, state, options: RepairOptions, console, edges: Edges = REAL) -> None:
+def repair(inventory, state, options: RepairOptions, console, *, open_session=open_hosts,
+           connect=connect_to_cluster, api_port_accepts=None) -> None:
+    """`open_session(inventory, nodes, command, console)`: the hosts; `connect(inventory, state)`:
+    the cluster; `api_port_accepts(inventory, node, state)`: (accepts, reason) of a server's API
+    port (None: bootstrap.cluster.liveness asks it). The real ones unless a test gives fakes."""
     require_the_token(state)
-    run = Run(inventory, state, console, connect=edges.connect)
+    run = Run(inventory, state, console, connect=connect)
     report = RepairReport()
     with cluster_lock(state, "rebuild"), contextlib.ExitStack() as stack:
-        run.open_hosts(stack, edges.open_session, inventory.nodes, "rebuild")
+        run.open_hosts(stack, open_session, inventory.nodes, "rebuild")
         probe(run)
         nodes, api_error = cluster_nodes(inventory, state, run.connect)
         lost = classify(inventory, nodes, run.facts)
         if nodes is None:
-            restore = restore_target(run, lost, api_error, options, edges, report)
+            restore = restore_target(run, lost, api_error, options, api_port_accepts, report)
         else:
             restore = remove_lost_nodes(run, lost, report)
         leave_out_unreachable(run, lost, report)
@@ -163,11 +152,11 @@ def require_the_token(state) -> None:
                              "restore the state folder, or set state_dir in the inventory to it")
 
 
-def restore_target(run: Run, lost, api_error: str, options: RepairOptions, edges: Edges, report: RepairReport):
+def restore_target(run: Run, lost, api_error: str, options: RepairOptions, api_port_accepts, report: RepairReport):
     """No server's API answers: (the server to restore onto, the snapshot's path), once the
     control plane is really lost, `--restore` says so and the operator confirmed."""
     inventory = run.inventory
-    control_plane_lost(inventory, run.state, run.facts, api_error, run.console, edges.api_port_accepts)
+    control_plane_lost(inventory, run.state, run.facts, api_error, run.console, api_port_accepts)
     snapshot = choose_snapshot(run.state, options.snapshot)
     if lost.restore_on is None or snapshot is None:
         raise HostsFailed("no server's k3s answers and the control plane cannot be restored: "

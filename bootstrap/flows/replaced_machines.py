@@ -14,20 +14,21 @@ and a server's member is removed first through k3s's removal annotation
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import ClusterError, connect as connect_to_cluster, get
 from bootstrap.cluster.node_status import is_server, node_ready
 from bootstrap.console_text import printable
-from bootstrap.errors import BootstrapError
+from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.flows.run import Run
 from bootstrap.checks.lost_nodes import fresh, replaced_machines
+from bootstrap.cluster.node_removal import remove_node
+from bootstrap.remote import hostkeys
+from bootstrap.state.lock import cluster_lock
 
 
 def cluster_nodes(inventory, state, connect=connect_to_cluster):
     """({name: Node}, None) through any server that answers, or (None, why not)."""
-    from bootstrap.cluster.client import ClusterError, get
-
     try:
         with connect(inventory, state) as cluster:
             nodes = get(cluster, "/api/v1/nodes") or {}
@@ -40,8 +41,6 @@ def cluster_nodes(inventory, state, connect=connect_to_cluster):
 
 def remove_nodes(inventory, state, names: list[str], servers: list[str], connect=connect_to_cluster) -> None:
     """Each Node and its node-password secret; `servers` leave etcd first."""
-    from bootstrap.cluster.node_removal import remove_node
-
     if not names:
         return
     with connect(inventory, state) as cluster:
@@ -49,43 +48,36 @@ def remove_nodes(inventory, state, names: list[str], servers: list[str], connect
             remove_node(cluster, name, etcd_member=name in servers)
 
 
-@dataclass
-class Replaced:
-    """Beside the marks on the hosts' records (HostRecord.replaced): what the join needs."""
-
-    servers: list[str] = field(default_factory=list)  # replaced machines that are etcd members
-    join_via: object = None  # a healthy server to join when the first server is replaced
-
-
-def find_replaced(run: Run) -> Replaced:
-    """Marks each host whose machine was re-created under its name. Read only. Asked only
-    of a cluster that exists (the state folder has its kubeconfig) and only when a host has
-    no k3s: a converged `up` costs no API call."""
+def find_replaced(run: Run) -> None:
+    """Marks each host whose machine was re-created under its name (its record's `replaced`,
+    `replaced_member` for an etcd member's), and the server to join when the first one was
+    (`run.join_via`). Read only. Asked only of a cluster that exists (the state folder has its
+    kubeconfig) and only when a host has no k3s: a converged `up` costs no API call."""
     inventory, facts = run.inventory, run.facts
     if not (run.state.path / "kubeconfig").exists() or not any(fresh(facts.get(n.name)) for n in inventory.nodes):
-        return Replaced()
+        return
     nodes, error = cluster_nodes(inventory, run.state, run.connect)
     if nodes is None:
         run.console.say("cannot ask the cluster whether a host without k3s replaces one of its machines "
                         f"({printable(error)}); a machine re-created under an old name is refused by k3s until its "
                         "Node is gone: `bootstrap rebuild INVENTORY` removes it")
-        return Replaced()
+        return
     names = replaced_machines(inventory, nodes, facts)
     for name in names:
         run.hosts[name].replaced = True
-    found = Replaced([n for n in names if is_server(nodes[n])])
+        run.hosts[name].replaced_member = is_server(nodes[name])
     if run.topology.first_server in names:
         # It must join a healthy server, not start a cluster of its own (cluster-init).
-        found.join_via = next((s for s in inventory.servers if s.name not in names and s.name in facts
-                               and s.name in nodes and node_ready(nodes[s.name])), None)
-    return found
+        run.join_via = next((s for s in inventory.servers if s.name not in names and s.name in facts
+                             and s.name in nodes and node_ready(nodes[s.name])), None)
 
 
-def clear_replaced(run: Run, replaced: Replaced) -> None:
+def clear_replaced(run: Run) -> None:
     names = [name for name, record in run.hosts.items() if record.replaced]
     if not names:
         return
-    remove_nodes(run.inventory, run.state, names, replaced.servers, run.connect)
+    members = [name for name in names if run.hosts[name].replaced_member]
+    remove_nodes(run.inventory, run.state, names, members, run.connect)
     for name in names:
         run.console.say(f"{name}: a new machine under this name: its old Node and node-password secret were "
                         "removed so it can join")
@@ -103,10 +95,6 @@ def forget_replaced_keys(inventory, state, names: list[str], console, connect=co
     says is NotReady or gone: a Ready node's machine is still there, and a changed key then
     means something else answers at its address. A machine lost moments ago still says Ready
     until the node controller's grace period is over: that long is waited for."""
-    from bootstrap.errors import UsageError
-    from bootstrap.remote import hostkeys
-    from bootstrap.state.lock import cluster_lock
-
     unknown = [n for n in names if n not in {x.name for x in inventory.nodes}]
     if unknown:
         raise UsageError(f"--replace: no node named {', '.join(unknown)} in {inventory.source}")

@@ -33,6 +33,8 @@ from bootstrap.host.plan.rollout import Rollout
 from bootstrap.cluster.node_status import node_ready
 from bootstrap.inventory.model import Role
 from bootstrap.checks.k3s_versions import parse as parse_version
+from bootstrap.host.plan import restore
+from bootstrap.state import snapshots
 
 READY_TIMEOUT_S = 300
 
@@ -141,8 +143,6 @@ class RollbackPoint:
 def restore_rollback(rollout: Rollout, point: RollbackPoint) -> str:
     """k3s's roll-back procedure (k3s-io/docs docs/upgrades/roll-back.md, embedded etcd)
     with the snapshot taken before this rollout."""
-    from bootstrap.host.plan import restore
-
     old = ", ".join(sorted({v for v in rollout.installed.values() if v})) or "the old release"
     reset = restore.reset_command(restore.remote_snapshot_path(point.snapshot), point.s3_configured)
     return (f"roll the cluster back to {old} by restoring {point.snapshot}, the snapshot taken before this "
@@ -171,8 +171,6 @@ def stop(rollout: Rollout, name: str, done: list[str], reason: str, drained_only
 
 def snapshot_before(inventory, state, rollout: Rollout, console, take_snapshot=None) -> RollbackPoint | None:
     """The way back, taken before the first server changes version; no rollout without it."""
-    from bootstrap.state import snapshots
-
     if not rollout.servers:
         return None
     server = inventory.servers[0]  # where bootstrap.state.snapshots.take saves it

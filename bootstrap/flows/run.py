@@ -37,6 +37,7 @@ class HostRecord:
     plan: object = None  # its HostPlan, once planned
     result: dict = field(default_factory=dict)  # step name -> StepResult, over every batch
     replaced: bool = False  # a new machine under this node's name (flows.replaced_machines)
+    replaced_member: bool = False  # replaced, and its old machine was an etcd member: it leaves etcd first
     failures: dict = field(default_factory=dict, repr=False)  # the session's book (shared, not copied)
 
     @property
@@ -67,6 +68,7 @@ class Run:
     topology: Topology | None = None
     tokens: object = None  # the JoinTokens the plans carry
     replan: Callable | None = None  # make the plans again with other tokens: replan(tokens=...)
+    join_via: Node | None = None  # the healthy server to join when the first server's machine was replaced
     resolved: bool = False  # the inventory holds node-ips and secret values
     started: float = field(default_factory=time.monotonic)
     _reprobe: object = field(default=None, repr=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from pyinfra.api import StringCommand
 
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, get
 from bootstrap.cluster.node_removal import remove_node
 from bootstrap.console_text import printable
 from bootstrap.errors import HostsFailed, UsageError
@@ -34,6 +34,8 @@ from bootstrap.inventory.model import Role
 from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import end_run, report_host_failures
 from bootstrap.checks.lost_nodes import quorum_after
+from bootstrap.cluster.drain import cordon, drain, gpu_pods_on
+from bootstrap.consent import ask_for_cluster_name
 
 STOP_STEP = "stop k3s"
 
@@ -121,8 +123,6 @@ def end_scale_down(run: Run, blocked: dict) -> None:
 
 def drain_all(cluster, nodes, options: ScaleDownOptions, console):
     """Cordon and drain each node: (the drained ones, {node: {pod: why}} for the blocked)."""
-    from bootstrap.cluster.drain import cordon, drain
-
     drained, blocked = [], {}
     for node in nodes:
         cordon(cluster, node.name)
@@ -171,9 +171,6 @@ def named_nodes(inventory, names: list[str]) -> list:
 
 
 def idle_gpu_agents(inventory, cluster) -> list:
-    from bootstrap.cluster.client import get
-    from bootstrap.cluster.drain import gpu_pods_on
-
     chosen = []
     for node in inventory.agents:
         labels = (get(cluster, f"/api/v1/nodes/{node.name}") or {}).get("metadata", {}).get("labels", {})
@@ -184,8 +181,6 @@ def idle_gpu_agents(inventory, cluster) -> list:
 
 def waiting_gpu_pods(cluster) -> list[str]:
     """Pods that ask for a GPU and have no node yet: the capacity idle nodes would give."""
-    from bootstrap.cluster.client import get
-
     waiting = []
     for pod in (get(cluster, "/api/v1/pods?fieldSelector=status.phase%3DPending") or {}).get("items", []):
         if pod.get("spec", {}).get("nodeName"):
@@ -210,8 +205,6 @@ def refuse_while_gpu_pods_wait(cluster, nodes) -> None:
 def confirm_idle_removal(inventory, nodes, assume_yes: bool) -> None:
     """--idle picks the nodes itself: say which, and ask (the answer goes to stderr's
     prompt; under --json stdout carries only events)."""
-    from bootstrap.consent import ask_for_cluster_name
-
     names = ", ".join(n.name for n in nodes)
     ask_for_cluster_name(inventory, f"Remove {len(nodes)} idle GPU node(s) from {inventory.cluster}: {names}?",
                          f"refusing to remove the idle GPU nodes {names} without confirmation", assume_yes,

@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import time
 
+from pyinfra.api import StringCommand
+
 from bootstrap.console_text import printable
 from bootstrap.remote.connections import open_hosts, report_failures
 from bootstrap.errors import HostsFailed
 from bootstrap.state.lock import cluster_lock
+from bootstrap.host.plan.steps import Step
+from bootstrap.host.facts.pyinfra_fact import HostFactsFact
+from bootstrap.host.parts.manifest import MANIFEST
+from bootstrap.host.parts.paths import managed_paths
+from bootstrap.checks.ownership import ownership
+from bootstrap.remote_data import RemoteDataError
+from bootstrap.host.teardown import teardown_script
 
 
 def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, force: bool = False,
@@ -26,8 +35,6 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
     cannot be read fails on its own (with `force`, k3s is wiped from it) and the others go on. `before_teardown()`
     runs once no host was refused, before any is torn down (scale-down: stop k3s, remove
     the members)."""
-    from bootstrap.host.plan.steps import Step
-
     facts, owners = owned_hosts(session, inventory, state, nodes, force)
     foreign = {name: o.reason for name, o in owners.items() if o.verdict == "foreign"}
     if foreign and not force:
@@ -51,11 +58,6 @@ def uninstall(session, inventory, state, nodes, purge_drivers: bool, console, fo
 def owned_hosts(session, inventory, state, nodes, force: bool):
     """(facts of the hosts that may be torn down, {node: Ownership}): a host whose manifest
     cannot be read fails on its own, unless `force`."""
-    from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-    from bootstrap.host.parts.manifest import MANIFEST
-    from bootstrap.host.parts.paths import managed_paths
-    from bootstrap.checks.ownership import ownership
-
     names = {n.name for n in nodes}
     facts = {n: f for n, f in session.gather(HostFactsFact, paths=tuple(managed_paths(inventory))).items()
              if n in names}
@@ -74,11 +76,6 @@ def owned_hosts(session, inventory, state, nodes, force: bool):
 
 def teardown_scripts(session, inventory, facts, owners, empty: list[str], purge_drivers: bool) -> dict:
     """{node: [the one root script that tears it down]}; a record that cannot be read fails its host."""
-    from pyinfra.api import StringCommand
-
-    from bootstrap.remote_data import RemoteDataError
-    from bootstrap.host.teardown import teardown_script
-
     source = inventory.gpu.container_toolkit.apt_source
     scripts = {}
     for name, f in facts.items():

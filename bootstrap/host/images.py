@@ -12,8 +12,7 @@ import re
 
 from bootstrap.cluster.components import versions
 from bootstrap.host.facts.host_facts import HostFacts
-from bootstrap.inventory.model import Component, Inventory
-from bootstrap.checks.preflight import gpu_nodes
+from bootstrap.inventory.model import Component, Inventory, Node
 
 GPU_TEST_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
 BUSYBOX = "busybox:1.36"
@@ -81,19 +80,20 @@ def prepull_images(inventory: Inventory, os_id: str | None = None, os_version_id
     return result
 
 
-def downloads_in_progress(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, list[str]]:
+def downloads_in_progress(inventory: Inventory, facts_by_node: dict[str, HostFacts],
+                          gpu: list[Node]) -> dict[str, list[str]]:
     """Per GPU node, what it should hold and its k3s does not yet: the pulls still going on."""
     wanted = {n.name: prepull_images(inventory, facts_by_node[n.name].os_id, facts_by_node[n.name].os_version_id)
-              for n in gpu_nodes(inventory, facts_by_node)}
+              for n in gpu if n.name in facts_by_node}  # a host that did not answer the later probe: unknown
     return still_downloading(wanted, {name: facts.images for name, facts in facts_by_node.items()})
 
 
-def download_lines(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[str]:
+def download_lines(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> list[str]:
     """For `up`'s output: one line per GPU node still downloading (the pods that run one of
     these images wait for it; nothing else does)."""
     return [f"images: {name} is still downloading {len(refs)} in the background (k3s logs a failed pull): "
             f"{', '.join(refs)}"
-            for name, refs in downloads_in_progress(inventory, facts_by_node).items()]
+            for name, refs in downloads_in_progress(inventory, facts_by_node, gpu).items()]
 
 
 def still_downloading(wanted: dict[str, list[str]], present: dict[str, tuple[str, ...] | None]) -> dict[str, list[str]]:

@@ -9,14 +9,13 @@ import time
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.progress import Console, end_run
 from bootstrap.state.folder import StateDir
+from bootstrap.remote.session import HostSession
 
 
 @contextlib.contextmanager
 def open_hosts(inventory: Inventory, nodes: list[Node], command: str, console: Console):
     """Connect to `nodes` in parallel; steps are reported to the console's reporter, the
     run log goes to the cluster's state folder."""
-    from bootstrap.remote.session import HostSession  # (gevent is patched by bootstrap.cli)
-
     state = StateDir(inventory)
     log_file = state.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
     try:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 import shlex
 
+from pyinfra.connectors import util
+
 from bootstrap.remote import sshlink
 
 
@@ -62,6 +64,4 @@ def never_prompt_for_sudo() -> None:
     command still ask. An empty answer makes the re-run fail like the first try: the step
     fails with sudo's message, and no password is asked for or sent. (pyinfra has no setting
     for this; its prompt is `getpass` in pyinfra/connectors/util.py.)"""
-    from pyinfra.connectors import util  # (pyinfra loads only once hosts are opened: `--help` stays fast)
-
     util.getpass = _no_sudo_password

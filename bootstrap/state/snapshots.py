@@ -28,6 +28,7 @@ from bootstrap.remote.sshlink import SSH_ERRORS
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.state.snapshot_names import K3S_SUFFIX as _K3S_SUFFIX, name_prefix
 from bootstrap.state.folder import StateDir
+from bootstrap.remote.tunnel import connect_ssh
 
 
 def snapshot_pattern(cluster_id: str) -> re.Pattern:
@@ -156,8 +157,6 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=
     """`k3s etcd-snapshot save` on a server and the file copied here (never through a log),
     in ONE command: its output is the snapshot's name on a line, then the file. `ssh(name)`:
     an open SSH connection to reuse (the hosts' session's), or None for a new one."""
-    from bootstrap.remote.tunnel import connect_ssh
-
     server = server or inventory.servers[0]
     sudo = "sudo -n " if inventory.ssh_for(server).use_sudo else ""
     name = name_prefix(state.cluster_id) + time_in_name()

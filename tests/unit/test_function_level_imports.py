@@ -11,14 +11,6 @@ from repo_paths import ROOT
 PACKAGES = ("bootstrap", "deploys")
 MARK = "# imported here:"
 
-# Files being rewritten on other branches while this rule came in; the lead applies the rule
-# there after merging them and then removes this list (and the test that it is still needed).
-NOT_YET = {
-    # wt-run: the flows, preflight, progress
-    "bootstrap/flows/*.py", "bootstrap/checks/preflight.py", "bootstrap/progress.py",
-    # wt-remote: the remote layer and its import circles
-    "bootstrap/remote/*.py", "bootstrap/remote/tunnel.py", "bootstrap/state/folder.py", "bootstrap/state/snapshots.py",
-}
 
 
 def function_level_imports(tree: ast.Module):
@@ -88,21 +80,13 @@ def _reason_in(comment: str) -> bool:
 def _source_files():
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            relative = path.relative_to(ROOT)
-            if not any(relative.match(pattern) for pattern in NOT_YET):
-                yield relative
+            yield path.relative_to(ROOT)
 
 
 def test_every_function_level_import_says_why():
     found = [f"{path}:{line} in {function}(): {problem}" for path in _source_files()
              for line, function, problem in unexplained((ROOT / path).read_text())]
     assert found == [], "function-level imports with no reason:\n" + "\n".join(found)
-
-
-def test_the_files_not_yet_checked_still_exist():
-    """When a file of the list is gone (moved, merged) its entry goes too."""
-    for pattern in NOT_YET:
-        assert list(ROOT.glob(pattern)), pattern
 
 
 def test_the_check_finds_an_import_with_no_reason():

@@ -13,33 +13,32 @@ from dataclasses import dataclass
 from bootstrap.cluster.components import gpu_operator, gpu_sharing, rdma, storage, volcano
 from bootstrap.cluster.components.release import Patch, Release
 from bootstrap.host.facts.host_facts import HostFacts
-from bootstrap.inventory.model import Inventory
+from bootstrap.inventory.model import Inventory, Node
 from bootstrap.checks.providers import topology_labels
-from bootstrap.topology import gpu_nodes
 
 
-def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[Release]:
+def desired_releases(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> list[Release]:
     releases: list[Release | None] = []
     if inventory.network.rdma:
         releases += rdma.multus_releases(inventory, rdma.cni_dirs(inventory, facts_by_node))
     releases += [storage.nfs_release(inventory), storage.longhorn_release(inventory)]
-    if gpu_nodes(inventory, facts_by_node):
-        releases.append(gpu_operator.release(inventory, facts_by_node))
+    if gpu:
+        releases.append(gpu_operator.release(inventory, facts_by_node, gpu))
     releases.append(volcano.release(inventory))
     return [r for r in releases if r is not None]
 
 
-def desired_prerequisites(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+def desired_prerequisites(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> list[dict]:
     """Objects that releases refer to, applied before them."""
-    if not gpu_nodes(inventory, facts_by_node):
+    if not gpu:
         return []
-    return gpu_operator.config_maps(inventory, facts_by_node)
+    return gpu_operator.config_maps(inventory, facts_by_node, gpu)
 
 
-def desired_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+def desired_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> list[dict]:
     manifests: list[dict | None] = []
     if inventory.network.rdma:
-        manifests += rdma.manifests(inventory, facts_by_node, rdma.cni_dirs(inventory, facts_by_node))
+        manifests += rdma.manifests(inventory, facts_by_node, rdma.cni_dirs(inventory, facts_by_node), gpu)
     manifests.append(storage.nfs_storage_class(inventory))
     manifests += volcano.queues(inventory)
     return [m for m in manifests if m is not None]
@@ -50,10 +49,10 @@ def desired_patches(inventory: Inventory) -> list[Patch]:
     return [patch] if patch else []
 
 
-def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, dict[str, str]]:
+def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict[str, dict[str, str]]:
     """Every node's wanted labels: its provider and region, the inventory's own, then the
     GPU-sharing ones (which win, since the operator acts on them)."""
-    sharing = gpu_sharing.sharing_labels(inventory, facts_by_node)
+    sharing = gpu_sharing.sharing_labels(inventory, facts_by_node, gpu)
     return {node.name: {**topology_labels(node), **{str(k): str(v) for k, v in node.labels.items()},
                         **sharing.get(node.name, {})}
             for node in inventory.nodes}
@@ -70,9 +69,10 @@ class ClusterPlan:
     patches: list[Patch]
 
 
-def plan_cluster(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> ClusterPlan:
-    return ClusterPlan(labels=node_labels(inventory, facts_by_node),
-                       prerequisites=desired_prerequisites(inventory, facts_by_node),
-                       releases=desired_releases(inventory, facts_by_node),
-                       manifests=desired_manifests(inventory, facts_by_node),
+def plan_cluster(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> ClusterPlan:
+    """`gpu`: the run's GPU nodes (bootstrap.topology: resolved once, never here)."""
+    return ClusterPlan(labels=node_labels(inventory, facts_by_node, gpu),
+                       prerequisites=desired_prerequisites(inventory, facts_by_node, gpu),
+                       releases=desired_releases(inventory, facts_by_node, gpu),
+                       manifests=desired_manifests(inventory, facts_by_node, gpu),
                        patches=desired_patches(inventory))

@@ -9,7 +9,7 @@ from bootstrap.cluster.components.release import Release
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.k3s_service import CONTAINERD_SOCKET
 from bootstrap.host.parts.packages import needs_host_toolkit
-from bootstrap.inventory.model import Component, Inventory
+from bootstrap.inventory.model import Component, Inventory, Node
 
 NAMESPACE = "gpu-operator"
 RELEASE = "gpu-operator"  # the Helm release name (apply.py restarts its device plugin)
@@ -40,7 +40,7 @@ DRIVER_UPGRADE_POLICY = {
 }
 
 
-def values(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict:
+def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict:
     # preinstalled/host: the driver and the container toolkit are on the host already.
     toolkit_in_cluster = not needs_host_toolkit(inventory)
     out: dict = {
@@ -58,21 +58,21 @@ def values(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict:
     # The tool applies these ConfigMaps itself (config_maps below), before the release: the
     # operator does not watch them, so the tool must know when one changed to restart the
     # device plugin; and a changed sharing setup then needs no Helm upgrade.
-    if gpu_sharing.device_plugin_configs(inventory, facts_by_node):
+    if gpu_sharing.device_plugin_configs(inventory, gpu):
         out["devicePlugin"] = {"config": {"create": False, "name": DEVICE_PLUGIN_CONFIGMAP,
                                           "default": gpu_sharing.default_device_plugin_key(inventory)}}
-    if gpu_sharing.mig_parted_config(inventory, facts_by_node):
+    if gpu_sharing.mig_parted_config(inventory, facts_by_node, gpu):
         out["migManager"]["config"].update({"create": False, "name": MIG_PARTED_CONFIGMAP})
     return out
 
 
-def config_maps(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
+def config_maps(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> list[dict]:
     """The operator's namespace and the sharing ConfigMaps its release refers to."""
     objects: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
-    plugin_configs = gpu_sharing.device_plugin_configs(inventory, facts_by_node)
+    plugin_configs = gpu_sharing.device_plugin_configs(inventory, gpu)
     if plugin_configs:
         objects.append(_config_map(DEVICE_PLUGIN_CONFIGMAP, plugin_configs))
-    mig_config = gpu_sharing.mig_parted_config(inventory, facts_by_node)
+    mig_config = gpu_sharing.mig_parted_config(inventory, facts_by_node, gpu)
     if mig_config:
         # MIG Manager requires the key `config.yaml` in a custom mig-parted ConfigMap.
         objects.append(_config_map(MIG_PARTED_CONFIGMAP, {"config.yaml": yaml.safe_dump(mig_config, sort_keys=False)}))
@@ -84,7 +84,7 @@ def _config_map(name: str, data: dict) -> dict:
             "data": data}
 
 
-def release(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> Release:
+def release(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> Release:
     src = versions.source(inventory, Component.GPU_OPERATOR)
     return Release(RELEASE, NAMESPACE, src.chart, src.repo, src.version,
-                   values(inventory, facts_by_node), src.archive)
+                   values(inventory, facts_by_node, gpu), src.archive)

@@ -14,7 +14,6 @@ import yaml
 from bootstrap.cluster.components.release import ComponentError, canonical_json
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Mig, Node, Sharing
-from bootstrap.topology import gpu_nodes
 from bootstrap.checks import mig as mig_rules
 
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
@@ -64,9 +63,9 @@ def _uses_device_plugin_config(sharings: list[Sharing]) -> bool:
     return any((s.time_slicing or s.mps) and not s.mig for s in sharings)
 
 
-def device_plugin_configs(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, str] | None:
+def device_plugin_configs(inventory: Inventory, gpu: list[Node]) -> dict[str, str] | None:
     """Config name -> the plugin's config file (YAML), or None when no node time-slices or uses MPS."""
-    sharings = [inventory.sharing_for(n) for n in gpu_nodes(inventory, facts_by_node)]
+    sharings = [inventory.sharing_for(n) for n in gpu]
     if not _uses_device_plugin_config(sharings):
         return None
     strategy = mig_strategy(inventory)
@@ -112,10 +111,10 @@ def _mig_entry(node: Node, mig: Mig, facts: HostFacts | None) -> list[dict]:
     return [{"devices": "all", "mig-enabled": True, "mig-devices": dict(sorted(wanted.items()))}]
 
 
-def mig_parted_config(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict | None:
+def mig_parted_config(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict | None:
     """Our own mig-parted config, needed only when some node asks for `profiles:`; else
     None and the operator's own layouts (generated per node since v26.3) are used."""
-    mig_nodes = [(n, inventory.sharing_for(n).mig) for n in gpu_nodes(inventory, facts_by_node)]
+    mig_nodes = [(n, inventory.sharing_for(n).mig) for n in gpu]
     mig_nodes = [(n, m) for n, m in mig_nodes if m]
     if not any(m.profiles for _, m in mig_nodes):
         return None
@@ -130,11 +129,11 @@ def mig_parted_config(inventory: Inventory, facts_by_node: dict[str, HostFacts])
 
 # --- node labels ------------------------------------------------------------------------
 
-def sharing_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, dict[str, str]]:
+def sharing_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict[str, dict[str, str]]:
     strategy = mig_strategy(inventory)
-    with_plugin_config = device_plugin_configs(inventory, facts_by_node) is not None
+    with_plugin_config = device_plugin_configs(inventory, gpu) is not None
     labels: dict[str, dict[str, str]] = {}
-    for node in gpu_nodes(inventory, facts_by_node):
+    for node in gpu:
         sharing, facts = inventory.sharing_for(node), facts_by_node.get(node.name) or HostFacts()
         mine = labels.setdefault(node.name, {})
         if with_plugin_config:

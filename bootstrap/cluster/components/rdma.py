@@ -14,11 +14,10 @@ import yaml
 from bootstrap import templates
 from bootstrap.cluster.components import versions
 from bootstrap.host.parts.k3s_service import K3S_DATA_DIR
-from bootstrap.topology import gpu_nodes
 from bootstrap.cluster.components.release import ComponentError, Release
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import nad_name  # one derivation, shared with the inventory check
-from bootstrap.inventory.model import Component, Inventory
+from bootstrap.inventory.model import Component, Inventory, Node
 
 NAMESPACE = "kube-system"
 NAD_NAMESPACE = "default"
@@ -101,28 +100,28 @@ def resource_key(inventory: Inventory) -> str:
     return "/".join(resource_parts(inventory))
 
 
-def interfaces(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[str]:
+def interfaces(inventory: Inventory, gpu: list[Node]) -> list[str]:
     """Every RDMA netdev any GPU node uses, in inventory order (a node may name its own)."""
     rdma = inventory.network.rdma
     names: list[str] = []
     per_node = [n.rdma_interfaces if n.rdma_interfaces is not None else rdma.interfaces
-                for n in gpu_nodes(inventory, facts_by_node)] or [rdma.interfaces]
+                for n in gpu] or [rdma.interfaces]
     for wanted in per_node:
         names += [i for i in wanted if i not in names]
     return names
 
 
-def plugin_config(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict:
+def plugin_config(inventory: Inventory, gpu: list[Node]) -> dict:
     prefix, name = resource_parts(inventory)
     entry: dict = {"resourceName": name, "rdmaHcaMax": RDMA_HCA_MAX,
-                   "selectors": {"ifNames": interfaces(inventory, facts_by_node)}}
+                   "selectors": {"ifNames": interfaces(inventory, gpu)}}
     if prefix != "rdma":  # the plugin's default prefix
         entry["resourcePrefix"] = prefix
     return {"periodicUpdateInterval": PLUGIN_UPDATE_INTERVAL, "configList": [entry]}
 
 
-def plugin_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[dict]:
-    config = json.dumps(plugin_config(inventory, facts_by_node), indent=2) + "\n"
+def plugin_manifests(inventory: Inventory, gpu: list[Node]) -> list[dict]:
+    config = json.dumps(plugin_config(inventory, gpu), indent=2) + "\n"
     configmap = {"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE}, "data": {"config.json": config}}
     src = versions.source(inventory, Component.RDMA_SHARED_DEVICE_PLUGIN)
@@ -174,11 +173,13 @@ def network_attachment(interface: str, ip_range: str, link_layer: str | None, di
             "spec": {"config": json.dumps(cni, indent=2)}}
 
 
-def network_attachments(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs) -> list[dict]:
-    names = interfaces(inventory, facts_by_node)
+def network_attachments(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs,
+                        gpu: list[Node]) -> list[dict]:
+    names = interfaces(inventory, gpu)
     ranges = subnets(inventory.network.rdma.subnet or DEFAULT_SUBNET, len(names))
     return [network_attachment(i, r, _link_layer(i, facts_by_node), dirs) for i, r in zip(names, ranges)]
 
 
-def manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs) -> list[dict]:
-    return plugin_manifests(inventory, facts_by_node) + network_attachments(inventory, facts_by_node, dirs)
+def manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs, gpu: list[Node]) -> list[dict]:
+    """`gpu`: the run's GPU nodes (bootstrap.topology)."""
+    return plugin_manifests(inventory, gpu) + network_attachments(inventory, facts_by_node, dirs, gpu)

@@ -14,6 +14,7 @@ from bootstrap.checks import reachability as rr
 from bootstrap.checks.node_addresses import with_node_ips
 from bootstrap.checks.providers import PROVIDER_LABEL, REGION_LABEL, quorum_loss_by_provider
 from bootstrap.host.plan.join_tokens import JoinTokens
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 
 TOKENS = JoinTokens("tok", "agent-tok")
 
@@ -113,12 +114,12 @@ def test_servers_at_several_providers_behind_nat_cannot_form_etcd_and_rdma_does_
     three = PUBLIC.replace("gpu-1, address: 203.0.113.21,", "gpu-1, address: 203.0.113.21, role: server,") \
                   .replace("gpu-2, address: 192.0.2.31,", "gpu-2, address: 192.0.2.31, role: server,")
     inventory = parse_inventory(three)
-    (etcd,) = [f for f in check_providers(inventory, facts()) if f.check == "etcd"]
+    (etcd,) = [f for f in check_providers(inventory, facts(), gpu_nodes(inventory, facts())) if f.check == "etcd"]
     assert "10.0.1.10" in etcd.message and "one provider" in etcd.fix
     rdma = parse_inventory(PUBLIC.replace("network: {mode: public}", "network: {mode: public, rdma: {interfaces: [ib0]}}")
                            .replace("provider: runpod", "provider: runpod, gpu: {enabled: true}")
                            .replace("provider: lambda,", "provider: lambda, gpu: {enabled: true},"))
-    (cross,) = [f for f in check_providers(rdma, facts()) if f.check == "rdma"]
+    (cross,) = [f for f in check_providers(rdma, facts(), gpu_nodes(rdma, facts())) if f.check == "rdma"]
     assert "lambda (gpu-1)" in cross.message and "runpod (gpu-2)" in cross.message
 
 
@@ -134,7 +135,7 @@ def test_one_provider_holding_the_servers_majority_is_named():
     assert layout == "servers: lambda 2 (a, b), hetzner 1 (c); losing lambda loses etcd quorum (2 of 3 needed)"
     assert quorum_loss_by_provider(servers_at("lambda", "runpod", "hetzner")) is None
     assert quorum_loss_by_provider(servers_at("lambda", "lambda", "lambda")) is None  # one provider: no split
-    (warning,) = [f for f in check_providers(two_one, {}) if f.check == "quorum"]
+    (warning,) = [f for f in check_providers(two_one, {}, gpu_nodes(two_one, {})) if f.check == "quorum"]
     assert warning.severity == "warning"
 
 

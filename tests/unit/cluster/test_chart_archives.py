@@ -14,6 +14,7 @@ from bootstrap.cluster.components import desired_releases
 from bootstrap.errors import InvalidInput, UsageError
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.cluster.components.release import Release
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 
 HELM = shutil.which("helm")
 needs_helm = pytest.mark.skipif(HELM is None, reason="the real helm is not on PATH (CI installs it)")
@@ -43,7 +44,7 @@ def test_a_local_archive_is_what_helm_installs(tmp_path):
     archive = package(tmp_path / "charts", "volcano", "1.15.1")
     inv = inventory(tmp_path, {"volcano": {"version": "1.15.1", "archive": "charts/volcano-1.15.1.tgz"}})
     check_archives(inv)
-    release = next(r for r in desired_releases(inv, {}) if r.name == "volcano")
+    release = next(r for r in desired_releases(inv, {}, gpu_nodes(inv, {})) if r.name == "volcano")
     assert release.archive == str(archive)  # relative to the inventory file
     argv = helm.upgrade_install_argv("helm", release, "values.yaml", "kubeconfig", 60)
     assert str(archive) in argv and "--repo" not in argv
@@ -87,7 +88,7 @@ def test_multus_from_an_archive_needs_its_crd_chart_beside_it(tmp_path):
 
 def test_an_oci_mirror_names_the_chart_under_the_registry(tmp_path):
     inv = inventory(tmp_path, {"volcano": {"version": "1.15.1", "repo": "oci://registry.lab:5000/charts/"}})
-    release = next(r for r in desired_releases(inv, {}) if r.name == "volcano")
+    release = next(r for r in desired_releases(inv, {}, gpu_nodes(inv, {})) if r.name == "volcano")
     assert helm.chart_argv(release) == ["oci://registry.lab:5000/charts/volcano", "--version", "1.15.1"]
 
 

@@ -23,6 +23,7 @@ from bootstrap.cluster import helm
 from bootstrap.cluster.components import Release, desired_releases
 from bootstrap.errors import run_command
 from bootstrap.progress import Console, Reporter
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 from repo_paths import TESTS
 
 RELEASES = ["multus-crd", "multus", "csi-driver-nfs", "gpu-operator", "volcano"]  # the mixed scenario's
@@ -125,7 +126,7 @@ def test_hung_helm_is_stopped(recorder, monkeypatch):
 
 def test_unchanged_releases_are_skipped():
     inv, facts = mixed()
-    releases = desired_releases(inv, facts)
+    releases = desired_releases(inv, facts, gpu_nodes(inv, facts))
     applied = {r.name: r.digest() for r in releases}
     assert helm.releases_to_apply(releases, applied) == []
     assert helm.releases_to_apply(releases, {}) == releases
@@ -157,7 +158,7 @@ def chart_repo(tmp_path_factory):
     repo = root / "repo"
     repo.mkdir()
     inv, facts = mixed()
-    releases = desired_releases(inv, facts)
+    releases = desired_releases(inv, facts, gpu_nodes(inv, facts))
     for release in releases:
         chart = root / "src" / release.chart
         (chart / "templates").mkdir(parents=True)

@@ -8,8 +8,11 @@ or in other words."""
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 from repo_paths import ROOT
+
+from bootstrap.flows import diagnose, gpu_health, host_phase, inspection, repair, scale_down
 
 PACKAGE = ROOT / "bootstrap"
 MAX_LINES = 50
@@ -46,3 +49,16 @@ def test_only_the_reporter_writes_failed_lines():
 def test_the_reporter_check_sees_an_f_string():
     assert starts_a_failed_line(ast.parse('f"FAILED {x}"', mode="eval").body)
     assert not starts_a_failed_line(ast.parse('f"UPGRADE FAILED {x}"', mode="eval").body)
+
+
+def test_every_flow_takes_its_edges_as_the_others_do():
+    """No test seam object in product code (issue 24, item 7: `repair.Edges`): each command's
+    flow takes the hosts (`open_session`) and the cluster (`connect`) as keyword arguments
+    with the real ones as defaults, as `up` does; tests pass fakes the same way."""
+    flows = [host_phase.bring_up, repair.repair, scale_down.scale_down, gpu_health.check_health,
+             inspection.cluster_status, inspection.planned_changes, diagnose.diagnose]
+    for flow in flows:
+        parameters = inspect.signature(flow).parameters
+        assert {"open_session", "connect"} <= set(parameters), flow.__qualname__
+        assert parameters["open_session"].default is not inspect.Parameter.empty, flow.__qualname__
+    assert not hasattr(repair, "Edges")

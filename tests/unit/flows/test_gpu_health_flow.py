@@ -3,15 +3,22 @@ a degraded variant), preflight's findings (warn reports, strict leaves the node 
 skips, siblings decide the GPU count), `bootstrap health`'s Xid bookkeeping and render, the
 status column, and the burn-in's judging of n-body output."""
 
+import contextlib
+import io
 import re
 from dataclasses import replace
 from pathlib import Path
 
+from fakes import FakeSession
 from test_facts_parsers import from_fixture, h200_probe_output, section
 
+from bootstrap import progress
+from bootstrap.flows.gpu_health import check_health
+from bootstrap.state.folder import StateDir
 from bootstrap.host.facts.probe import PROBE_SCRIPT, parse_host_facts, probe_script
-from bootstrap.inventory.loader import parse_inventory
+from bootstrap.inventory.loader import load_inventory, parse_inventory
 from bootstrap.checks.preflight import gpu_health_findings, health_blocked
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 from repo_paths import TESTS
 
 VARIANTS = TESTS / "fixtures" / "gpu-vm-h200-variants"
@@ -50,23 +57,23 @@ def test_preflight_reports_in_warn_leaves_out_in_strict_and_skips_when_off():
     good = parse_host_facts(probe_output())
     bad = parse_host_facts(probe_output("remap-pending", XID79))
     facts = {"g1": good, "g2": bad}
-    warn = gpu_health_findings(inventory(), facts)
+    warn = gpu_health_findings(inventory(), facts, gpu_nodes(inventory(), facts))
     assert warn["g1"] == [] and {f.check for f in warn["g2"]} == {"gpu-health:remap", "gpu-health:xid"}
     assert all(f.severity == "warning" for f in warn["g2"])
     said = {f.check: "(gpu.health: strict would leave this node out)" in f.message for f in warn["g2"]}
     assert said == {"gpu-health:remap": False, "gpu-health:xid": True}  # a pending remap is only a warning
-    strict = gpu_health_findings(inventory("strict"), facts)
+    strict = gpu_health_findings(inventory("strict"), facts, gpu_nodes(inventory("strict"), facts))
     assert set(health_blocked([f for fs in strict.values() for f in fs])) == {"g2"}
     assert "sudo nvidia-smi -r" in strict["g2"][0].fix
     assert [f.check for f in health_blocked([f for fs in strict.values() for f in fs])["g2"]] == ["gpu-health:xid"]
-    assert gpu_health_findings(inventory("off"), facts) == {}
+    assert gpu_health_findings(inventory("off"), facts, gpu_nodes(inventory("off"), facts)) == {}
 
 
 def test_strict_keeps_a_node_whose_only_issue_is_a_pending_row_remap():
     """NVML (nvmlDeviceGetRemappedRows): a pending remap "won't affect future work on the GPU";
     only a remap failure is NVIDIA's replacement criterion."""
     pending = parse_host_facts(probe_output("remap-pending"))
-    strict = gpu_health_findings(inventory("strict"), {"g1": pending})
+    strict = gpu_health_findings(inventory("strict"), {"g1": pending}, gpu_nodes(inventory("strict"), {"g1": pending}))
     assert [(f.check, f.severity) for f in strict["g1"]] == [("gpu-health:remap", "warning")]
     assert health_blocked(strict["g1"]) == {}
 
@@ -74,7 +81,7 @@ def test_strict_keeps_a_node_whose_only_issue_is_a_pending_row_remap():
 def test_a_node_with_fewer_gpus_than_its_siblings_is_named():
     good = parse_host_facts(probe_output())
     two = replace(good, gpus=good.gpus * 2, gpu_health=good.gpu_health * 2)
-    found = gpu_health_findings(inventory("strict"), {"g1": two, "g2": good})
+    found = gpu_health_findings(inventory("strict"), {"g1": two, "g2": good}, gpu_nodes(inventory("strict"), {"g1": two, "g2": good}))
     assert [f.check for f in found["g2"]] == ["gpu-health:gpu-count"] and found["g1"] == []
 
 
@@ -86,7 +93,7 @@ def test_health_counts_only_xids_it_has_not_seen_and_renders_each_issue():
     seen = {"boot_id": BOOT, "last_xid_uptime_s": max(x.uptime_s for x in facts.xids)}
     assert new_since(seen, facts) == []
     assert len(new_since(dict(seen, boot_id="another-boot"), facts)) == 1  # rebooted: all are new
-    findings = gpu_health_findings(inventory("strict"), {"g2": facts})["g2"]
+    findings = gpu_health_findings(inventory("strict"), {"g2": facts}, gpu_nodes(inventory("strict"), {"g2": facts}))["g2"]
     text = "\n".join(render([NodeHealth("g2", findings, facts.xids, 1), NodeHealth("g1", [], [], 1)]))
     assert "g2: WARN  remap: GPU 0" in text and "g2: ERROR xid: GPU 0" in text and "       fix: " in text
     assert "g2: new since the last check: Xid 79" in text and "g1: ok (1 GPU(s))" in text
@@ -167,3 +174,20 @@ def test_the_health_command_line():
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["health", "inv.yaml", "--burn-in", "5"])
+
+
+def test_health_runs_on_a_run_and_reports_a_host_that_did_not_answer(tmp_path):
+    """`bootstrap health` on a `Run` like the other flows: its GPU nodes from the run's
+    topology, its FAILED lines through the one reporter."""
+    path = tmp_path / "inv.yaml"
+    path.write_text("cluster: h\nstate_dir: state\nnodes:\n  - {name: cp, address: 10.0.0.1, role: server, gpu: {enabled: false}}\n"
+                    "  - {name: g1, address: 10.0.0.2}\n  - {name: g2, address: 10.0.0.3}\n")
+    inv = load_inventory(path)
+    facts = {"cp": replace(parse_host_facts(h200_probe_output()), gpus=[]),
+             "g1": parse_host_facts(probe_output()), "g2": parse_host_facts(probe_output("remap-pending", XID79))}
+    session = FakeSession(inv, facts, unreachable=["g2"])
+    err = io.StringIO()
+    results = check_health(inv, StateDir(inv), progress.Console(progress.Reporter(io.StringIO()), err),
+                           open_session=lambda *a: contextlib.nullcontext(session))
+    assert [(r.node, r.verdict) for r in results] == [("g1", "ok")]
+    assert "FAILED g2" in err.getvalue()

@@ -14,7 +14,7 @@ from bootstrap.cluster.client import ClusterError
 from bootstrap import progress
 from bootstrap.errors import HostsFailed
 from bootstrap.host.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
-from bootstrap.flows.repair import Edges, RepairOptions, repair
+from bootstrap.flows.repair import RepairOptions, repair
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.state.folder import StateDir
 
@@ -45,10 +45,9 @@ def cluster(tmp_path):
 
 
 def run(inventory, state, session, *, port=(True, "accepts"), **options):
-    edges = Edges(open_session=lambda *a: contextlib.nullcontext(session),
-                  connect=lambda *a: api_refuses("401 Unauthorized"),
-                  api_port_accepts=lambda *a: port)
-    repair(inventory, state, RepairOptions(**options), progress.Console(progress.Reporter()), edges)
+    repair(inventory, state, RepairOptions(**options), progress.Console(progress.Reporter()),
+           open_session=lambda *a: contextlib.nullcontext(session),
+           connect=lambda *a: api_refuses("401 Unauthorized"), api_port_accepts=lambda *a: port)
 
 
 def test_an_api_error_with_k3s_running_is_an_error_never_a_restore(cluster):

@@ -21,7 +21,7 @@ from bootstrap import progress
 from bootstrap.cluster.client import Cluster as ApiCluster
 from bootstrap.host.facts.host_facts import FileState, K3sInstall, SystemdUnit
 from bootstrap.flows.host_phase import UpOptions, bring_up
-from bootstrap.flows.repair import Edges, RepairOptions, repair
+from bootstrap.flows.repair import RepairOptions, repair
 from bootstrap.host.parts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.host.plan.join_tokens import SERVER_TOKEN_FILE
 from bootstrap.inventory.loader import load_inventory
@@ -122,8 +122,8 @@ def test_up_removes_the_old_node_and_its_secret_before_the_new_machine_joins(clu
 def test_rebuild_removes_a_replaced_machines_node_that_still_says_ready(cluster, helm_calls):  # noqa: F811
     inventory, state, session, connect = cluster
     out = io.StringIO()
-    edges = Edges(open_session=lambda *a: contextlib.nullcontext(session), connect=connect)
-    repair(inventory, state, RepairOptions(validate=False), progress.Console(progress.Reporter(out)), edges)
+    repair(inventory, state, RepairOptions(validate=False), progress.Console(progress.Reporter(out)),
+           open_session=lambda *a: contextlib.nullcontext(session), connect=connect)
     nodes, secrets = session.seen_at_step["join agents"]
     assert "a1" not in nodes and "a1.node-password.k3s" not in secrets
     assert "lost a1; joined a1" in out.getvalue() and "unchanged cp" in out.getvalue()
@@ -175,7 +175,7 @@ def test_rebuild_names_a_machine_that_does_not_answer_and_does_not_wait_for_it(l
     out = io.StringIO()
     started = time.monotonic()
     repair(inventory, state, RepairOptions(validate=False), progress.Console(progress.Reporter(out)),
-           Edges(open_session=lambda *a: contextlib.nullcontext(session), connect=connect))
+           open_session=lambda *a: contextlib.nullcontext(session), connect=connect)
     assert time.monotonic() - started < 60, "rebuild waited for a node that cannot join"
     said = out.getvalue()
     assert "not answering a2" in said and "unchanged cp, a1" in said

@@ -73,10 +73,9 @@ def test_restore_clears_the_other_servers_then_restores_then_starts_them(ha, mon
     phases = []
     monkeypatch.setattr(repair_flow, "cluster_phase", lambda *a, **kw: phases.append("cluster side"))
     session = Session(inventory, facts)
-    edges = repair_flow.Edges(open_session=lambda *a: contextlib.nullcontext(session), connect=api_refuses,
-                              api_port_accepts=lambda *a: (False, "refuses"))
     repair_flow.repair(inventory, state, repair_flow.RepairOptions(restore=True, assume_yes=True),
-                       progress.Console(progress.Reporter()), edges)
+                       progress.Console(progress.Reporter()), open_session=lambda *a: contextlib.nullcontext(session),
+                       connect=api_refuses, api_port_accepts=lambda *a: (False, "refuses"))
     ran = session.executed
     assert ran.index(("clear etcd data on the other servers", "s2")) < ran.index(("restore etcd snapshot on s1", "s1"))
     assert ("clear etcd data on the other servers", "s3") in ran

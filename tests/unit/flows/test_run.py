@@ -4,6 +4,7 @@ preflight as one entry that returns its findings (the flow prints and decides)."
 
 import contextlib
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from test_join_tokens import JoinSession, fresh_facts, inventory_of, k3s  # noqa
 
 from bootstrap import progress, topology
 from bootstrap.host.facts.host_facts import HostFacts, K3sInstall, SystemdUnit
-from bootstrap.flows import cluster_side, host_phase
+from bootstrap.flows import cluster_side, host_phase, replaced_machines
 from bootstrap.flows.host_check import check_hosts
 from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.preflight_phase import PreflightFailed, enforce, examine
@@ -49,7 +50,7 @@ def test_the_planners_and_the_cluster_side_read_one_resolved_inventory(k3s, tmp_
         return {"labelled": [], "objects": [], "releases": []}
 
     monkeypatch.setattr(cluster_side, "apply_cluster", apply_cluster)
-    monkeypatch.setattr(cluster_side, "plan_cluster", lambda inventory, facts: ("plan of", inventory, facts))
+    monkeypatch.setattr(cluster_side, "plan_cluster", lambda inventory, facts, gpu: ("plan of", inventory, facts))
     bring_up(inv, state, UpOptions(validate=False), console(),
              open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
              connect=lambda *a: contextlib.nullcontext(object()), take_snapshot=lambda *a: Path("snap.db"))
@@ -98,3 +99,30 @@ def test_check_hosts_runs_ups_first_phases_and_changes_nothing(k3s, tmp_path):  
     assert check_hosts(inv, console(out), open_session=lambda *a: contextlib.nullcontext(session)) == 0
     assert session.executed == [] and "`up` would go ahead" in out.getvalue()
     assert not (StateDir(inv).path / "token").exists()
+
+
+def test_replaced_machines_are_marked_on_their_host_records(tmp_path, monkeypatch):
+    """What the join needs of a replaced machine is on its record (an etcd member leaves etcd
+    first) and on the run (the healthy server to join when the first server was replaced):
+    no parallel `Replaced` beside the records."""
+    inv = inventory_of(tmp_path, servers=3, agents=1)
+    state = StateDir(inv)
+    state.write_secret("kubeconfig", "a cluster `up` built before\n")
+    facts = fresh_facts(inv)  # no k3s anywhere: cp-1 and a1 are new machines under old names
+    for name in ("cp-2", "cp-3"):
+        facts[name] = replace(facts[name], k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, []))
+    server = {"node-role.kubernetes.io/control-plane": "true"}
+    nodes = {name: {"metadata": {"name": name, "labels": server if name.startswith("cp") else {}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}} for name in facts}
+    monkeypatch.setattr(replaced_machines, "cluster_nodes", lambda *a: (nodes, None))
+    removed = []
+    monkeypatch.setattr(replaced_machines, "remove_nodes", lambda inventory, state, names, members, connect:
+                        removed.append((names, members)))
+    run = Run(inv, state, console())
+    run.set_facts(facts)
+    replaced_machines.find_replaced(run)
+    assert [(n, r.replaced, r.replaced_member) for n, r in run.hosts.items()] == [
+        ("cp-1", True, True), ("cp-2", False, False), ("cp-3", False, False), ("a1", True, False)]
+    assert run.join_via.name == "cp-2"
+    replaced_machines.clear_replaced(run)
+    assert removed == [(["cp-1", "a1"], ["cp-1"])]

@@ -9,6 +9,7 @@ from bootstrap.host.parts.registries import embedded_mirror_on, registries_yaml
 from bootstrap.state.secrets import with_secret_values
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.host.plan.join_tokens import JoinTokens
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 
 TOKENS = JoinTokens("tok", "agent-tok")
 
@@ -322,10 +323,10 @@ def test_up_says_which_gpu_node_is_still_downloading_what():
     inv = parse_inventory(BASE.replace("role: server}", "role: server, gpu: {enabled: false}}"))
     held = ("docker.io/library/busybox:1.36", "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0")
     facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[], images=()), "gpu-1": replace(healthy_host("gpu-1"), images=held)}
-    (line,) = download_lines(inv, facts)
+    (line,) = download_lines(inv, facts, gpu_nodes(inv, facts))
     assert line.startswith("images: gpu-1 is still downloading 5 in the background (k3s logs a failed pull): "
                            "nvcr.io/nvidia/gpu-operator:v26.7.0")
     assert "busybox" not in line and "cp-1" not in line
     everything = held + tuple(prepull_images(inv))
-    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)}) == []
-    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)}) == []  # k3s not read
+    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)}, gpu_nodes(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)})) == []
+    assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)}, gpu_nodes(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)})) == []  # k3s not read

@@ -19,6 +19,7 @@ from bootstrap.host.facts.host_facts import ContainerdConfig, RdmaDevice
 from bootstrap.host.facts.probe import parse_host_facts
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.inventory.model import Mig
+from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
 
 KUBE_VERSION = "1.33"
 CNI_BIN = "/var/lib/rancher/k3s/data/cni"
@@ -42,7 +43,7 @@ def facts_for(inv, gpu=H200, cpu=CPU):
 
 
 def releases_by_name(inv, facts=None, **kw):
-    return {r.name: r for r in desired_releases(inv, facts if facts is not None else facts_for(inv), **kw)}
+    return {r.name: r for r in desired_releases(inv, facts if facts is not None else facts_for(inv), gpu_nodes(inv, facts if facts is not None else facts_for(inv)), **kw)}
 
 
 def operator_values(inv, facts=None):
@@ -50,7 +51,7 @@ def operator_values(inv, facts=None):
     (the tool applies those ConfigMaps itself, before the release)."""
     facts = facts if facts is not None else facts_for(inv)
     values = releases_by_name(inv, facts)["gpu-operator"].values
-    maps = {m["metadata"]["name"]: m for m in gpu_operator.config_maps(inv, facts) if m["kind"] == "ConfigMap"}
+    maps = {m["metadata"]["name"]: m for m in gpu_operator.config_maps(inv, facts, gpu_nodes(inv, facts)) if m["kind"] == "ConfigMap"}
     for section in ("devicePlugin", "migManager"):
         config = values.get(section, {}).get("config", {})
         if config.get("name") in maps:
@@ -222,7 +223,7 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_values_key_exists_in_the_charts_values(name):
     inv, facts = SCENARIOS[name]()
-    releases = desired_releases(inv, facts)
+    releases = desired_releases(inv, facts, gpu_nodes(inv, facts))
     assert releases
     for release in releases:
         check_release_values(release)
@@ -265,7 +266,7 @@ def test_every_scenario_has_its_applied_objects_listed():
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_manifest_passes_its_schema(name):
     inv, facts = SCENARIOS[name]()
-    objects = desired_prerequisites(inv, facts) + desired_manifests(inv, facts)
+    objects = desired_prerequisites(inv, facts, gpu_nodes(inv, facts)) + desired_manifests(inv, facts, gpu_nodes(inv, facts))
     assert [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects] == APPLIED[name]
     for obj in objects:
         validate_object(obj)
@@ -310,7 +311,7 @@ def test_time_slicing_mps_and_mig_nodes_get_distinct_configs_and_labels():
     assert config["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
     assert config["default"] == "ts-4"
     assert set(config["data"]) == {"ts-4", "mps-2", "mig-single"}
-    labels = node_labels(inv, facts)
+    labels = node_labels(inv, facts, gpu_nodes(inv, facts))
     assert labels["g1"] == {"nvidia.com/device-plugin.config": "ts-4", "nvidia.com/mig.config": "all-disabled"}
     assert labels["g-mps"]["nvidia.com/device-plugin.config"] == "mps-2"
     assert labels["g-mig"] == {"nvidia.com/device-plugin.config": "mig-single", "nvidia.com/mig.config": "all-1g.18gb",
@@ -347,7 +348,7 @@ def test_no_sharing_leaves_the_device_plugin_alone():
     inv = inventory()
     values = operator_values(inv)
     assert "devicePlugin" not in values
-    assert node_labels(inv, facts_for(inv))["g1"] == {"nvidia.com/mig.config": "all-disabled"}
+    assert node_labels(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv)))["g1"] == {"nvidia.com/mig.config": "all-disabled"}
 
 
 def test_mig_layout_alone_uses_the_operators_own_layouts():
@@ -356,7 +357,7 @@ def test_mig_layout_alone_uses_the_operators_own_layouts():
     assert values["mig"] == {"strategy": "mixed"}
     assert values["migManager"] == {"config": {"default": "all-disabled"}}  # nothing custom
     assert "devicePlugin" not in values  # the operator passes mig.strategy to the plugin
-    assert node_labels(inv, facts_for(inv))["g1"] == {"nvidia.com/mig.config": "all-1g.18gb",
+    assert node_labels(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv)))["g1"] == {"nvidia.com/mig.config": "all-1g.18gb",
                                                       "nvidia.com/mig.strategy": "mixed"}
 
 
@@ -374,7 +375,7 @@ def test_mig_profiles_make_a_custom_mig_parted_config():
     assert config["default"] == "all-disabled" and set(config["data"]) == {"config.yaml"}
     parted = yaml.safe_load(config["data"]["config.yaml"])
     assert example_paths(parted, ("mig-configs", "mig-devices")) <= mig_parted_example_paths()
-    custom = node_labels(inv, facts)["g-prof"]["nvidia.com/mig.config"]
+    custom = node_labels(inv, facts, gpu_nodes(inv, facts))["g-prof"]["nvidia.com/mig.config"]
     assert parted["mig-configs"][custom] == [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.71gb": 2}}]
     assert parted["mig-configs"]["all-disabled"] == [{"devices": "all", "mig-enabled": False}]
     # The named layout of the other node is spelled out from its profile table, and says
@@ -389,7 +390,7 @@ def test_a_media_engine_layout_uses_mig_parteds_name_and_a_valid_label():
 
     inv = inventory(MIXED_EXTRA, MIXED.replace("layout: all-1g.18gb}", "layout: all-1g.18gb.me}"))
     facts = facts_for(inv, gpu=replace(H200, rdma=[IB, ROCE]))
-    label = node_labels(inv, facts)["g-mig"]["nvidia.com/mig.config"]
+    label = node_labels(inv, facts, gpu_nodes(inv, facts))["g-mig"]["nvidia.com/mig.config"]
     assert label == "all-1g.18gb.me" and label_value_error(label) is None
     parted = yaml.safe_load(operator_values(inv, facts)["migManager"]["config"]["data"]["config.yaml"])
     operator_default = yaml.safe_load(load_yaml("mig-parted/gpu-operator-v26.7.0/0400_configmap.yaml")
@@ -408,7 +409,7 @@ def test_named_layout_next_to_profiles_needs_the_nodes_profile_table():
     inv, facts = mixed()
     facts["g-mig"] = replace(H200, mig_profiles=[])
     with pytest.raises(ComponentError, match="g-mig"):
-        desired_releases(inv, facts)
+        desired_releases(inv, facts, gpu_nodes(inv, facts))
 
 
 @pytest.mark.parametrize("driver, driver_enabled, toolkit_enabled", [
@@ -447,7 +448,7 @@ def test_no_gpu_nodes_no_gpu_operator():
 
 def test_inventory_labels_are_kept_and_sharing_labels_added():
     inv = inventory(nodes="  - {name: g2, address: 10.0.0.3, labels: {pool: h200, team: ml}}\n")
-    labels = node_labels(inv, facts_for(inv))
+    labels = node_labels(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv)))
     assert labels["g2"] == {"pool": "h200", "team": "ml", "nvidia.com/mig.config": "all-disabled"}
 
 
@@ -471,7 +472,7 @@ def test_multus_and_whereabouts_use_the_cni_dirs_from_facts():
         "enabled": True, "fullnameOverride": "whereabouts", "cniConf": {"confDir": conf, "binDir": old_bin}}
     assert (releases["multus"].chart, releases["multus"].repo) == ("rke2-multus", "https://rke2-charts.rancher.io")
     # The CRD chart comes first and carries the same number without the v.
-    names = [r.name for r in desired_releases(inv, facts)]
+    names = [r.name for r in desired_releases(inv, facts, gpu_nodes(inv, facts))]
     assert names.index("multus-crd") < names.index("multus")
     assert (releases["multus-crd"].chart, releases["multus-crd"].version) == ("rke2-multus-crd", "4.3.017")
 
@@ -480,10 +481,10 @@ def test_cni_bin_dir_must_be_known_and_agreed():
     inv = inventory("network: {rdma: {interfaces: [ibp26s0]}}\n")
     unknown = facts_for(inv, gpu=replace(H200, containerd=None), cpu=replace(CPU, containerd=None))
     with pytest.raises(ComponentError, match="CNI bin dir is unknown"):
-        desired_releases(inv, unknown)
+        desired_releases(inv, unknown, gpu_nodes(inv, unknown))
     split = facts_for(inv, cpu=replace(CPU, containerd=ContainerdConfig([], "/opt/cni/bin")))
     with pytest.raises(ComponentError, match="different CNI bin dirs"):
-        desired_releases(inv, split)
+        desired_releases(inv, split, gpu_nodes(inv, split))
 
 
 def test_older_multus_has_no_crd_chart():
@@ -496,7 +497,7 @@ def test_rdma_device_plugin_config_from_inventory_and_node_interfaces():
     inv = inventory("network: {rdma: {interfaces: [ibp26s0]}}\n",
                     "  - {name: g2, address: 10.0.0.3, rdma_interfaces: [ibp27s0, ibp26s0]}\n")
     facts = facts_for(inv, gpu=replace(H200, rdma=[IB]))
-    configmap = by_kind(desired_manifests(inv, facts), "ConfigMap")[0]
+    configmap = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "ConfigMap")[0]
     assert configmap["metadata"] == {"name": "rdma-devices", "namespace": "kube-system"}
     config = json.loads(configmap["data"]["config.json"])
     assert config["configList"] == [{"resourceName": "rdma_shared_device_a", "rdmaHcaMax": 63,
@@ -509,7 +510,7 @@ def test_rdma_device_plugin_config_from_inventory_and_node_interfaces():
 
 def test_rdma_resource_prefix_other_than_rdma():
     inv = inventory("network: {rdma: {interfaces: [ibp26s0], resource_name: nvidia.com/hca_shared}}\n")
-    config = rdma.plugin_config(inv, facts_for(inv))
+    config = rdma.plugin_config(inv, gpu_nodes(inv, facts_for(inv)))
     assert config["configList"][0]["resourcePrefix"] == "nvidia.com"
     assert config["configList"][0]["resourceName"] == "hca_shared"
     assert rdma.resource_key(inv) == "nvidia.com/hca_shared"
@@ -517,7 +518,7 @@ def test_rdma_resource_prefix_other_than_rdma():
 
 def test_rdma_daemonset_is_upstreams_with_pinned_image_and_tolerations():
     inv, facts = mixed()
-    ours = copy.deepcopy(by_kind(desired_manifests(inv, facts), "DaemonSet")[0])
+    ours = copy.deepcopy(by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "DaemonSet")[0])
     theirs = load_yaml("rdma-shared-dev-plugin/deployment/k8s/base/daemonset.yaml")
     spec = ours["spec"]["template"]["spec"]
     image = spec["containers"][0].pop("image")
@@ -532,7 +533,7 @@ def test_rdma_daemonset_is_upstreams_with_pinned_image_and_tolerations():
 
 def test_rdma_daemonset_restarts_when_the_config_changes():
     def checksum(inv):
-        return by_kind(desired_manifests(inv, facts_for(inv)), "DaemonSet")[0]["spec"]["template"]["metadata"][
+        return by_kind(desired_manifests(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv))), "DaemonSet")[0]["spec"]["template"]["metadata"][
             "annotations"]["checksum/config"]
     one = checksum(inventory("network: {rdma: {interfaces: [ibp26s0]}}\n"))
     two = checksum(inventory("network: {rdma: {interfaces: [ibp26s0, ibp27s0]}}\n"))
@@ -545,7 +546,7 @@ def cni_config(nad):
 
 def test_network_attachments_per_interface_by_link_layer():
     inv, facts = mixed()
-    nads = by_kind(desired_manifests(inv, facts), "NetworkAttachmentDefinition")
+    nads = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "NetworkAttachmentDefinition")
     assert [n["metadata"]["name"] for n in nads] == ["rdma-ibp26s0", "rdma-ens1f0np0"]
     ib, roce = (cni_config(n) for n in nads)
     assert (ib["type"], ib["device"]) == ("host-device", "ibp26s0")  # IPoIB: no macvlan
@@ -565,7 +566,7 @@ def test_network_attachments_per_interface_by_link_layer():
 
 def test_single_interface_gets_the_whole_subnet_and_default_subnet_applies():
     inv = inventory("network: {rdma: {interfaces: [ens1f0np0]}}\n")
-    nad = by_kind(desired_manifests(inv, facts_for(inv, gpu=replace(H200, rdma=[ROCE]))),
+    nad = by_kind(desired_manifests(inv, facts_for(inv, gpu=replace(H200, rdma=[ROCE])), gpu_nodes(inv, facts_for(inv, gpu=replace(H200, rdma=[ROCE])))),
                   "NetworkAttachmentDefinition")[0]
     assert cni_config(nad)["ipam"]["range"] == rdma.DEFAULT_SUBNET
     assert cni_config(nad)["type"] == "macvlan"
@@ -603,14 +604,14 @@ def test_local_path_default_is_a_patch_to_k3s_class():
     assert patch.body["metadata"]["annotations"] == {storage.DEFAULT_ANNOTATION: "true"}
     validate_object(merge(K3S_LOCAL_PATH, patch.body))
     assert not {"csi-driver-nfs", "longhorn"} & set(releases_by_name(inv))
-    assert by_kind(desired_manifests(inv, facts_for(inv)), "StorageClass") == []
+    assert by_kind(desired_manifests(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv))), "StorageClass") == []
 
 
 def test_nfs_default_class_and_release():
     inv, facts = mixed()
     release = releases_by_name(inv, facts)["csi-driver-nfs"]
     assert (release.chart, release.version, release.namespace) == ("csi-driver-nfs", "4.13.4", "kube-system")
-    [nfs] = by_kind(desired_manifests(inv, facts), "StorageClass")
+    [nfs] = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "StorageClass")
     assert nfs["metadata"]["annotations"] == {storage.DEFAULT_ANNOTATION: "true"}
     assert nfs["parameters"] == {"server": "10.0.0.5", "share": "/srv/nfs"}
     assert nfs["mountOptions"] == ["nfsvers=4.1", "hard"]
@@ -624,7 +625,7 @@ def test_nfs_default_class_and_release():
 
 def test_nfs_not_default_when_local_path_is():
     inv = inventory("storage: {nfs: {server: nfs.example.com, share: /export}}\n")
-    [nfs] = by_kind(desired_manifests(inv, facts_for(inv)), "StorageClass")
+    [nfs] = by_kind(desired_manifests(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv))), "StorageClass")
     assert nfs["metadata"]["annotations"] == {storage.DEFAULT_ANNOTATION: "false"}
     assert "mountOptions" not in nfs
     assert desired_patches(inv)[0].body["metadata"]["annotations"][storage.DEFAULT_ANNOTATION] == "true"
@@ -645,7 +646,7 @@ def test_storage_choices_that_cannot_work():
     inv = inventory()  # the loader refuses default: nfs without nfs; the plan refuses it too
     inv = replace(inv, storage=replace(inv.storage, default="nfs"))
     with pytest.raises(ComponentError, match="storage.nfs is not set"):
-        desired_releases(inv, facts_for(inv))
+        desired_releases(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv)))
     with pytest.raises(ComponentError, match="local-storage"):
         desired_patches(inventory("k3s: {disable: [local-storage]}\n"))
     assert desired_patches(inventory("k3s: {disable: [local-storage]}\nstorage: {default: longhorn}\n")) == []
@@ -658,7 +659,7 @@ def test_volcano_release_and_queues():
     release = releases_by_name(inv, facts)["volcano"]
     assert (release.chart, release.repo, release.version, release.namespace) == (
         "volcano", "https://volcano-sh.github.io/helm-charts", "1.15.1", "volcano-system")
-    queues = by_kind(desired_manifests(inv, facts), "Queue")
+    queues = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "Queue")
     assert [(q["metadata"]["name"], q["spec"]) for q in queues] == [
         ("research", {"weight": 3, "reclaimable": True}), ("batch", {"weight": 1, "reclaimable": True})]
     for queue in queues:
@@ -668,7 +669,7 @@ def test_volcano_release_and_queues():
 def test_volcano_disabled():
     inv = inventory("volcano: {enabled: false, queues: [{name: q}]}\n")
     assert "volcano" not in releases_by_name(inv)
-    assert by_kind(desired_manifests(inv, facts_for(inv)), "Queue") == []
+    assert by_kind(desired_manifests(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv))), "Queue") == []
 
 
 # --- versions, order, digests ------------------------------------------------------------
@@ -679,10 +680,10 @@ def test_chart_version_overrides():
                     "charts: {gpu_operator: v25.10.1, multus: v4.3.019, nfs_csi: 4.12.0, longhorn: 1.11.2, "
                     "volcano: 1.14.0, rdma_shared_device_plugin: v1.5.2}\n")
     facts = facts_for(inv)
-    got = {r.name: r.version for r in desired_releases(inv, facts)}
+    got = {r.name: r.version for r in desired_releases(inv, facts, gpu_nodes(inv, facts))}
     assert got == {"multus-crd": "4.3.019", "multus": "v4.3.019", "csi-driver-nfs": "4.12.0", "longhorn": "1.11.2",
                    "gpu-operator": "v25.10.1", "volcano": "1.14.0"}
-    daemonset = by_kind(desired_manifests(inv, facts), "DaemonSet")[0]
+    daemonset = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "DaemonSet")[0]
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":v1.5.2")
 
 
@@ -698,9 +699,9 @@ def test_whereabouts_cannot_be_pinned_alone():
 
 def test_releases_come_in_dependency_order():
     inv, facts = mixed()
-    names = [r.name for r in desired_releases(inv, facts)]
+    names = [r.name for r in desired_releases(inv, facts, gpu_nodes(inv, facts))]
     assert names == ["multus-crd", "multus", "csi-driver-nfs", "gpu-operator", "volcano"]
-    kinds = [m["kind"] for m in desired_manifests(inv, facts)]
+    kinds = [m["kind"] for m in desired_manifests(inv, facts, gpu_nodes(inv, facts))]
     assert kinds == ["ConfigMap", "DaemonSet", "NetworkAttachmentDefinition", "NetworkAttachmentDefinition",
                      "StorageClass", "Queue", "Queue"]
 
@@ -721,7 +722,7 @@ def test_one_node_shares_the_rest_do_not():
     config = operator_values(inv)["devicePlugin"]["config"]
     assert config["default"] == "none" and set(config["data"]) == {"none", "mps-2"}
     assert yaml.safe_load(config["data"]["none"]) == {"version": "v1", "flags": {"migStrategy": "none"}}
-    labels = node_labels(inv, facts_for(inv))
+    labels = node_labels(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv)))
     assert labels["g1"]["nvidia.com/device-plugin.config"] == "none"
     assert labels["g2"]["nvidia.com/device-plugin.config"] == "mps-2"
 
@@ -729,16 +730,16 @@ def test_one_node_shares_the_rest_do_not():
 def test_gpu_without_mig_gets_no_mig_label():
     no_mig = replace(H200, mig_profiles=[], gpus=[replace(g, mig_current=None, mig_pending=None) for g in H200.gpus])
     inv = inventory()
-    assert node_labels(inv, facts_for(inv, gpu=no_mig))["g1"] == {}
+    assert node_labels(inv, facts_for(inv, gpu=no_mig), gpu_nodes(inv, facts_for(inv, gpu=no_mig)))["g1"] == {}
 
 
 def test_sharing_config_maps_are_valid_objects_applied_before_the_release():
     from bootstrap.cluster.components import desired_prerequisites
 
     inv, facts = mixed()
-    objects = desired_prerequisites(inv, facts)
+    objects = desired_prerequisites(inv, facts, gpu_nodes(inv, facts))
     assert [o["kind"] for o in objects] == ["Namespace", "ConfigMap", "ConfigMap"]
     for obj in objects:
         validate_object(obj)
     cpu_only = {name: CPU for name in facts}
-    assert desired_prerequisites(inv, cpu_only) == []  # no GPU node, no operator
+    assert desired_prerequisites(inv, cpu_only, gpu_nodes(inv, cpu_only)) == []  # no GPU node, no operator
