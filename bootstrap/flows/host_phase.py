@@ -313,7 +313,8 @@ def join_after_the_ca(run: Run, joiners: list[str]) -> None:
     secured = {n: p for n, p in run.replan(tokens=run.tokens).plans.items() if n in joiners}
     run.set_plans(secured)
     joins = {n: after_the_ca(p) for n, p in secured.items()}
-    run.merge_results(run.session.execute(converge_steps(run.inventory, joins, set(run.failures))))
+    steps = converge_steps(run.inventory, joins, set(run.failures), place_with_start=True)
+    run.merge_results(run.session.execute(steps))
 
 
 def cluster_side(run: Run, options: UpOptions) -> bool:
