@@ -293,12 +293,14 @@ def kubeconfig(run: Run) -> None:
 def converge(run: Run, plans: dict) -> None:
     """The steps of `plans`' hosts. The kubeconfig is read as soon as the first server runs,
     while the agents join. A new cluster: its CA, which the joins' secure tokens name,
-    exists once the first server has started; every host is prepared meanwhile, and the
-    joiners' config.yaml, planned with the CA's hash, and their starts come after."""
+    exists once the first server has started; every host is prepared meanwhile (the first
+    server placed and started in the same step), and the joiners' config.yaml, planned with
+    the CA's hash, and their starts come after, one command each."""
     after = {first_server_step(run.inventory): functools.partial(kubeconfig, run)}
     joiners = first_server_then_joiners(run.topology.first_server, run.tokens, plans)
     meanwhile = {n: before_the_ca(p) if n in (joiners or ()) else p for n, p in plans.items()}
-    run.merge_results(run.session.execute(converge_steps(run.inventory, meanwhile, set(run.failures)), after))
+    steps = converge_steps(run.inventory, meanwhile, set(run.failures), first_server_early=True)
+    run.merge_results(run.session.execute(steps, after))
     if joiners:
         join_after_the_ca(run, joiners)
 

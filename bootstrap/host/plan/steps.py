@@ -30,17 +30,25 @@ def first_server_step(inventory: Inventory) -> str:
 
 
 def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set[str],
-                   restore: tuple[str, Path] | None = None, place_with_start: bool = False):
+                   restore: tuple[str, Path] | None = None, place_with_start: bool = False,
+                   first_server_early: bool = False):
     """`restore`: (server name, local snapshot) to restore the control plane from before
     that server first starts (`rebuild` after the control plane was lost). Then, as k3s's
     restore procedure says (bootstrap.host.plan.restore), every other server is stopped and
     loses its old etcd data before the restore, and starts again after the restored one.
     `place_with_start`: a node that (re)starts gets its files in its start's command, not
     in a "prepare host" step before it (the joins after a new cluster's CA exists: their
-    config.yaml is all they place, and a step less is a round trip less)."""
+    config.yaml is all they place, and a step less is a round trip less).
+    `first_server_early`: the first server is placed and (re)started in the "prepare host"
+    step, while the others are prepared (nothing it runs needs them, and they join only in
+    later steps): its start is off the critical path's preparation round trip."""
+    first = inventory.servers[0].name
     starting = {n for n, p in plans.items() if p.service} if place_with_start and not restore else set()
+    early = first if first_server_early and not restore and plans.get(first) and plans[first].service else None
     prepare = Step("prepare host", {n: converge.placement_commands(p) for n, p in plans.items()
-                                    if n not in starting})
+                                    if n not in starting and n != early})
+    if early:
+        prepare.commands[early] = converge.placed_and_started(plans[early], plans[early].service)
     steps = [prepare]
     peers: set[str] = set()
     if restore:
@@ -49,7 +57,6 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
         s3 = inventory.k3s.snapshots.s3 is not None
         steps.append(Step(f"restore etcd snapshot on {restore[0]}",
                           {restore[0]: converge.restore_commands(restore[1], s3_configured=s3)}))
-    first = inventory.servers[0].name
     # Started by this run (it was not running): nothing can join it until it runs.
     first_starts = plans.get(first) is not None and plans[first].service == "start"
     needs = first if first_starts else None
@@ -57,7 +64,9 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
         plan = plans.get(server.name)
         step = Step(first_server_step(inventory) if server.name == first else f"join server {server.name}",
                     needs=None if server.name == first else needs)
-        if plan and server.name in peers:
+        if server.name == early:
+            pass  # started with the preparation
+        elif plan and server.name in peers:
             # Stopped for the restore: it starts whatever its plan said.
             step.commands[server.name] = [start_command(plan, "start")]
         elif plan and plan.service:

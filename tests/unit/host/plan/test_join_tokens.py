@@ -187,6 +187,9 @@ def test_a_new_cluster_starts_its_first_server_then_joins_with_secure_tokens(k3s
     assert agent_token != server_token and (state.path / "ca-hash").read_text().strip() == CA
     # Every host is prepared while the first server starts; the joins follow, with the hash.
     assert session.batches == [["a1", "a2", "cp-1", "cp-2", "cp-3"], ["a1", "a2", "cp-2", "cp-3"]]
+    # The first server is placed and started in the step that prepares the others (one
+    # round trip, not two, before the CA can be read).
+    assert session.steps[0] == {"prepare host": ["a1", "a2", "cp-1", "cp-2", "cp-3"]}
     # Their config.yaml travels in the command that starts them: no "prepare host" step (a
     # round trip) before the joins.
     assert session.steps[1] == {"join server cp-2": ["cp-2"], "join server cp-3": ["cp-3"], "join agents": ["a1", "a2"]}
