@@ -18,7 +18,8 @@ from bootstrap.cluster.kubeconfig_file import rewrite as rewrite_kubeconfig
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, request
+from bootstrap.cluster.early_connection import EarlyConnection
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import enforce, examine
 from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
@@ -236,6 +237,7 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
     with cluster_lock(state, "up"), contextlib.ExitStack() as stack:
         run.open_hosts(stack, open_session, inventory.nodes, "up")
         stack.callback(run.stop_reprobe)  # the second probe, still running: gone before the connections
+        early = connect_early(run, stack, options)
         probe(run)
         replaced = find_replaced(run)  # a machine re-created under a node's name: its old Node must go
         preflight_and_plan(run, create_token=True, join_via=replaced.join_via)
@@ -243,9 +245,22 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         converge_or_roll(run, options)
         if options.hosts_only:
             return
+        if early and not run.changed:
+            run.connect = early.connect_or(run.connect)
         cluster_changed = cluster_side(run, options)
         snapshot(run, run.changed or cluster_changed)
         record_applied(inventory, state)
+
+
+def connect_early(run: Run, stack: contextlib.ExitStack, options: UpOptions) -> EarlyConnection | None:
+    """An existing cluster's API connection (the tunnel's channel, TLS), made while the host
+    side works; the cluster side takes it when no host changed (no-op `up`: its round trips
+    are off the critical path). Closed before the hosts' connections."""
+    if options.hosts_only or not (run.state.path / "kubeconfig").exists():
+        return None
+    early = EarlyConnection(run.connect, run.inventory, run.state, warm=lambda cluster: request(cluster, "GET", "/version"))
+    stack.callback(early.close)
+    return early
 
 
 def converge_or_roll(run: Run, options: UpOptions) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import io
 from pathlib import Path
 
+import gevent
 import pytest
 from fakes import FakeSession
 from test_host_phase_flow import healthy_host
@@ -98,3 +99,33 @@ def test_check_hosts_runs_ups_first_phases_and_changes_nothing(k3s, tmp_path):  
     assert check_hosts(inv, console(out), open_session=lambda *a: contextlib.nullcontext(session)) == 0
     assert session.executed == [] and "`up` would go ahead" in out.getvalue()
     assert not (StateDir(inv).path / "token").exists()
+
+
+def test_an_existing_clusters_api_connection_is_made_early_and_used_only_when_no_host_changed(k3s, tmp_path,  # noqa: F811
+                                                                                               monkeypatch):
+    inv = inventory_of(tmp_path, k3s, servers=1, agents=1)
+    state = StateDir(inv)
+    state.write_secret("kubeconfig", "apiVersion: v1\n")  # an existing cluster's
+    opened, used = [], []
+
+    @contextlib.contextmanager
+    def connect(*a):  # the early one is made in the background, not on the run's own greenlet
+        opened.append("early" if gevent.getcurrent() is not main else "in turn")
+        yield f"{opened[-1]} {len(opened)}"
+
+    main = gevent.getcurrent()
+
+    monkeypatch.setattr(host_phase, "request", lambda cluster, *a: None)
+    monkeypatch.setattr(cluster_side, "apply_cluster", lambda cluster, *a, **kw:
+                        used.append(cluster) or {"labelled": [], "objects": [], "releases": []})
+    bring_up(inv, state, UpOptions(validate=False), console(),
+             open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
+             connect=connect, take_snapshot=lambda *a: Path("snap.db"))
+    # The hosts changed (k3s started under the early connection): the cluster side connects anew.
+    assert "early" in opened and used and not any(u.startswith("early") for u in used)
+    opened.clear(), used.clear()
+    monkeypatch.setattr(host_phase.Run, "changed", property(lambda run: False))
+    bring_up(inv, state, UpOptions(validate=False), console(),
+             open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
+             connect=connect, take_snapshot=lambda *a: Path("snap.db"))
+    assert len(used) == 1 and used[0].startswith("early")  # no host changed: the early one
