@@ -237,7 +237,9 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
     with cluster_lock(state, "up"), contextlib.ExitStack() as stack:
         run.open_hosts(stack, open_session, inventory.nodes, "up")
         stack.callback(run.stop_reprobe)  # the second probe, still running: gone before the connections
-        early = connect_early(run, stack, options)
+        if not options.hosts_only:
+            stack.callback(close_early, run)
+            connect_early(run)
         probe(run)
         replaced = find_replaced(run)  # a machine re-created under a node's name: its old Node must go
         preflight_and_plan(run, create_token=True, join_via=replaced.join_via)
@@ -245,22 +247,31 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         converge_or_roll(run, options)
         if options.hosts_only:
             return
-        if early and not run.changed:
-            run.connect = early.connect_or(run.connect)
+        if run.early_cluster is not None and (run.early_after_start or not run.changed):
+            run.connect = run.early_cluster.connect_or(run.connect)
         cluster_changed = cluster_side(run, options)
         snapshot(run, run.changed or cluster_changed)
         record_applied(inventory, state)
 
 
-def connect_early(run: Run, stack: contextlib.ExitStack, options: UpOptions) -> EarlyConnection | None:
-    """An existing cluster's API connection (the tunnel's channel, TLS), made while the host
-    side works; the cluster side takes it when no host changed (no-op `up`: its round trips
-    are off the critical path). Closed before the hosts' connections."""
-    if options.hosts_only or not (run.state.path / "kubeconfig").exists():
-        return None
-    early = EarlyConnection(run.connect, run.inventory, run.state, warm=lambda cluster: request(cluster, "GET", "/version"))
-    stack.callback(early.close)
-    return early
+def connect_early(run: Run, after_start: bool = False) -> None:
+    """An existing cluster's API connection (the tunnel's channel, TLS, one request), made
+    in the background while the hosts' side works. The cluster side takes it when no host
+    changed, or when it was made `after_start`: once the first server's k3s started in
+    this run (nothing restarts it later in the same run). A change may restart that k3s
+    under an earlier one, and then the cluster side connects as it always did."""
+    if not (run.state.path / "kubeconfig").exists():
+        return
+    close_early(run)
+    run.early_cluster = EarlyConnection(run.connect, run.inventory, run.state,
+                                        warm=lambda cluster: request(cluster, "GET", "/version"))
+    run.early_after_start = after_start
+
+
+def close_early(run: Run) -> None:
+    if run.early_cluster is not None:
+        run.early_cluster.close()
+        run.early_cluster = None
 
 
 def converge_or_roll(run: Run, options: UpOptions) -> None:
@@ -273,12 +284,12 @@ def converge_or_roll(run: Run, options: UpOptions) -> None:
                            options.max_unavailable)
     rest = {n: p for n, p in run.plans.items() if not rollout or n not in rollout.nodes}
     if rollout:
-        run_rollout(run, rollout, lambda: converge(run, rest), drain_timeout=options.drain_timeout,
+        run_rollout(run, rollout, lambda: converge(run, rest, not options.hosts_only), drain_timeout=options.drain_timeout,
                     force=options.force)
         for name in rollout.nodes:
             run.hosts[name].result["upgrade k3s"] = StepResult("changed")
     else:
-        converge(run, rest)
+        converge(run, rest, not options.hosts_only)
     summarise(run)
     end_run(run.console, run.failures)
     if not options.hosts_only:
@@ -305,13 +316,21 @@ def kubeconfig(run: Run) -> None:
         fetch_kubeconfig(run.session, run.inventory, run.state)
 
 
-def converge(run: Run, plans: dict) -> None:
+def kubeconfig_and_connect(run: Run) -> None:
+    """After the first server's start: its kubeconfig, then the cluster side's connection,
+    both while the agents join."""
+    kubeconfig(run)
+    connect_early(run, after_start=True)
+
+
+def converge(run: Run, plans: dict, cluster_side_follows: bool = False) -> None:
     """The steps of `plans`' hosts. The kubeconfig is read as soon as the first server runs,
     while the agents join. A new cluster: its CA, which the joins' secure tokens name,
     exists once the first server has started; every host is prepared meanwhile (the first
     server placed and started in the same step), and the joiners' config.yaml, planned with
     the CA's hash, and their starts come after, one command each."""
-    after = {first_server_step(run.inventory): functools.partial(kubeconfig, run)}
+    then = kubeconfig_and_connect if cluster_side_follows else kubeconfig
+    after = {first_server_step(run.inventory): functools.partial(then, run)}
     joiners = first_server_then_joiners(run.topology.first_server, run.tokens, plans)
     meanwhile = {n: before_the_ca(p) if n in (joiners or ()) else p for n, p in plans.items()}
     steps = converge_steps(run.inventory, meanwhile, set(run.failures), first_server_early=True)
