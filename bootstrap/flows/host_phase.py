@@ -12,6 +12,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import gevent
+
 from bootstrap.state import snapshots
 from bootstrap.cluster.charts import check_archives
 from bootstrap.cluster.kubeconfig_file import rewrite as rewrite_kubeconfig
@@ -324,19 +326,26 @@ def kubeconfig_and_connect(run: Run) -> None:
 
 
 def converge(run: Run, plans: dict, cluster_side_follows: bool = False) -> None:
-    """The steps of `plans`' hosts. The kubeconfig is read as soon as the first server runs,
-    while the agents join. A new cluster: its CA, which the joins' secure tokens name,
-    exists once the first server has started; every host is prepared meanwhile (the first
-    server placed and started in the same step), and the joiners' config.yaml, planned with
-    the CA's hash, and their starts come after, one command each."""
-    then = kubeconfig_and_connect if cluster_side_follows else kubeconfig
-    after = {first_server_step(run.inventory): functools.partial(then, run)}
+    """The steps of `plans`' hosts. The kubeconfig is read (and, when the cluster side
+    follows, the API connection made) as soon as the first server runs, while the others
+    join. A new cluster: its CA, which the joins' secure tokens name, exists once the first
+    server has started; every host is prepared meanwhile (the first server placed and
+    started in the same step), and the joiners' config.yaml, planned with the CA's hash,
+    and their starts come after, one command each, while the kubeconfig is read."""
+    then = functools.partial(kubeconfig_and_connect if cluster_side_follows else kubeconfig, run)
     joiners = first_server_then_joiners(run.topology.first_server, run.tokens, plans)
     meanwhile = {n: before_the_ca(p) if n in (joiners or ()) else p for n, p in plans.items()}
     steps = converge_steps(run.inventory, meanwhile, set(run.failures), first_server_early=True)
-    run.merge_results(run.session.execute(steps, after))
-    if joiners:
+    if not joiners:
+        run.merge_results(run.session.execute(steps, {first_server_step(run.inventory): then}))
+        return
+    run.merge_results(run.session.execute(steps))
+    reading = gevent.spawn(then)  # beside the CA's hash and the joins, not before them
+    try:
         join_after_the_ca(run, joiners)
+    finally:
+        reading.join()
+    reading.get()
 
 
 def join_after_the_ca(run: Run, joiners: list[str]) -> None:
