@@ -22,6 +22,12 @@ class Step:
     # A host this step cannot work without: when it failed an earlier step of the same run,
     # this step's hosts are refused at once instead of waiting out their start time-outs.
     needs: str | None = None
+    # What a host's line says for this step when it does more than the step's name (the
+    # first server started in the step that prepares the others).
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def label(self, host: str) -> str:
+        return self.labels.get(host, self.name)
 
 
 def first_server_step(inventory: Inventory) -> str:
@@ -49,6 +55,7 @@ def converge_steps(inventory: Inventory, plans: dict[str, HostPlan], failed: set
                                     if n not in starting and n != early})
     if early:
         prepare.commands[early] = converge.placed_and_started(plans[early], plans[early].service)
+        prepare.labels[early] = f"prepare host, {first_server_step(inventory)}"
     steps = [prepare]
     peers: set[str] = set()
     if restore:

@@ -142,12 +142,14 @@ class JoinSession(FakeSession):
         self.configs: dict[str, str] = {}
         self.batches: list[list[str]] = []  # the hosts of each execute() call
         self.steps: list[dict] = []  # {step: its hosts} of each execute() call
+        self.step_objects: list[list] = []
         self.token_reads = 0
         self.reads: list[str] = []  # the paths read, in order
 
     def execute(self, steps, after=None):
         self.batches.append(sorted({n for s in steps for n in s.commands}))
         self.steps.append({s.name: sorted(s.commands) for s in steps if s.commands})
+        self.step_objects.append(list(steps))
         for step in steps:
             for name, commands in step.commands.items():
                 for command in commands:
@@ -192,6 +194,7 @@ def test_a_new_cluster_starts_its_first_server_then_joins_with_secure_tokens(k3s
     # The first server is placed and started in the step that prepares the others (one
     # round trip, not two, before the CA can be read).
     assert session.steps[0] == {"prepare host": ["a1", "a2", "cp-1", "cp-2", "cp-3"]}
+    assert session.step_objects[0][0].label("cp-1") == "prepare host, start server cp-1"
     # The kubeconfig is read beside the CA's hash and the joins, not before them: the first
     # step's end does not wait for it.
     assert session.reads[:2] == [SERVER_TOKEN_FILE, KUBECONFIG_PATH] and session.batches[1]
