@@ -178,3 +178,20 @@ def test_gate_checks_are_checked_with_file_line_and_field():
     (problem,) = caught.value.problems
     assert (problem.file, problem.line, problem.path) == ("inv.yaml", 5, "gpu.gate.checks[0]")
     assert "gpu-pod" in problem.hint
+
+
+def test_status_shows_each_nodes_gate():
+    from test_host_phase_flow import healthy_host
+
+    from bootstrap.flows.inspection import node_row, render_status
+
+    inv = inventory()
+    gated = {"metadata": {"annotations": {GATE_REASON: "gpu-pod: pod failed\x1b[2J"}},
+             "spec": {"taints": with_gate([])}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    rows = [node_row(inv.node("cp-1"), healthy_host("cp-1"), {"spec": {}, "status": {}}),
+            node_row(inv.node("gpu-1"), healthy_host("gpu-1"), gated)]
+    assert (rows[0]["gate"], rows[1]["gate"]) == ("open", "failed")
+    text = "\n".join(render_status({"cluster": "t", "state_dir": "s", "api": True, "nodes": rows, "components": {},
+                                    "inventory_as_applied": None, "newest_snapshot": None}))
+    assert "Ready,gated" in text
+    assert "gate gpu-1: failed, no workload pods: gpu-pod: pod failed" in text and "\x1b" not in text
