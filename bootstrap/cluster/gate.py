@@ -91,7 +91,7 @@ def health_results(inventory: Inventory, facts: dict[str, HostFacts], nodes) -> 
     gpu.health says about preflight; gpu.health off: not probed, not judged)."""
     strict = replace(inventory, gpu=replace(inventory.gpu, health="strict")) if inventory.gpu.health != "off" \
         else inventory
-    findings = gpu_health_findings(strict, {n.name: facts[n.name] for n in nodes})
+    findings = gpu_health_findings(strict, facts)  # every GPU node's facts: siblings decide the GPU count
     results = []
     for node in nodes:
         errors = [f for f in findings.get(node.name, []) if f.severity == "health-error"]
@@ -180,7 +180,10 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
     judged = {n.name for n in nodes}
     peers = [n for n in gpu_nodes(inventory, facts) if n.name in facts and n.name in node_objects
              and n.name not in judged]
-    results = gate_checks(cluster, inventory, facts, nodes, peers)
+    try:
+        results = gate_checks(cluster, inventory, facts, nodes, peers)
+    except ClusterError as exc:  # the checks could not run: every node stays gated, saying why
+        results = [CheckResult("gate", "FAIL", f"its checks could not run: {exc}", n.name) for n in nodes]
     decisions = [decide(n.name, results) for n in nodes]
     for decision in decisions:
         apply_decision(cluster, decision)
