@@ -13,6 +13,7 @@ from bootstrap.cluster.apply import apply_cluster
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
+from bootstrap.flows.gate import failed_nodes, gate_phase
 from bootstrap.flows.run import Run
 from bootstrap.host.images import download_lines
 from bootstrap.cluster.checks import render_table, run_checks
@@ -36,6 +37,7 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
             else plan_cluster(run.inventory, run.facts, gpu)
         summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
                                 trace=run.console.phase)
+        held = failed_nodes(gate_phase(run, cluster, summary.pop("nodes", None)))
     for line in download_lines(run.inventory, run.settled_facts(), run.topology.gpu_nodes_of(run.inventory)):  # k3s pulls them in the background
         run.console.say(line)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
@@ -45,6 +47,10 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
     elif validate and validate_cluster(run.inventory, run.state, run.settled_facts(), run.console,
                                        gpu=run.topology.gpu_nodes_of(run.inventory), connect=run.connect) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
+    if held:
+        raise HostsFailed(f"{len(held)} GPU node(s) failed the acceptance gate and stay gated: {', '.join(held)}",
+                          "see the gate: lines above (the reason is also on the node, annotation "
+                          "bootstrap.k3s/gate-reason); fix or replace the machine (`bootstrap rebuild`), then `bootstrap up`")
     return bool(changes)
 
 

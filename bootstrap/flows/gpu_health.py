@@ -1,6 +1,7 @@
 """`bootstrap health`: the GPU health checks on every GPU node of a running cluster, in
 parallel (one probe each), the Xid reports new since the last check, and with --cordon a
-node with an error cordoned and labelled with why, so the scheduler stops placing work
+node with an error cordoned, labelled with why and put behind the acceptance gate again
+(bootstrap.cluster.gate: the next `up` re-checks it), so the scheduler stops placing work
 there. `status` shows the last verdict per node. Reads the hosts; changes the cluster only
 with --cordon."""
 
@@ -12,6 +13,8 @@ import time
 from dataclasses import dataclass, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster, merge_patch
+from bootstrap.cluster.gate import close_gate
+from bootstrap.cluster.gate_rules import GATE_KEY, cap_reason
 from bootstrap.flows.run import Run
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
@@ -93,7 +96,11 @@ def cordon_unhealthy(inventory, state, unhealthy: list[NodeHealth], console, con
             merge_patch(cluster, f"/api/v1/nodes/{result.node}", {"metadata": {
                 "labels": {HEALTH_LABEL: "error"},
                 "annotations": {HEALTH_REASON: first.message[:1000]}}})
-            console.say_lines([f"{result.node}: cordoned (label {HEALTH_LABEL}=error): {first.message}"])
+            # Gated again as well: the cordon is what an operator lifts by hand; the gate is
+            # lifted only by the node's own checks at the next `up` (bootstrap.cluster.gate).
+            close_gate(cluster, result.node, cap_reason(f"gpu-health: {first.message}"))
+            console.say_lines([f"{result.node}: cordoned (label {HEALTH_LABEL}=error) and gated ({GATE_KEY}): "
+                               f"{first.message}"])
 
 
 def render(results: list[NodeHealth]) -> list[str]:

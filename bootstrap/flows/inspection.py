@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from bootstrap.cluster.client import connect as connect_to_cluster, get
+from bootstrap.cluster.gate_rules import FAILED, PENDING, node_state
 from bootstrap.cluster.node_status import ready_word
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
@@ -58,6 +59,7 @@ def cluster_status(inventory, state, console, *, open_session=open_hosts, connec
 def node_row(node, host, api: dict) -> dict:
     allocatable = {k: v for k, v in api.get("status", {}).get("allocatable", {}).items()
                    if k.startswith(RESOURCE_PREFIXES)}
+    gate_state = node_state(api) if api else ("-", "")
     return {
         "node": node.name, "role": node.role, "provider": node.provider, "region": node.region,
         "answers_ssh": host is not None,
@@ -70,6 +72,8 @@ def node_row(node, host, api: dict) -> dict:
         or (host.k3s.version if host and host.k3s and host.k3s.version else "-"),
         "cordoned": bool(api.get("spec", {}).get("unschedulable")),
         "allocatable": allocatable,
+        # the acceptance gate: open, pending (gated, not judged yet) or failed, with its reason
+        "gate": gate_state[0], "gate_reason": gate_state[1],
     }
 
 
@@ -94,7 +98,8 @@ def render_status(report: dict) -> list[str]:
             regions = sorted({r["region"] for r in rows if r.get("region")})
             lines.append(f"provider {provider or '(none)'}" + (f" ({', '.join(regions)})" if regions else "") + ":")
         for r in rows:
-            state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "")
+            state_word = (r["ready"] if r["answers_ssh"] else "NO-SSH") + (",cordoned" if r["cordoned"] else "") \
+                + (",gated" if r.get("gate") in (PENDING, FAILED) else "")
             alloc = ", ".join(f"{k}={v}" for k, v in sorted(r["allocatable"].items())) or "-"
             # The cells are what hosts and the API said (kubeletVersion, GPU names): one printable
             # line each, whatever type or text they hold.
@@ -102,6 +107,7 @@ def render_status(report: dict) -> list[str]:
                     for key in ("node", "role", "k3s", "gpus", "driver", "cuda", "health")}
             lines.append(f"{cell['node']:<14} {cell['role']:<7} {state_word:<18} {cell['k3s']:<14} {cell['gpus']:<22} "
                          f"{cell['driver']:<12} {cell['cuda']:<5} {cell['health']:<8} {printable(alloc)}")
+    lines += gate_lines(report["nodes"])
     lines += [f"component {name}: {info['version']} ({info['state']})" for name, info in report["components"].items()]
     if report["inventory_as_applied"] is not None:
         lines.append("inventory: " + ("as last applied by `up`" if report["inventory_as_applied"]
@@ -109,6 +115,18 @@ def render_status(report: dict) -> list[str]:
     newest = report["newest_snapshot"]
     lines.append("newest snapshot: " + (f"{newest['file']}, {newest['age_hours']} h old" if newest
                                         else "none (`bootstrap snapshot` takes one)"))
+    return lines
+
+
+def gate_lines(rows: list[dict]) -> list[str]:
+    """Each gated node: waiting for its first checks, or why it failed them (the reason is the
+    node's annotation, read from the API: printable)."""
+    lines = []
+    for r in rows:
+        if r.get("gate") == PENDING:
+            lines.append(f"gate {printable(r['node'])}: pending (its checks run at the next `bootstrap up`)")
+        elif r.get("gate") == FAILED:
+            lines.append(f"gate {printable(r['node'])}: failed, no workload pods: {printable(r.get('gate_reason', ''))}")
     return lines
 
 

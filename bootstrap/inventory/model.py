@@ -137,6 +137,22 @@ class ContainerToolkit:
     version: str | None = None  # pin, e.g. "1.17.8-1"
 
 
+# The acceptance gate's checks (bootstrap.cluster.gate): each GPU node's own.
+GATE_CHECKS = ("health", "gpu-pod", "capacity", "rdma", "burn-in", "nccl")
+# By default every check but the burn-in (it takes the node's GPUs for burn_in_s); `rdma`
+# applies only with network.rdma, `nccl` only with validate.nccl (its image and floor).
+DEFAULT_GATE_CHECKS = ("health", "gpu-pod", "capacity", "rdma", "nccl")
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """`gpu.gate`: a GPU node joins tainted and takes workload pods only once its checks pass."""
+
+    enabled: bool = True
+    checks: tuple[str, ...] = DEFAULT_GATE_CHECKS
+    burn_in_s: int = 120  # with `burn-in` in checks: n-body on every GPU of the node, this long
+
+
 @dataclass(frozen=True)
 class GpuSettings:
     driver: str = "preinstalled"  # preinstalled | host | operator
@@ -147,6 +163,7 @@ class GpuSettings:
     # GPU health checks: "warn" (report, never block), "strict" (a node with a health error
     # is left out of `up`), "off" (not probed).
     health: str = "warn"
+    gate: GateSettings = field(default_factory=GateSettings)
 
 
 @dataclass(frozen=True)

@@ -303,12 +303,23 @@ SHARING = Record(
     checks=[_sharing_exclusive],
 )
 
+GATE = Record(
+    fields={
+        "enabled": Field(Bool()),
+        "checks": Field(ListOf(Enum(m.GATE_CHECKS, what="gate check"), scalar_ok=True)),
+        "burn_in_s": Field(Int(min=10, max=3600, example="120")),
+    },
+    build=m.GateSettings,
+    shorthand=lambda v: {"enabled": v} if isinstance(v, bool) else None,  # `gate: false`
+)
+
 GPU = Record(
     fields={
         "driver": Field(Enum(DRIVER_MODES, what="driver mode")),
         "cuda": Field(Str(pattern=r"[0-9]{1,2}\.[0-9]{1,2}", expected="a CUDA version", example='"12.4" (in quotes)')),
         "driver_branch": Field(Str(pattern=r"[0-9]{3}", expected="an NVIDIA driver branch", example='"570"')),
         "health": Field(OffIsFalse(("warn", "strict", "off"), what="GPU health mode")),
+        "gate": Field(GATE),
         "sharing": Field(SHARING),
         "container_toolkit": Field(Record(fields={
             "apt_source": Field(Str(pattern=APT_SOURCE, expected="an apt source line",

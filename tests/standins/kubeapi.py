@@ -2771,19 +2771,35 @@ def node_ready(node):
     return bool(cond) and cond.get("status") == "True"
 
 
+def tolerates(t, taint):
+    """k8s.io/api core/v1 toleration.go (v0.33), ToleratesTaint: an effect, when given, must
+    match; a key, when given, must match (an empty key with Exists tolerates every taint);
+    operator Exists matches any value, Equal or empty the same value, any other operator
+    nothing. kube-scheduler's TaintToleration filter (pkg/scheduler/framework/plugins/
+    tainttoleration/taint_toleration.go) asks this for every NoSchedule and NoExecute taint."""
+    if t.get("effect") and t.get("effect") != taint.get("effect"):
+        return False
+    if t.get("key") and t.get("key") != taint.get("key"):
+        return False
+    operator = t.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    return operator == "Equal" and (t.get("value") or "") == (taint.get("value") or "")
+
+
 def tolerated(tolerations, taint):
-    for t in tolerations or []:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if not t.get("key"):
-            if t.get("operator") == "Exists":
-                return True
-            continue
-        if t.get("key") != taint.get("key"):
-            continue
-        if t.get("operator") == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
+    return any(isinstance(t, dict) and tolerates(t, taint) for t in tolerations or [])
+
+
+# What the DaemonSet controller adds to every DaemonSet pod, and nothing else: a taint of
+# another key (a GPU node's, the acceptance gate's) needs the DaemonSet's own toleration
+# (kubernetes pkg/controller/daemon/util/daemonset_util.go, AddOrUpdateDaemonPodTolerations;
+# network-unavailable only for hostNetwork pods).
+DAEMON_POD_TOLERATIONS = (("node.kubernetes.io/not-ready", "NoExecute"), ("node.kubernetes.io/unreachable", "NoExecute"),
+                          ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+                          ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+                          ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+                          ("node.kubernetes.io/unschedulable", "NoSchedule"))
 
 
 def node_selector_terms_match(terms, node):
@@ -3965,10 +3981,10 @@ class Simulator:
                 continue
             tolerations = list(pod_spec.get("tolerations") or [])
             if daemon:
-                tolerations += [{"key": k, "operator": "Exists"} for k in (
-                    "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
-                    "node.kubernetes.io/unschedulable", "node.kubernetes.io/disk-pressure",
-                    "node.kubernetes.io/memory-pressure", "node.kubernetes.io/pid-pressure")]
+                tolerations += [{"key": k, "operator": "Exists", "effect": e} for k, e in DAEMON_POD_TOLERATIONS]
+                if pod_spec.get("hostNetwork"):
+                    tolerations.append({"key": "node.kubernetes.io/network-unavailable", "operator": "Exists",
+                                        "effect": "NoSchedule"})
             if any(t.get("effect") in ("NoSchedule", "NoExecute") and not tolerated(tolerations, t)
                    for t in deep(node, "spec", "taints", default=[]) or []):
                 continue

@@ -6,6 +6,7 @@ import yaml
 
 from bootstrap.cluster.components import gpu_sharing, versions
 from bootstrap.cluster.components.release import Release
+from bootstrap.cluster.gate_rules import GATE_TOLERATION
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.k3s_service import CONTAINERD_SOCKET
 from bootstrap.host.parts.packages import needs_host_toolkit
@@ -40,6 +41,16 @@ DRIVER_UPGRADE_POLICY = {
 }
 
 
+# Helm replaces a list value whole: the chart's own tolerations (values.yaml v26.7.0,
+# `daemonsets.tolerations` and `node-feature-discovery.worker.tolerations`), plus the gate's.
+# The operands (driver, toolkit, device plugin, GFD, DCGM, MIG manager) take
+# daemonsets.tolerations; NFD's worker labels the node, without which no operand starts there.
+DAEMONSET_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, GATE_TOLERATION]
+NFD_WORKER_TOLERATIONS = [
+    {"key": "node-role.kubernetes.io/control-plane", "operator": "Equal", "value": "", "effect": "NoSchedule"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, GATE_TOLERATION]
+
+
 def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict:
     # preinstalled/host: the driver and the container toolkit are on the host already.
     toolkit_in_cluster = not needs_host_toolkit(inventory)
@@ -48,6 +59,9 @@ def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[
         "toolkit": {"enabled": toolkit_in_cluster},
         "mig": {"strategy": gpu_sharing.mig_strategy(inventory)},
         "migManager": {"config": {"default": gpu_sharing.MIG_DISABLED}},
+        # Every operand runs on a GPU node the acceptance gate still holds (cluster.gate_rules).
+        "daemonsets": {"tolerations": DAEMONSET_TOLERATIONS},
+        "node-feature-discovery": {"worker": {"tolerations": NFD_WORKER_TOLERATIONS}},
     }
     if inventory.gpu.driver == "operator":
         # A chart or driver version change swaps the driver container under running GPU

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bootstrap.cluster.components import versions
 from bootstrap.cluster.components.release import ComponentError, Patch, Release
+from bootstrap.cluster.gate_rules import GATE_TOLERATION, GATE_TOLERATION_LONGHORN
 from bootstrap.inventory.model import Component, Inventory
 
 DEFAULT_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
@@ -38,7 +39,9 @@ def nfs_release(inventory: Inventory) -> Release | None:
                                  "add storage: {nfs: {server: ..., share: ...}}")
         return None
     src = versions.source(inventory, Component.NFS_CSI)
-    # The chart's defaults fit k3s (kubelet in /var/lib/kubelet); the class is ours, below.
+    # The chart's defaults fit k3s (kubelet in /var/lib/kubelet); the class is ours, below. Its
+    # node plugin DaemonSet tolerates every taint (values.yaml 4.13.4, node.tolerations:
+    # [{operator: Exists}]), the acceptance gate's too (tests check it against the chart).
     return Release("csi-driver-nfs", NFS_NAMESPACE, src.chart, src.repo, src.version, {}, src.archive)
 
 
@@ -70,6 +73,12 @@ def longhorn_release(inventory: Inventory) -> Release | None:
         "persistence": {"defaultClass": True, "defaultClassReplicaCount": replicas},
         # Volumes made outside the StorageClass (UI); the chart demands a string, and this
         # setting takes per-data-engine JSON (default '{"v1":"3","v2":"3"}').
-        "defaultSettings": {"defaultReplicaCount": f'{{"v1":"{replicas}","v2":"{replicas}"}}'},
+        "defaultSettings": {"defaultReplicaCount": f'{{"v1":"{replicas}","v2":"{replicas}"}}',
+                            # The system-managed components (CSI plugin, engine image, instance
+                            # managers) run on a GPU node the acceptance gate still holds
+                            # (values.yaml 1.12.1, defaultSettings.taintToleration).
+                            "taintToleration": GATE_TOLERATION_LONGHORN},
+        # The longhorn-manager DaemonSet (values.yaml 1.12.1, longhornManager.tolerations).
+        "longhornManager": {"tolerations": [GATE_TOLERATION]},
     }
     return Release("longhorn", LONGHORN_NAMESPACE, src.chart, src.repo, src.version, values, src.archive)

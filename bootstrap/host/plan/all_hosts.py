@@ -8,6 +8,7 @@ from typing import Callable
 
 from bootstrap.host.release import K3sArtifacts
 from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.host.parts import k3s_service
 from bootstrap.host.plan.desired import desired_state
 from bootstrap.host.plan.drivers import driver_packages
 from bootstrap.host.plan.host_plan import HostPlan, plan_host
@@ -52,8 +53,10 @@ def make_plans(inventory: Inventory, facts: dict[str, HostFacts], tokens: JoinTo
             continue
         gpu = node.name in gpu_names
         packages = driver_packages(inventory, host) if gpu else []
+        config_now = host.files.get(k3s_service.CONFIG)  # the gate leaves a pre-gate config.yaml as it is
         want = desired_state(inventory, node, tokens, artifacts[host.arch], gpu, packages, join_via,
-                               embedded_mirror=mirror, os_release=(host.os_id, host.os_version_id))
+                               embedded_mirror=mirror, os_release=(host.os_id, host.os_version_id),
+                               current_config_sha=config_now.sha256 if config_now else None)
         try:
             plans[node.name] = plan_host(node, want, host, cluster_id, inventory.cluster)
         except RemoteDataError as exc:  # one host's answer: its failure, never the others'

@@ -6,6 +6,7 @@ this puts together what one node gets from each of them.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -35,14 +36,15 @@ class Desired:
 
 def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifacts: K3sArtifacts,
                   gpu: bool, driver_packages: list[str], join_via: Node | None = None,
-                  embedded_mirror: bool = False, os_release: tuple[str | None, str | None] = (None, None)) -> Desired:
+                  embedded_mirror: bool = False, os_release: tuple[str | None, str | None] = (None, None),
+                  current_config_sha: str | None = None) -> Desired:
     """`os_release`: the host's (ID, VERSION_ID), for the images named after the OS (the GPU
-    Operator's driver)."""
+    Operator's driver). `current_config_sha`: the sha256 of the host's config.yaml now."""
     desired = Desired(gpu=gpu, sysctls=kernel.sysctls(ipv6_pods=pods_have_ipv6(inventory)),
                       k3s_version=artifacts.version)
     host_toolkit = gpu and packages.needs_host_toolkit(inventory)
-    config = k3sconfig.render(k3sconfig.node_config(inventory, node, tokens, join_via, embedded_mirror,
-                                                    nvidia_default_runtime=host_toolkit))
+    config = gated_config(inventory, node, tokens, join_via, embedded_mirror, host_toolkit,
+                          gpu and inventory.gpu.gate.enabled, current_config_sha)
     desired.files += kernel.files(desired.sysctls) + k3s_service.files(inventory, node, config)
     desired.files += [f for f in [registries.file(inventory, embedded_mirror), k3s_binary.file(artifacts)] if f]
     desired.files += k3s_images.files(artifacts)
@@ -56,6 +58,24 @@ def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifact
         desired.toolkit_source = packages.toolkit_source_line(inventory, artifacts.arch)
         desired.files.append(text_file(packages.TOOLKIT_SOURCE, desired.toolkit_source + "\n"))
     return desired
+
+
+def gated_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via, embedded_mirror: bool,
+                 host_toolkit: bool, gate: bool, current_config_sha: str | None) -> str:
+    """The node's config.yaml, with the acceptance gate's node-taint on a GPU node. A node whose
+    config.yaml is exactly the one it would get without the gate (built before the gate) keeps
+    it: a new config.yaml restarts k3s, and k3s would not taint a registered node anyway; the
+    cluster side taints that node through the API (bootstrap.cluster.gate.gate_legacy_nodes)."""
+    def render(gated: bool) -> str:
+        return k3sconfig.render(k3sconfig.node_config(inventory, node, tokens, join_via, embedded_mirror,
+                                                      nvidia_default_runtime=host_toolkit, gated=gated))
+
+    if not gate:
+        return render(False)
+    ungated = render(False)
+    if current_config_sha is not None and hashlib.sha256(ungated.encode()).hexdigest() == current_config_sha:
+        return ungated
+    return render(True)
 
 
 def pods_have_ipv6(inventory: Inventory) -> bool:

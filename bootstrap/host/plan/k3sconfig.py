@@ -9,6 +9,7 @@ import ipaddress
 
 import yaml
 
+from bootstrap.cluster.gate_rules import taint_flag
 from bootstrap.host.plan.join_tokens import JoinTokens
 from bootstrap.inventory.model import Inventory, NetworkMode, Node, Role
 from bootstrap.checks.k3s_flags import arg_name
@@ -59,7 +60,8 @@ def server_url(inventory: Inventory, via: Node | None = None) -> str:
 
 
 def node_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via: Node | None = None,
-                embedded_mirror: bool = False, nvidia_default_runtime: bool = False) -> dict:
+                embedded_mirror: bool = False, nvidia_default_runtime: bool = False, gated: bool = False) -> dict:
+    """`gated`: a GPU node that registers with the acceptance gate's taint (bootstrap.cluster.gate_rules)."""
     config: dict = {"node-name": node.name}
     if nvidia_default_runtime:
         # k3s registers the `nvidia` runtime it finds (pkg/agent/containerd/nvidia.go) and
@@ -87,8 +89,11 @@ def node_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via: 
     labels = {**topology_labels(node), **node.labels}
     if labels:
         config["node-label"] = [f"{k}={v}" for k, v in sorted(labels.items())]
-    if node.taints:
-        config["node-taint"] = list(node.taints)
+    taints = list(node.taints) + ([taint_flag()] if gated else [])
+    if taints:
+        # k3s applies node-taint only when the node registers (k3s-io/docs docs/cli/agent.md):
+        # the gate holds a new or re-registered node until its first check.
+        config["node-taint"] = taints
     if inventory.k3s.flannel_iface:
         config["flannel-iface"] = inventory.k3s.flannel_iface
     config["kubelet-arg"] = list(GRACEFUL_SHUTDOWN)

@@ -48,7 +48,7 @@ def test_the_planners_and_the_cluster_side_read_one_resolved_inventory(k3s, tmp_
 
     def apply_cluster(cluster, inventory, plan, say, **kw):
         applied.append((inventory, plan() if callable(plan) else plan))
-        return {"labelled": [], "objects": [], "releases": []}
+        return {"labelled": [], "objects": [], "releases": [], "nodes": {}}  # no Node objects: no gate to judge
 
     monkeypatch.setattr(cluster_side, "apply_cluster", apply_cluster)
     monkeypatch.setattr(cluster_side, "plan_cluster", lambda inventory, facts, gpu: ("plan of", inventory, facts))
@@ -145,7 +145,7 @@ def test_an_existing_clusters_api_connection_is_made_early_and_used_only_when_no
 
     monkeypatch.setattr(host_phase, "request", lambda cluster, *a: None)
     monkeypatch.setattr(cluster_side, "apply_cluster", lambda cluster, *a, **kw:
-                        used.append(cluster) or {"labelled": [], "objects": [], "releases": []})
+                        used.append(cluster) or {"labelled": [], "objects": [], "releases": [], "nodes": {}})
     bring_up(inv, state, UpOptions(validate=False), console(),
              open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
              connect=connect, take_snapshot=lambda *a: Path("snap.db"))

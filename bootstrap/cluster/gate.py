@@ -1,0 +1,196 @@
+"""The acceptance gate through the API: each gated GPU node's own checks (the ones `validate`
+runs, bootstrap.cluster.checks and bootstrap.cluster.burn_in, on that node alone), then the
+taint lifted from a node that passed, or kept with the reason on a node that failed.
+The pure half (the taint, the decision) is bootstrap.cluster.gate_rules."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from bootstrap.checks.preflight import gpu_health_findings
+from bootstrap.cluster import burn_in
+from bootstrap.cluster.checks import (NAMESPACE, CheckResult, check_capacity, check_gpu_pods, check_nccl, check_rdma,
+                                      cleanup, nccl_group)
+from bootstrap.cluster.client import Cluster, ClusterError, get, merge_patch, request
+from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has_gate, with_gate, without_gate)
+from bootstrap.host.facts.host_facts import HostFacts
+from bootstrap.inventory.model import Inventory
+
+GATE_PASSED = "bootstrap.k3s/gate-passed"  # annotation: when the node last passed (a Unix time)
+PATCH_TRIES = 5
+
+
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{name}"
+
+
+def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
+                   gpu: list) -> tuple[list, list]:
+    """(gated, pre-gate): the GPU nodes that answered and hold the gate's taint, and those
+    that registered before the gate existed (no taint, never passed): the tool gates those
+    through the API, since k3s sets node-taint only when a node registers."""
+    if not inventory.gpu.gate.enabled:
+        return [], []
+    gated, legacy = [], []
+    for node in gpu:
+        obj = node_objects.get(node.name)
+        if obj is None or node.name not in facts:
+            continue
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        if has_gate(obj):
+            gated.append(node)
+        elif GATE_PASSED not in annotations:
+            legacy.append(node)
+    return gated, legacy
+
+
+def _patch_node(cluster: Cluster, name: str, change) -> None:
+    """`change(node) -> patch`, with the node's resourceVersion: the list of taints is replaced
+    whole, so a taint the node controller added meanwhile must not be lost (409: read again)."""
+    for _ in range(PATCH_TRIES):
+        current = get(cluster, node_path(name))
+        if current is None:
+            raise ClusterError(f"node {name} is gone")
+        patch = change(current)
+        patch.setdefault("metadata", {})["resourceVersion"] = current["metadata"].get("resourceVersion")
+        status, body = request(cluster, "PATCH", node_path(name), patch, content_type="application/merge-patch+json")
+        if status < 300:
+            return
+        if status != 409:
+            raise ClusterError(f"PATCH {node_path(name)}: {status} {body.get('message', '')}")
+    raise ClusterError(f"node {name} kept changing: its gate was not updated")
+
+
+def close_gate(cluster: Cluster, name: str, reason: str | None = None) -> None:
+    """Put the gate on `name` (a node registered before the gate, or one `health --cordon`
+    found broken), with the reason when there is one."""
+    def change(node):
+        patch: dict = {"spec": {"taints": with_gate((node.get("spec") or {}).get("taints"))}}
+        if reason:
+            patch["metadata"] = {"annotations": {GATE_REASON: reason}}
+        return patch
+    _patch_node(cluster, name, change)
+
+
+def apply_decision(cluster: Cluster, decision: GateDecision) -> None:
+    """A node that passed loses the taint (and any old reason); one that failed keeps it and
+    carries why."""
+    if decision.passed:
+        _patch_node(cluster, decision.node, lambda node: {
+            "spec": {"taints": without_gate((node.get("spec") or {}).get("taints")) or None},
+            "metadata": {"annotations": {GATE_REASON: None, GATE_PASSED: str(int(time.time()))}}})
+    else:
+        merge_patch(cluster, node_path(decision.node), {"metadata": {"annotations": {GATE_REASON: decision.annotation}}})
+
+
+# --- the checks, each node's own ------------------------------------------------------------
+
+def health_results(inventory: Inventory, facts: dict[str, HostFacts], nodes, gpu: list) -> list[CheckResult]:
+    """GPU health from the facts, judged as `health` judges it (an error holds the node, whatever
+    gpu.health says about preflight; gpu.health off: not probed, not judged)."""
+    strict = replace(inventory, gpu=replace(inventory.gpu, health="strict")) if inventory.gpu.health != "off" \
+        else inventory
+    findings = gpu_health_findings(strict, facts, gpu)  # every GPU node's facts: siblings decide the GPU count
+    results = []
+    for node in nodes:
+        errors = [f for f in findings.get(node.name, []) if f.severity == "health-error"]
+        if errors:
+            results.append(CheckResult("gpu-health", "FAIL", "; ".join(f.message for f in errors), node.name))
+        elif node.name in findings:
+            results.append(CheckResult("gpu-health", "PASS", "no GPU health error", node.name))
+    return results
+
+
+def in_namespace(cluster: Cluster, run):
+    """`run()` with the checks' namespace made, and gone afterwards."""
+    request(cluster, "POST", "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    try:
+        return run()
+    finally:
+        cleanup(cluster)
+
+
+def pod_results(cluster: Cluster, inventory: Inventory, facts, nodes, checks) -> list[CheckResult]:
+    """The GPU pod first (it waits for the device plugin), then what the node advertises."""
+    timeout = inventory.validate.timeout_s
+
+    def run():
+        results = check_gpu_pods(cluster, inventory, nodes, facts, timeout) if "gpu-pod" in checks else []
+        if "capacity" in checks:
+            results += check_capacity(cluster, inventory, nodes, facts)
+        if "rdma" in checks and inventory.network.rdma:
+            results += check_rdma(cluster, inventory, nodes)
+        return results
+    return in_namespace(cluster, run)
+
+
+def burn_in_results(cluster: Cluster, inventory: Inventory, facts, nodes) -> list[CheckResult]:
+    verdict = burn_in.run_burn_in(cluster, {n.name: len(facts[n.name].gpus) or 1 for n in nodes},
+                                  inventory.gpu.gate.burn_in_s)
+    results = []
+    for node in nodes:
+        failed = [why for why in verdict["failed"] if why.startswith(f"{node.name}:")]
+        results.append(CheckResult("burn-in", "FAIL" if failed else "PASS",
+                                   "; ".join(failed) or "every GPU within its siblings' range", node.name))
+    return results
+
+
+def nccl_results(cluster: Cluster, inventory: Inventory, facts, nodes, peers) -> list[CheckResult]:
+    """An NCCL pair test of each node with a peer at its provider (one that passed), one pair
+    at a time: the job has one name."""
+    results = []
+    for node in nodes:
+        peer = next((p for p in peers if p.name != node.name and p.provider == node.provider), None)
+        if peer is None:
+            results.append(CheckResult("nccl", "SKIP", "no GPU node that passed the gate to pair with", node.name))
+            continue
+        pair, _ = nccl_group([node, peer])
+        result = in_namespace(cluster, lambda: check_nccl(cluster, inventory, pair, facts, inventory.validate.timeout_s))
+        results.append(replace(result, node=node.name, reason=f"with {peer.name}: {result.reason}"))
+    return results
+
+
+def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], nodes, peers,
+                gpu: list) -> list[CheckResult]:
+    """The gated `nodes`' own checks, as gpu.gate.checks chooses; `peers`: GPU nodes already
+    open, for the NCCL pair test."""
+    checks = set(inventory.gpu.gate.checks)
+    results = health_results(inventory, facts, nodes, gpu) if "health" in checks else []
+    results += pod_results(cluster, inventory, facts, nodes, checks)
+    if "burn-in" in checks:
+        results += burn_in_results(cluster, inventory, facts, nodes)
+    nccl = inventory.validate.nccl
+    if "nccl" in checks and nccl and nccl.enabled:
+        passed = [n for n in nodes if decide(n.name, results).passed]  # a failed node is not paired
+        results += nccl_results(cluster, inventory, facts, passed, list(peers) + passed)
+    return results
+
+
+def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts],
+             node_objects: dict[str, dict], gpu: list) -> tuple[list[GateDecision], list[str]]:
+    """Judge every gated GPU node and lift or keep its gate. Returns the decisions and the
+    pre-gate nodes the tool gated first. `gpu`: the run's GPU nodes (bootstrap.topology)."""
+    gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu)
+    for node in legacy:
+        close_gate(cluster, node.name)
+    nodes = gated + legacy
+    if not nodes:
+        return [], []
+    judged = {n.name for n in nodes}
+    peers = [n for n in gpu if n.name in facts and n.name in node_objects
+             and n.name not in judged]
+    try:
+        results = gate_checks(cluster, inventory, facts, nodes, peers, gpu)
+    except ClusterError as exc:  # the checks could not run: every node stays gated, saying why
+        results = [CheckResult("gate", "FAIL", f"its checks could not run: {exc}", n.name) for n in nodes]
+    decisions = [decide(n.name, results) for n in nodes]
+    for decision in decisions:
+        apply_decision(cluster, decision)
+    return decisions, [n.name for n in legacy]
+
+
+def read_nodes(cluster: Cluster) -> dict[str, dict]:
+    items = (get(cluster, "/api/v1/nodes") or {}).get("items") or []
+    return {n["metadata"]["name"]: n for n in items if isinstance(n, dict) and "metadata" in n}

@@ -1,0 +1,37 @@
+"""The acceptance gate's phase of `up` and `rebuild`: once the components are applied, each
+gated GPU node's own checks; a node that passes takes workload pods, one that fails stays
+gated with the reason on the node and here (bootstrap.cluster.gate)."""
+
+from __future__ import annotations
+
+from bootstrap.cluster.gate import read_nodes, run_gate
+from bootstrap.cluster.gate_rules import GateDecision
+from bootstrap.console_text import printable
+from bootstrap.flows.run import Run
+
+
+def gate_phase(run: Run, cluster, node_objects: dict | None = None) -> list[GateDecision]:
+    """`node_objects`: the Node objects as apply_cluster just read them (else read here)."""
+    if not run.inventory.gpu.gate.enabled:
+        return []
+    with run.console.phase("cluster: acceptance gate"):
+        nodes = node_objects if node_objects is not None else read_nodes(cluster)
+        decisions, legacy = run_gate(cluster, run.inventory, run.settled_facts(), nodes,
+                                     run.topology.gpu_nodes_of(run.inventory))
+    for name in legacy:
+        run.console.say(f"gate: {name} registered before the acceptance gate: gated through the API for its checks")
+    say_decisions(run.console, decisions)
+    return decisions
+
+
+def say_decisions(console, decisions: list[GateDecision]) -> None:
+    if not decisions:
+        return
+    console.event("gate", nodes=[{"node": d.node, "passed": d.passed, "reason": d.reason} for d in decisions])
+    for decision in decisions:
+        verdict = "passed, takes workloads" if decision.passed else "not passed, stays gated"
+        console.say(f"gate: {decision.node}: {verdict}: {printable(decision.reason)}")
+
+
+def failed_nodes(decisions: list[GateDecision]) -> list[str]:
+    return [d.node for d in decisions if not d.passed]
