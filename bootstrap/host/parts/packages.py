@@ -36,6 +36,19 @@ DRIVER_PREFIXES = ("nvidia-driver", "nvidia-dkms", "linux-modules-nvidia", "nvid
 PROBE_GLOBS = (*(f"{p}*" for p in HOLD_PREFIXES), *COMPONENT_PACKAGES, "linux-headers-*", "dkms")
 
 
+# What an install brings beside the names asked for: NVIDIA's toolkit depends on
+# nvidia-container-toolkit-base and libnvidia-container-tools (and that on libnvidia-container1),
+# a driver on its libnvidia-* libraries. The probe before the install cannot name them, so the
+# install's own command holds every NVIDIA package dpkg then has installed: the next run finds
+# nothing left to hold (a no-op `up` changes nothing). The names come from that host's dpkg,
+# in that host's shell.
+INSTALLED_NVIDIA = ("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' "
+                    + " ".join(f"'{p}*'" for p in HOLD_PREFIXES) + " 2>/dev/null | awk '/^.i/ {print $2}'")
+HOLD_WHAT_CAME_WITH = f"came=$({INSTALLED_NVIDIA}); [ -z \"$came\" ] || apt-mark hold $came >/dev/null"
+# The toolkit's dependencies (NVIDIA's packages since 1.17): `down` removes them with it.
+TOOLKIT_DEPENDENCIES = ("nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1")
+
+
 def component_packages(inventory: Inventory, gpu: bool) -> list[str]:
     return [name for name, needed in COMPONENT_PACKAGES.items() if needed(inventory, gpu)]
 
@@ -87,9 +100,13 @@ def plan(draft: Draft, packages: list[str], toolkit_source: str | None, facts: H
 
     nvidia = [p for p in facts.packages if p.startswith(HOLD_PREFIXES)] + ([TOOLKIT] if new_toolkit else [])
     to_hold = sorted(set(nvidia) - set(facts.held_packages))
+    brings_nvidia = new_toolkit or any(p.startswith(HOLD_PREFIXES) or is_driver_package(p) for p in to_install)
+    if to_hold or brings_nvidia:
+        lines = [f"apt-mark hold {' '.join(shlex.quote(p) for p in to_hold)} >/dev/null"] if to_hold else []
+        lines += [HOLD_WHAT_CAME_WITH] if brings_nvidia else []
+        what = " and ".join(filter(None, [", ".join(to_hold), "the NVIDIA packages the install brings" if brings_nvidia else ""]))
+        draft.add(Action.HOLD_PACKAGES, lines, f"hold {what} against unattended upgrades")
     if to_hold:
-        draft.add(Action.HOLD_PACKAGES, [f"apt-mark hold {' '.join(shlex.quote(p) for p in to_hold)} >/dev/null"],
-                  f"hold {', '.join(to_hold)} against unattended upgrades")
         draft.manifest["packages_held"] = sorted(set(draft.manifest.get("packages_held", [])) | set(to_hold))
 
 
@@ -116,6 +133,11 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
     if remove:
         lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(shlex.quote(p) for p in remove)} >/dev/null")
     prefix = apt_lists_prefix(toolkit_source) if toolkit_source else None
+    if TOOLKIT in remove:
+        # what its install brought and held (HOLD_WHAT_CAME_WITH), where dpkg has it
+        deps = " ".join(TOOLKIT_DEPENDENCIES)
+        lines.append(f"deps=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' {deps} 2>/dev/null | awk '/^.i/ {{print $2}}'); "
+                     f"[ -z \"$deps\" ] || {{ apt-mark unhold $deps >/dev/null; {APT_ENV} apt-get purge -y -q $deps >/dev/null; }}")
     if prefix and TOOLKIT in remove:
         lines.append(f"rm -f /var/lib/apt/lists/{shlex.quote(prefix)}_*")
     if TOOLKIT in remove:

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ from bootstrap.host.parts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.host.parts.k3s_service import CONFIG
 from bootstrap.host.parts.kernel import MODULES, SYSCTLS
 from bootstrap.host.parts.manifest import MANIFEST
+from bootstrap.host.parts.packages import HOLD_WHAT_CAME_WITH
 from bootstrap.host.plan import desired as d
 from bootstrap.host.plan import k3sconfig
 from bootstrap.host.plan.drivers import driver_packages
@@ -113,6 +115,42 @@ def test_converged_host_plans_nothing_and_fresh_host_plans_everything(tmp_path):
                     files={**facts.files, MANIFEST: FileState(0o644, first_manifest.sha256)})
     noop = plan_host(node, want, facts, CLUSTER_ID, "lab")
     assert not noop.changed, noop.changes
+
+
+def test_the_toolkits_dependencies_are_held_by_the_install_so_the_next_up_is_a_no_op(tmp_path):
+    """NVIDIA's toolkit (1.17) comes as three packages: the install of nvidia-container-toolkit
+    brings nvidia-container-toolkit-base and libnvidia-container-tools. The lab's apt
+    repository serves that split; the second `up` used to hold the two it had not named,
+    every GPU node "changed" on a no-op."""
+    node = INV.node("gpu-1")
+    want = d.desired_state(INV, node, TOKENS, _artifacts(tmp_path), gpu=True, driver_packages=[])
+    fresh = plan_host(node, want, HostFacts(), CLUSTER_ID, "lab")
+    installed = next(i for i, line in enumerate(fresh.prepare) if "apt-get install" in line and "toolkit" in line)
+    # As the host is after that command: the three installed; held, what its lines hold.
+    split = {"nvidia-container-toolkit": "1.17.8-1", "nvidia-container-toolkit-base": "1.17.8-1",
+             "libnvidia-container-tools": "1.17.8-1"}
+    holds = [line for line in fresh.prepare[installed + 1:] if "apt-mark hold" in line]
+    held = sorted(split) if any(HOLD_WHAT_CAME_WITH in line for line in holds) else \
+        sorted(p for p in split if any(f" {p} " in line for line in holds))
+    first_manifest = next(u for u in fresh.uploads if u.path == MANIFEST)
+    facts = replace(converged_facts(want, "k3s-agent"), packages=split, held_packages=held,
+                    manifest=yaml.safe_load(first_manifest.content))
+    facts = replace(facts, files={**facts.files, MANIFEST: FileState(0o644, first_manifest.sha256)})
+    again = plan_host(node, want, facts, CLUSTER_ID, "lab")
+    assert not again.changed, again.changes
+
+
+def test_the_hold_line_holds_only_what_dpkg_has_installed(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dpkg-query").write_text("#!/bin/sh\nprintf 'ii nvidia-container-toolkit-base\\nun libnvidia-container1\\n"
+                                     "hi libnvidia-container-tools\\n'\n")
+    (fake / "apt-mark").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/held\n")
+    for tool in ("dpkg-query", "apt-mark"):
+        (fake / tool).chmod(0o755)
+    subprocess.run(["sh", "-ec", HOLD_WHAT_CAME_WITH], check=True, env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert (tmp_path / "held").read_text().split() == ["hold", "nvidia-container-toolkit-base",
+                                                       "libnvidia-container-tools"]
 
 
 def test_config_change_restarts_only_that_host(tmp_path):
