@@ -111,3 +111,25 @@ def check_images(hosts, inventory, first, airgap):
         log = host.ssh("sudo journalctl -u k3s -u k3s-agent -o cat --no-pager").stdout
         assert "Imported images from /var/lib/rancher/k3s/agent/images/more-images.tgz in" in log
     assert pid == {h.name: h.ssh("systemctl show -p MainPID --value k3s k3s-agent").stdout.split() for h in hosts}
+
+
+def test_a_second_up_on_gpu_nodes_with_the_labs_settings_changes_nothing(lab, tmp_path, airgap):
+    """The lab's GPU settings (inventories/lab.yaml): a preinstalled driver, time-slicing, the
+    toolkit from an apt repository that serves NVIDIA's 1.17 split (toolkit, -base,
+    libnvidia-container-tools, as `testhosts.py up` serves it). The second `up` used to hold
+    the two packages the first one's install brought: both GPU nodes "changed", every time."""
+    from standins.aptrepo import AptRepo, build_toolkit_debs
+
+    hosts = lab.start(["nc-cp", "nc-g1"], gpu=["nc-g1"])
+    with AptRepo(build_toolkit_debs(tmp_path / "debs")) as repo:
+        inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={
+            "k3s": {"airgap": str(airgap)},
+            "gpu": {"driver": "preinstalled", "cuda": "12.4", "sharing": {"time_slicing": {"replicas": 4}},
+                    "container_toolkit": {"apt_source": repo.source_line}}})
+        first = run_bootstrap("up", inventory, "--hosts-only")
+        assert first.returncode == 0, first.stdout + first.stderr
+        second = run_bootstrap("up", inventory, "--hosts-only")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "hosts: no change, 2 hosts already converged" in second.stdout, second.stdout
+    held = hosts[1].ssh("apt-mark showhold", user="root").stdout.split()
+    assert {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools"} <= set(held)
