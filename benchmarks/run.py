@@ -119,9 +119,8 @@ def phases(json_lines: str, launched: float) -> dict[str, float]:
             out[e["name"]] = out.get(e["name"], 0.0) + e["seconds"]
             first_start = min(first_start, e["start"])
     steps: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("event") in ("step_start", "step_end") and e.get("step"):
-            steps.setdefault(e["step"], []).append(e["time"])
+    for name, time_ in step_runs(events):
+        steps.setdefault(name, []).append(time_)
     for name, times in steps.items():
         out[f"step: {name}"] = max(times) - min(times)
     if steps:
@@ -131,6 +130,22 @@ def phases(json_lines: str, launched: float) -> dict[str, float]:
     out["cluster side total"] = sum(out.get(k, 0.0) for k in CLUSTER_SIDE)
     out["other"] = (end - launched) - out["host side"] - out["cluster side total"]
     return {k: round(v, 3) for k, v in out.items()}
+
+
+def step_runs(events: list[dict]):
+    """(name, time) of each step event; a step name that runs again later in the same `up` (a
+    new cluster's "prepare host" before and after its first server starts, in older versions)
+    is named "NAME (2)": one span from its first start to its last end would hold every step
+    between them."""
+    seen: dict[str, int] = {}
+    current = None
+    for e in events:
+        if e.get("event") not in ("step_start", "step_end") or not e.get("step"):
+            continue
+        if e["step"] != current:
+            current = e["step"]
+            seen[current] = seen.get(current, 0) + 1
+        yield (current if seen[current] == 1 else f"{current} ({seen[current]})"), e["time"]
 
 
 def command_trace(json_lines: str, launched: float, hosts: list[str]) -> list[list]:

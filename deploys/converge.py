@@ -20,7 +20,7 @@ from bootstrap.host.plan.host_plan import HostPlan
 SERVICE_TIMEOUT_S = 300
 
 
-def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> list:
+def placement_commands(plan: HostPlan, keep_previous_binary: bool = False, then: list[str] = ()) -> list:
     """A host's change in ONE command when it has files: its root script receives them as a
     tar stream on stdin (bootstrap.remote.archive), extracts them into a private (0700,
     root's) staging dir, places each with its mode (a temp name in the target's folder, synced,
@@ -28,15 +28,16 @@ def placement_commands(plan: HostPlan, keep_previous_binary: bool = False) -> li
     channel instead of a staging command, an SFTP session and a root script, and a secret
     never sits in a login user's file or on a command line. The script's trap removes the
     staging dir on every exit.
-    `keep_previous_binary`: copy the running k3s binary aside first (an upgrade's way back)."""
+    `keep_previous_binary`: copy the running k3s binary aside first (an upgrade's way back).
+    `then`: lines run after them in the same command (a start: `placed_and_started`)."""
     if not plan.uploads and not plan.prepare:
         return []
     if not plan.uploads:
-        return [StringCommand("\n".join([*placing.script_head(), *_keep(keep_previous_binary), *plan.prepare]))]
+        return [StringCommand("\n".join([*placing.script_head(), *_keep(keep_previous_binary), *plan.prepare, *then]))]
     lines = archive.receiving_lines() + _keep(keep_previous_binary)
     for index, spec in enumerate(plan.uploads):
         lines.append(placing.place(archive.staged(index), spec.mode, spec.path))
-    lines += plan.prepare
+    lines += [*plan.prepare, *then]
     sources = [str(spec.local) if spec.local else io.BytesIO(spec.content) for spec in plan.uploads]
     return [FunctionCommand(archive.run_with_archive, ("\n".join(lines), sources), {})]
 
@@ -45,7 +46,22 @@ def _keep(keep_previous_binary: bool) -> list[str]:
     return [k3s_binary.keep_previous()] if keep_previous_binary else []
 
 
+def placed_and_started(plan: HostPlan, action: str, keep_previous_binary: bool = False) -> list:
+    """A node's files placed and its k3s (re)started and waited for in ONE command: a
+    joiner's config.yaml (which names the CA, so it waits for the first server) and its
+    start, an upgrade's binary and its restart. Same script as the two commands one after
+    the other (the placing stops at its first error, `set -e`; the wait then runs as it
+    does alone), one round trip less per node on the critical path."""
+    start = wait_for_service_script(plan.unit, action, plan.start_timeout, then=plan.pull_after_start)
+    placed = placement_commands(plan, keep_previous_binary, then=["set +e", start])
+    return placed or [StringCommand(start)]
+
+
 def wait_for_service(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S, then: list[str] = ()) -> StringCommand:
+    return StringCommand(wait_for_service_script(unit, action, timeout, then))
+
+
+def wait_for_service_script(unit: str, action: str, timeout: int = SERVICE_TIMEOUT_S, then: list[str] = ()) -> str:
     """(Re)start without blocking, then wait: active (in a new run, for a restart) is
     success; a crash (systemd's auto-restart, or a second new run) or the time-out fails
     with the unit's last log lines. A unit caught in a crash loop from before is stopped
@@ -83,7 +99,7 @@ echo "$u did not become active ($state after ${{i}}s); its last log lines:" >&2
 journalctl -u $u -n 8 --no-pager -o cat 2>/dev/null | grep -iv token | tail -n 5 >&2
 exit 1
 """
-    return StringCommand(script.strip())
+    return script.strip()
 
 
 def verify_nvidia_runtime_command() -> StringCommand:

@@ -12,13 +12,16 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import gevent
+
 from bootstrap.state import snapshots
 from bootstrap.cluster.charts import check_archives
 from bootstrap.cluster.kubeconfig_file import rewrite as rewrite_kubeconfig
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.client import connect as connect_to_cluster, request
+from bootstrap.cluster.early_connection import EarlyConnection
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import enforce, examine
 from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
@@ -236,6 +239,9 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
     with cluster_lock(state, "up"), contextlib.ExitStack() as stack:
         run.open_hosts(stack, open_session, inventory.nodes, "up")
         stack.callback(run.stop_reprobe)  # the second probe, still running: gone before the connections
+        if not options.hosts_only:
+            stack.callback(close_early, run)
+            connect_early(run)
         probe(run)
         find_replaced(run)  # a machine re-created under a node's name: its old Node must go
         preflight_and_plan(run, create_token=True, join_via=run.join_via)
@@ -243,9 +249,31 @@ def bring_up(inventory, state, options: UpOptions, console, open_session=open_ho
         converge_or_roll(run, options)
         if options.hosts_only:
             return
+        if run.early_cluster is not None and (run.early_after_start or not run.changed):
+            run.connect = run.early_cluster.connect_or(run.connect)
         cluster_changed = cluster_side(run, options)
         snapshot(run, run.changed or cluster_changed)
         record_applied(inventory, state)
+
+
+def connect_early(run: Run, after_start: bool = False) -> None:
+    """An existing cluster's API connection (the tunnel's channel, TLS, one request), made
+    in the background while the hosts' side works. The cluster side takes it when no host
+    changed, or when it was made `after_start`: once the first server's k3s started in
+    this run (nothing restarts it later in the same run). A change may restart that k3s
+    under an earlier one, and then the cluster side connects as it always did."""
+    if not (run.state.path / "kubeconfig").exists():
+        return
+    close_early(run)
+    run.early_cluster = EarlyConnection(run.connect, run.inventory, run.state,
+                                        warm=lambda cluster: request(cluster, "GET", "/version"))
+    run.early_after_start = after_start
+
+
+def close_early(run: Run) -> None:
+    if run.early_cluster is not None:
+        run.early_cluster.close()
+        run.early_cluster = None
 
 
 def converge_or_roll(run: Run, options: UpOptions) -> None:
@@ -258,12 +286,12 @@ def converge_or_roll(run: Run, options: UpOptions) -> None:
                            options.max_unavailable)
     rest = {n: p for n, p in run.plans.items() if not rollout or n not in rollout.nodes}
     if rollout:
-        run_rollout(run, rollout, lambda: converge(run, rest), drain_timeout=options.drain_timeout,
+        run_rollout(run, rollout, lambda: converge(run, rest, not options.hosts_only), drain_timeout=options.drain_timeout,
                     force=options.force)
         for name in rollout.nodes:
             run.hosts[name].result["upgrade k3s"] = StepResult("changed")
     else:
-        converge(run, rest)
+        converge(run, rest, not options.hosts_only)
     summarise(run)
     end_run(run.console, run.failures)
     if not options.hosts_only:
@@ -290,17 +318,34 @@ def kubeconfig(run: Run) -> None:
         fetch_kubeconfig(run.session, run.inventory, run.state)
 
 
-def converge(run: Run, plans: dict) -> None:
-    """The steps of `plans`' hosts. The kubeconfig is read as soon as the first server runs,
-    while the agents join. A new cluster: its CA, which the joins' secure tokens name,
-    exists once the first server has started; every host is prepared meanwhile, and the
-    joiners' config.yaml, planned with the CA's hash, and their starts come after."""
-    after = {first_server_step(run.inventory): functools.partial(kubeconfig, run)}
+def kubeconfig_and_connect(run: Run) -> None:
+    """After the first server's start: its kubeconfig, then the cluster side's connection,
+    both while the agents join."""
+    kubeconfig(run)
+    connect_early(run, after_start=True)
+
+
+def converge(run: Run, plans: dict, cluster_side_follows: bool = False) -> None:
+    """The steps of `plans`' hosts. The kubeconfig is read (and, when the cluster side
+    follows, the API connection made) as soon as the first server runs, while the others
+    join. A new cluster: its CA, which the joins' secure tokens name, exists once the first
+    server has started; every host is prepared meanwhile (the first server placed and
+    started in the same step), and the joiners' config.yaml, planned with the CA's hash,
+    and their starts come after, one command each, while the kubeconfig is read."""
+    then = functools.partial(kubeconfig_and_connect if cluster_side_follows else kubeconfig, run)
     joiners = first_server_then_joiners(run.topology.first_server, run.tokens, plans)
     meanwhile = {n: before_the_ca(p) if n in (joiners or ()) else p for n, p in plans.items()}
-    run.merge_results(run.session.execute(converge_steps(run.inventory, meanwhile, set(run.failures)), after))
-    if joiners:
+    steps = converge_steps(run.inventory, meanwhile, set(run.failures), first_server_early=True)
+    if not joiners:
+        run.merge_results(run.session.execute(steps, {first_server_step(run.inventory): then}))
+        return
+    run.merge_results(run.session.execute(steps))
+    reading = gevent.spawn(then)  # beside the CA's hash and the joins, not before them
+    try:
         join_after_the_ca(run, joiners)
+    finally:
+        reading.join()
+    reading.get()
 
 
 def join_after_the_ca(run: Run, joiners: list[str]) -> None:
@@ -313,7 +358,8 @@ def join_after_the_ca(run: Run, joiners: list[str]) -> None:
     secured = {n: p for n, p in run.replan(tokens=run.tokens).plans.items() if n in joiners}
     run.set_plans(secured)
     joins = {n: after_the_ca(p) for n, p in secured.items()}
-    run.merge_results(run.session.execute(converge_steps(run.inventory, joins, set(run.failures))))
+    steps = converge_steps(run.inventory, joins, set(run.failures), place_with_start=True)
+    run.merge_results(run.session.execute(steps))
 
 
 def cluster_side(run: Run, options: UpOptions) -> bool:

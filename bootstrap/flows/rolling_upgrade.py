@@ -112,12 +112,10 @@ def drain_batch(cluster, rollout: Rollout, names: list[str], done: list[str], dr
 
 def upgrade_step(run, names: list[str]) -> Step:
     """The new binary in place (the old one kept), k3s restarted, then its image pulls started
-    in the background (bootstrap.host.parts.k3s_images)."""
+    in the background (bootstrap.host.parts.k3s_images): one command per node."""
     step = Step("upgrade k3s", {})
     for name in names:
-        plan = run.hosts[name].plan
-        step.commands[name] = converge.placement_commands(plan, keep_previous_binary=True) + [
-            converge.wait_for_service(plan.unit, "restart", plan.start_timeout, then=plan.pull_after_start)]
+        step.commands[name] = converge.placed_and_started(run.hosts[name].plan, "restart", keep_previous_binary=True)
     return step
 
 

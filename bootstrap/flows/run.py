@@ -72,6 +72,10 @@ class Run:
     resolved: bool = False  # the inventory holds node-ips and secret values
     started: float = field(default_factory=time.monotonic)
     _reprobe: object = field(default=None, repr=False)
+    # The API connection made ahead of the cluster side (bootstrap.cluster.early_connection),
+    # and whether it was made after the first server's k3s (re)started in this run.
+    early_cluster: object = None
+    early_after_start: bool = False
 
     def __post_init__(self):
         for node in self.inventory.nodes:

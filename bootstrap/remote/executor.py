@@ -146,8 +146,9 @@ def _refuse_all(session: StepSession, step: Step, working: list[str], results: d
 def _run_step(state, name: str, step: Step, reporter) -> StepResult:
     host = state.inventory.get_host(name)
     started = time.monotonic()
-    reporter.step_started(name, step.name)
+    label = step.label(name)  # its own words when it does more than the step
+    reporter.step_started(name, label)
     error = run_commands(state, host, step.commands[name], reporter)
     elapsed = time.monotonic() - started
-    reporter.step_finished(name, step.name, "failed" if error else "ok", elapsed, error)
+    reporter.step_finished(name, label, "failed" if error else "ok", elapsed, error)
     return StepResult("failed", elapsed, error) if error else StepResult("changed", elapsed)

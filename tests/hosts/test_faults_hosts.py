@@ -53,8 +53,9 @@ class Boundary:
 
 BOUNDARIES = {b.name: b for b in [
     Boundary("prepare host", "step_start", "step", "prepare host", "ft-a1"),
-    Boundary("first server", "step_start", "step", "start server ft-cp1", "ft-cp1"),
-    Boundary("first server, mid-step", "step_start", "step", "start server ft-cp1", "ft-cp1", delay=0.5),
+    Boundary("first server", "step_start", "step", "prepare host, start server ft-cp1", "ft-cp1"),
+    Boundary("first server, mid-step", "step_start", "step", "prepare host, start server ft-cp1", "ft-cp1",
+             delay=0.5),
     Boundary("other servers", "step_start", "step", "join server ft-cp2", "ft-cp2"),
     Boundary("agents", "step_start", "step", "join agents", "ft-a1"),
     Boundary("kubeconfig", "phase", "name", "kubeconfig", "ft-cp1"),

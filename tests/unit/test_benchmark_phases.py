@@ -41,6 +41,22 @@ def test_phases_come_from_the_tools_phase_events_and_steps_are_barriers():
     assert run.command_trace(text, 9.0, ["a"]) == [["a", "run_with_archive", 2.0, 0.5]]
 
 
+def test_a_step_that_runs_again_later_is_its_own_span():
+    """A new cluster used to prepare hosts, start its first server, then prepare the joiners
+    again: one "prepare host" span from the first start to the last end held the server's
+    start and the CA read too (the 11-14 "round trips" of prepare host in results.md)."""
+    events = [{"event": "step_start", "step": "prepare host", "host": "a", "time": 1.0},
+              {"event": "step_end", "step": "prepare host", "host": "a", "time": 1.2},
+              {"event": "step_start", "step": "start server cp", "host": "cp", "time": 1.2},
+              {"event": "step_end", "step": "start server cp", "host": "cp", "time": 3.0},
+              {"event": "step_start", "step": "prepare host", "host": "a", "time": 3.5},
+              {"event": "step_end", "step": "prepare host", "host": "a", "time": 3.7},
+              {"event": "exit", "time": 4.0}]
+    got = run.phases("\n".join(json.dumps(e) for e in events), 0.5)
+    assert got["step: prepare host"] == 0.2 and got["step: prepare host (2)"] == 0.2
+    assert got["step: start server cp"] == 1.8 and got["steps"] == 2.7
+
+
 def test_round_trips_are_the_added_latency_over_the_rtt():
     direct = {"connect, probe, plan": 1.0, "cluster side": 2.0}
     slow = {"connect, probe, plan": 1.8, "cluster side": 4.0}

@@ -34,7 +34,7 @@ from bootstrap.flows.host_phase import UpOptions, bring_up
 from bootstrap.flows.uninstall import tear_down
 from bootstrap.host.parts import manifest
 from bootstrap.host.plan.all_hosts import make_plans
-from bootstrap.host.plan.join_tokens import JoinTokens
+from bootstrap.host.plan.join_tokens import SERVER_TOKEN_FILE, JoinTokens
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.remote_data import RemoteDataError
 from bootstrap.checks.ownership import ownership
@@ -365,7 +365,14 @@ def test_every_other_hosts_plan_is_built(tmp_path):
 
 
 class KubeconfigSession(FakeSession):
+    def __init__(self, inventory, *args, **kwargs):
+        super().__init__(inventory, *args, **kwargs)
+        self.state = StateDir(inventory)
+
     def read_root_file(self, name, path):
+        if path == SERVER_TOKEN_FILE:  # as k3s writes it once the first server started
+            token = (self.state.path / "token").read_text().strip()
+            return f"K10{'0' * 64}::server:{token}\n"
         return None  # the hosts' half only: no kubeconfig to read here
 
 

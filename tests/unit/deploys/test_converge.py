@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 from bootstrap.host.release import airgap_artifacts, online_artifacts
-from bootstrap.deploys.converge import placement_commands, wait_for_service
+from bootstrap.deploys.converge import placed_and_started, placement_commands, wait_for_service
 from bootstrap.errors import UsageError
 from bootstrap.host.parts.base import text_file
 from bootstrap.host.parts.k3s_binary import download as download_k3s
@@ -35,6 +35,23 @@ def test_a_hosts_files_and_root_script_are_one_command():
     # without files: the preparation lines alone (a download places with `place` too), as a plain command
     (plain,) = placement_commands(HostPlan(node=INV.nodes[0], unit="k3s", prepare=["true"]))
     assert str(plain).startswith("set -e\n") and str(plain).endswith("\n}\ntrue") and "place() {" in str(plain)
+
+
+def test_a_joiners_config_and_its_start_are_one_command():
+    """A join's config.yaml (it names the CA, so it waits for the first server) and the start
+    that needs it: one channel instead of two commands, one round trip less per join."""
+    plan = HostPlan(node=INV.nodes[0], unit="k3s-agent", service="start", pull_after_start=["echo pulls"],
+                    uploads=[text_file(CONFIG, "token: SECRET\n", 0o600, secret=True)])
+    (command,) = placed_and_started(plan, "start")
+    script, sources = command.args
+    assert sources[0].getvalue() == b"token: SECRET\n" and "SECRET" not in script
+    # placed first, under `set -e`; the wait runs as it does alone (its own exits decide)
+    assert script.index(f"place \"$stage\"/0 0600 {CONFIG}") < script.index("set +e") \
+        < script.index("systemctl start --no-block $u")
+    assert script.endswith(str(wait_for_service("k3s-agent", "start", plan.start_timeout, then=["echo pulls"])))
+    # nothing to place: the start alone
+    (alone,) = placed_and_started(HostPlan(node=INV.nodes[0], unit="k3s", service="restart"), "restart")
+    assert str(alone) == str(wait_for_service("k3s", "restart"))
 
 
 def test_the_staging_dir_goes_on_every_exit_of_the_root_script():

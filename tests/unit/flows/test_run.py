@@ -7,6 +7,7 @@ import io
 from dataclasses import replace
 from pathlib import Path
 
+import gevent
 import pytest
 from fakes import FakeSession
 from test_host_phase_flow import healthy_host
@@ -126,3 +127,35 @@ def test_replaced_machines_are_marked_on_their_host_records(tmp_path, monkeypatc
     assert run.join_via.name == "cp-2"
     replaced_machines.clear_replaced(run)
     assert removed == [(["cp-1", "a1"], ["cp-1"])]
+
+
+def test_an_existing_clusters_api_connection_is_made_early_and_used_only_when_no_host_changed(k3s, tmp_path,  # noqa: F811
+                                                                                               monkeypatch):
+    inv = inventory_of(tmp_path, k3s, servers=1, agents=1)
+    state = StateDir(inv)
+    state.write_secret("kubeconfig", "apiVersion: v1\n")  # an existing cluster's
+    opened, used = [], []
+
+    @contextlib.contextmanager
+    def connect(*a):  # the early one is made in the background, not on the run's own greenlet
+        opened.append("early" if gevent.getcurrent() is not main else "in turn")
+        yield f"{opened[-1]} {len(opened)}"
+
+    main = gevent.getcurrent()
+
+    monkeypatch.setattr(host_phase, "request", lambda cluster, *a: None)
+    monkeypatch.setattr(cluster_side, "apply_cluster", lambda cluster, *a, **kw:
+                        used.append(cluster) or {"labelled": [], "objects": [], "releases": [], "nodes": {}})
+    bring_up(inv, state, UpOptions(validate=False), console(),
+             open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
+             connect=connect, take_snapshot=lambda *a: Path("snap.db"))
+    # The hosts changed (k3s may have restarted under the first early connection): the cluster
+    # side takes the one made after the first server's start, while the agents joined.
+    assert opened.count("early") == 2 and used == [f"early {len(opened) - opened[::-1].index('early')}"]
+    assert used != [f"early {opened.index('early') + 1}"]
+    opened.clear(), used.clear()
+    monkeypatch.setattr(host_phase.Run, "changed", property(lambda run: False))
+    bring_up(inv, state, UpOptions(validate=False), console(),
+             open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
+             connect=connect, take_snapshot=lambda *a: Path("snap.db"))
+    assert len(used) == 1 and used[0].startswith("early")  # no host changed: the early one

@@ -21,7 +21,7 @@ from bootstrap.flows.host_phase import (NO_AGENT_TOKEN, UpOptions, bring_up, gat
 from bootstrap.flows.run import Run
 from bootstrap.flows.inspection import token_plan
 from bootstrap.host.parts.k3s_binary import PATH as K3S_BINARY
-from bootstrap.host.parts.k3s_service import CONFIG
+from bootstrap.host.parts.k3s_service import CONFIG, KUBECONFIG as KUBECONFIG_PATH
 from bootstrap.host.plan import k3sconfig
 from bootstrap.host.plan.join_tokens import LEGACY_NOTE, SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token
 from bootstrap.host.parts import placing
@@ -142,11 +142,14 @@ class JoinSession(FakeSession):
         self.configs: dict[str, str] = {}
         self.batches: list[list[str]] = []  # the hosts of each execute() call
         self.steps: list[dict] = []  # {step: its hosts} of each execute() call
+        self.step_objects: list[list] = []
         self.token_reads = 0
+        self.reads: list[str] = []  # the paths read, in order
 
     def execute(self, steps, after=None):
         self.batches.append(sorted({n for s in steps for n in s.commands}))
         self.steps.append({s.name: sorted(s.commands) for s in steps if s.commands})
+        self.step_objects.append(list(steps))
         for step in steps:
             for name, commands in step.commands.items():
                 for command in commands:
@@ -159,6 +162,7 @@ class JoinSession(FakeSession):
         return super().execute(steps, after)
 
     def read_root_file(self, name, path):
+        self.reads.append(path)
         if path == SERVER_TOKEN_FILE:
             self.token_reads += 1
             if self.token_file is not None:
@@ -187,7 +191,16 @@ def test_a_new_cluster_starts_its_first_server_then_joins_with_secure_tokens(k3s
     assert agent_token != server_token and (state.path / "ca-hash").read_text().strip() == CA
     # Every host is prepared while the first server starts; the joins follow, with the hash.
     assert session.batches == [["a1", "a2", "cp-1", "cp-2", "cp-3"], ["a1", "a2", "cp-2", "cp-3"]]
-    assert session.steps[1]["prepare host"] == ["a1", "a2", "cp-2", "cp-3"]  # just their config.yaml
+    # The first server is placed and started in the step that prepares the others (one
+    # round trip, not two, before the CA can be read).
+    assert session.steps[0] == {"prepare host": ["a1", "a2", "cp-1", "cp-2", "cp-3"]}
+    assert session.step_objects[0][0].label("cp-1") == "prepare host, start server cp-1"
+    # The kubeconfig is read beside the CA's hash and the joins, not before them: the first
+    # step's end does not wait for it.
+    assert session.reads[:2] == [SERVER_TOKEN_FILE, KUBECONFIG_PATH] and session.batches[1]
+    # Their config.yaml travels in the command that starts them: no "prepare host" step (a
+    # round trip) before the joins.
+    assert session.steps[1] == {"join server cp-2": ["cp-2"], "join server cp-3": ["cp-3"], "join agents": ["a1", "a2"]}
     configs = {n: yaml.safe_load(text) for n, text in session.configs.items()}
     assert configs["cp-1"]["token"] == server_token and configs["cp-1"]["agent-token"] == agent_token
     for server in ("cp-2", "cp-3"):
