@@ -49,6 +49,11 @@ class Boundary:
     value: str
     host: str  # the host the next step works on: the one cut or killed
     delay: float = 0.0  # > 0: mid-step, this long after the event
+    own_event: bool = False  # the event must be `host`'s own (a step's end on that host)
+
+    def reached_by(self, event: dict) -> bool:
+        return event.get("event") == self.event and event.get(self.field) == self.value and \
+            (not self.own_event or event.get("host") == self.host)
 
 
 BOUNDARIES = {b.name: b for b in [
@@ -56,6 +61,9 @@ BOUNDARIES = {b.name: b for b in [
     Boundary("first server", "step_start", "step", "prepare host, start server ft-cp1", "ft-cp1"),
     Boundary("first server, mid-step", "step_start", "step", "prepare host, start server ft-cp1", "ft-cp1",
              delay=0.5),
+    # A new cluster's joiner is prepared while the first server starts; its config.yaml (which
+    # names the CA) comes with its start. Killed between the two, it must not boot into k3s.
+    Boundary("joiner prepared", "step_end", "step", "prepare host", "ft-cp2", own_event=True),
     Boundary("other servers", "step_start", "step", "join server ft-cp2", "ft-cp2"),
     Boundary("agents", "step_start", "step", "join agents", "ft-a1"),
     Boundary("kubeconfig", "phase", "name", "kubeconfig", "ft-cp1"),
@@ -67,7 +75,7 @@ BOUNDARIES = {b.name: b for b in [
 CASES = [("sigint", b) for b in BOUNDARIES] + \
     [("ssh-cut", b) for b in ("prepare host", "first server", "first server, mid-step", "other servers", "agents",
                               "cluster side")] + \
-    [("host-killed", b) for b in ("first server, mid-step", "other servers", "agents", "snapshot")]
+    [("host-killed", b) for b in ("first server, mid-step", "joiner prepared", "other servers", "agents", "snapshot")]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +119,7 @@ def up_interrupted(inventory, boundary: Boundary, fault) -> tuple[subprocess.Pop
         if event is None:
             break
         seen.append(event)
-        if not reached and event.get("event") == boundary.event and event.get(boundary.field) == boundary.value:
+        if not reached and boundary.reached_by(event):
             reached = True
             time.sleep(boundary.delay)
             fault(proc)
@@ -174,6 +182,12 @@ def state_summary(state) -> dict:
             "temps": sorted(p.name for p in state.iterdir() if ".tmp" in p.name)}
 
 
+def k3s_logs(hosts) -> str:
+    """The last lines k3s logged on each host: why a start failed, for the assertion's message."""
+    return "\n".join(f"--- {h.name}:\n" + h.ssh("journalctl -u k3s -u k3s-agent -o cat --no-pager | tail -n 15",
+                                                  user="root", check=False).stdout for h in hosts)
+
+
 def lock_is_free(state) -> bool:
     with open(state / "lock", "a+") as handle:
         try:
@@ -218,7 +232,7 @@ def test_an_interrupted_up_converges_on_the_next(fault_lab, way, name):
     started = time.monotonic()
     again = run_bootstrap("up", inventory, "--no-validate", timeout=300)
     print(f"the next up took {time.monotonic() - started:.1f}s")
-    assert again.returncode == 0, f"{way} at {boundary.name}:\n{again.stdout}{again.stderr}"
+    assert again.returncode == 0, f"{way} at {boundary.name}:\n{again.stdout}{again.stderr}\n{k3s_logs(hosts)}"
     third = run_bootstrap("up", inventory, "--no-validate", timeout=120)
     assert third.returncode == 0 and "hosts: no change" in third.stdout, third.stdout + third.stderr
     assert "cluster: no change" in third.stdout, third.stdout

@@ -51,6 +51,14 @@ def files(inventory: Inventory, node: Node, config: str) -> list[FileSpec]:
     return [unit, text_file(CONFIG, config, 0o600, secret=True, restarts_k3s=True)]
 
 
+def enable_line(unit: str) -> str:
+    """Enabled: k3s starts at boot. Never before the node's config.yaml is placed: a server
+    that boots into k3s without one starts a cluster of its own (a new datastore and
+    token), and its join afterwards fails with "bootstrap data already found and encrypted
+    with different token" (bootstrap.host.plan.host_plan.before_the_ca)."""
+    return f"systemctl enable {unit}.service 2>/dev/null"
+
+
 def plan(draft: Draft, facts: HostFacts) -> None:
     """Enabled, and running on what was placed: started, or restarted when something it
     reads changed (`draft.restart`)."""
@@ -59,8 +67,7 @@ def plan(draft: Draft, facts: HostFacts) -> None:
         plan.prepare.append("systemctl daemon-reload")
     unit = facts.k3s.unit(f"{plan.unit}.service") if facts.k3s else None
     if unit is None or unit.unit_file_state != "enabled":
-        draft.add(Action.ENABLE_UNIT, [f"systemctl enable {plan.unit}.service 2>/dev/null"],
-                  f"enable {plan.unit}.service")
+        draft.add(Action.ENABLE_UNIT, [enable_line(plan.unit)], f"enable {plan.unit}.service")
     if unit is None or not unit.active:
         plan.service = "start"
         plan.changes.append(f"start {plan.unit}")

@@ -82,13 +82,19 @@ def place_files(draft: Draft, files: list[FileSpec], facts: HostFacts) -> None:
 
 
 def before_the_ca(plan: HostPlan) -> HostPlan:
-    """A joining node's plan without its config.yaml and its start: what it can do while
-    the first server of a new cluster starts (its config names the CA that server makes)."""
+    """A joining node's plan without its config.yaml, its unit's enabling and its start:
+    what it can do while the first server of a new cluster starts (its config names the CA
+    that server makes). Not enabled yet: a host that reboots now (a spot VM, a crash) must
+    not boot into k3s without its config (bootstrap.host.parts.k3s_service.enable_line)."""
+    enable = k3s_service.enable_line(plan.unit)
     return replace(plan, uploads=[u for u in plan.uploads if u.path != k3s_service.CONFIG], service=None,
+                   prepare=[line for line in plan.prepare if line != enable],
                    prepull=[], pull_after_start=[], verify_nvidia_runtime=False)
 
 
 def after_the_ca(plan: HostPlan) -> HostPlan:
-    """The rest of it, from its plan made with the CA's hash: the config.yaml, the start and
-    what follows a start."""
-    return replace(plan, uploads=[u for u in plan.uploads if u.path == k3s_service.CONFIG], prepare=[])
+    """The rest of it, from its plan made with the CA's hash: the config.yaml, the unit's
+    enabling, the start and what follows a start."""
+    enable = k3s_service.enable_line(plan.unit)
+    return replace(plan, uploads=[u for u in plan.uploads if u.path == k3s_service.CONFIG],
+                   prepare=[line for line in plan.prepare if line == enable])

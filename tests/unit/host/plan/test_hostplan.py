@@ -22,7 +22,7 @@ from bootstrap.host.plan import desired as d
 from bootstrap.host.plan import k3sconfig
 from bootstrap.host.plan.drivers import driver_packages
 from bootstrap.host.images import gpu_operator_images
-from bootstrap.host.plan.host_plan import plan_host
+from bootstrap.host.plan.host_plan import after_the_ca, before_the_ca, plan_host
 from bootstrap.errors import BootstrapError
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.state.secrets import with_secret_values
@@ -259,3 +259,20 @@ def test_ipv6_forwarding_only_for_an_ipv6_pod_network():
     assert f"set {IPV6_FORWARDING}=0 back (this cluster does not need it)" in plan.changes
     recorded = json.loads(next(u for u in plan.uploads if u.path == MANIFEST).content)
     assert recorded["sysctl_before"] == {"net.ipv4.ip_forward": "0"}  # what down still puts back
+
+
+def test_a_joiner_is_enabled_only_with_its_config_so_a_reboot_between_never_starts_a_cluster_of_its_own(tmp_path):
+    """A new cluster's joiners are prepared while the first server starts, and get their
+    config.yaml (it names the CA's hash) and their start after. A joiner enabled in the first
+    pass that rebooted before its config came (a spot VM, a killed host) booted into k3s with
+    no config: a server of a cluster of its own, whose join then failed for good ("bootstrap
+    data already found and encrypted with different token"; the fault host test found it)."""
+    node = INV.node("cp-2")
+    want = d.desired_state(INV, node, TOKENS, _artifacts(tmp_path), gpu=False, driver_packages=[])
+    fresh = plan_host(node, want, HostFacts(), CLUSTER_ID, "lab")
+    enable = "systemctl enable k3s.service 2>/dev/null"
+    assert enable in fresh.prepare
+    early, late = before_the_ca(fresh), after_the_ca(fresh)
+    assert enable not in early.prepare and CONFIG not in {u.path for u in early.uploads} and early.service is None
+    assert "systemctl daemon-reload" in early.prepare  # the unit file itself is placed early
+    assert late.prepare == [enable] and [u.path for u in late.uploads] == [CONFIG] and late.service == "start"
