@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 
+from bootstrap.remote import channels
 from bootstrap.remote.sshlink import SSH_ERRORS
 from bootstrap.remote_data import RemoteDataError
 
@@ -43,7 +44,7 @@ def run_command(client, command: str, *, max_bytes: int, timeout: float, what: s
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise RemoteDataError(f"{what}: the SSH connection is closed")
-    channel = transport.open_session(timeout=min(timeout, 60))
+    channel = channels.session_channel(transport, timeout)
     try:
         channel.set_combine_stderr(True)  # one stream: a flood on stderr cannot stall stdout
         channel.settimeout(POLL_S)
@@ -92,7 +93,7 @@ def run_with_input(client, command: str, write_input, *, tail_bytes: int = TAIL_
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise RemoteDataError("the SSH connection is closed")
-    channel = transport.open_session(timeout=60)
+    channel = channels.session_channel(transport, 60)
     try:
         channel.exec_command(command)
         stdout, stderr = _Tail(tail_bytes), _Tail(tail_bytes)

@@ -29,7 +29,7 @@ from pyinfra.api.state import StateStage
 
 from bootstrap.console_text import PrintableFormatter
 from bootstrap.errors import BootstrapError
-from bootstrap.remote import executor, hostkeys, pyinfra_link, sshlink
+from bootstrap.remote import channels, executor, hostkeys, pyinfra_link, sshlink
 from bootstrap.remote.interface import HostFailure
 from bootstrap.remote.remote_output import read_command, run_command, sh_command
 from bootstrap.inventory.model import Inventory, Node
@@ -229,6 +229,12 @@ class HostSession:
         session = self
 
         class Callbacks(base):
+            def host_connect(self, state, host):
+                # Its first command's channel opens while the other hosts still connect.
+                client = pyinfra_link.ssh_client(host)
+                if client is not None:
+                    channels.open_ahead(client.get_transport())
+
             def host_connect_error(self, state, host, error):
                 node = session.inventory.node(host.name)
                 ssh = session.inventory.ssh_for(node)
