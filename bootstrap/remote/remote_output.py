@@ -39,8 +39,11 @@ def read_command(client, command: str, *, max_bytes: int, timeout: float, what: 
     return run_command(client, command, max_bytes=max_bytes, timeout=timeout, what=what)[1]
 
 
-def run_command(client, command: str, *, max_bytes: int, timeout: float, what: str) -> tuple[int, bytes]:
-    """As read_command, with the command's exit status: (status, output)."""
+def run_command(client, command: str, *, max_bytes: int, timeout: float, what: str,
+                stdin: bytes = b"") -> tuple[int, bytes]:
+    """As read_command, with the command's exit status: (status, output). `stdin`: what the
+    command reads (a secret goes there, never on its command line); a host that stops reading
+    it fails the command like one that stops answering."""
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise RemoteDataError(f"{what}: the SSH connection is closed")
@@ -49,8 +52,10 @@ def run_command(client, command: str, *, max_bytes: int, timeout: float, what: s
         channel.set_combine_stderr(True)  # one stream: a flood on stderr cannot stall stdout
         channel.settimeout(POLL_S)
         channel.exec_command(command)
-        channel.shutdown_write()
         deadline = time.monotonic() + timeout
+        if stdin:
+            _send_all(channel, stdin, deadline, timeout, what)
+        channel.shutdown_write()
         output = _read_all(channel, max_bytes, deadline, timeout, what)
         # The status follows the output's end; a host that withholds it is as late as one
         # that keeps printing.
@@ -59,6 +64,18 @@ def run_command(client, command: str, *, max_bytes: int, timeout: float, what: s
         return channel.recv_exit_status(), output
     finally:
         channel.close()
+
+
+def _send_all(channel, data: bytes, deadline: float, timeout: float, what: str) -> None:
+    """`data` on the channel's stdin, as far as the host takes it before the deadline."""
+    view = memoryview(data)
+    while view:
+        if time.monotonic() > deadline:
+            raise RemoteDataError(f"{what} did not finish in {timeout:.0f} s")
+        try:
+            view = view[channel.send(view[:CHUNK]):]
+        except socket.timeout:
+            continue
 
 
 def _read_all(channel, max_bytes: int, deadline: float, timeout: float, what: str) -> bytes:

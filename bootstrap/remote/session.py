@@ -41,6 +41,10 @@ from bootstrap.state.folder import StateDir
 
 # A file the tool reads back as root (k3s.yaml, the server token) is a few KiB.
 MAX_ROOT_FILE_BYTES = 1024 * 1024
+# run_each: what one host's answer may be (the reachability check's parser refuses half of
+# this: a bigger answer is cut here, read no further) and how long it may take unless told.
+MAX_EACH_BYTES = 8 << 20
+EACH_TIMEOUT_S = 600
 
 
 def explain_connect_error(node: Node, address: str, port: int, error: str, inventory: Inventory) -> HostFailure:
@@ -319,23 +323,29 @@ class HostSession:
     def run_each(self, commands: dict[str, str], what: str = "command", stdin: dict[str, str] | None = None,
                  timeout: float | None = None) -> dict[str, str | None]:
         """One shell command per host (its own), all in parallel, as the login user:
-        {node: stdout, or None when it failed, could not run or took longer than `timeout`
-        seconds}. `stdin`: {node: text} for the command's stdin, where secrets go (argv and
-        the environment are readable by every local user of the host); never logged. `what`:
-        its name in the trace (a `command` event per host)."""
+        {node: stdout, or None when it failed, could not run, printed more than
+        MAX_EACH_BYTES or took longer than `timeout` seconds}. `stdin`: {node: text} for the
+        command's stdin, where secrets go (argv and the environment are readable by every
+        local user of the host); never logged. `what`: its name in the trace (a `command`
+        event per host). Read as bytes with a cap and a deadline (bootstrap.remote.remote_output,
+        on the channel opened ahead for it): what a host prints is untrusted. Its stderr is
+        not part of the answer."""
         def run(name: str, command: str) -> str | None:
-            host = self._state.inventory.get_host(name)
-            extra = {"_stdin": stdin[name]} if stdin and name in stdin else {}
+            client = self.ssh_client(name)
+            if client is None:
+                return None
             started = time.time()
             try:
-                ok, output = host.run_shell_command(command, print_output=False, print_input=False,
-                                                    _timeout=timeout, **extra)
-            except Exception as exc:  # a dropped connection, a time-out: this host's answer is missing
+                status, output = run_command(
+                    client, f"{sh_command(command)} 2>/dev/null", max_bytes=MAX_EACH_BYTES,
+                    timeout=timeout or EACH_TIMEOUT_S, what=what,
+                    stdin=stdin[name].encode() if stdin and name in stdin else b"")
+            except (RemoteDataError, *sshlink.SSH_ERRORS) as exc:  # this host's answer is missing
                 logging.getLogger(__name__).error("%s: %s failed: %s", name, what, type(exc).__name__)
                 return None
             finally:
                 command_finished(self.reporter, name, what, started)
-            return output.stdout if ok else None
+            return output.decode("utf-8", "replace") if status == 0 else None
 
         jobs = {name: gevent.spawn(run, name, command) for name, command in commands.items()
                 if name not in self.failures}

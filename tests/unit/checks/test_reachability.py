@@ -527,26 +527,37 @@ def test_what_a_host_prints_back_never_raises_and_keeps_only_checked_fields(pars
 
 
 def test_a_host_that_hangs_or_drops_its_connection_is_one_host_not_reporting():
-    """session.run_each's contract, which the check relies on: a host whose command raised
-    (a dropped connection, a time-out) is None; the others' answers stand."""
+    """session.run_each's contract, which the check relies on: a host whose command hangs
+    past the time-out, fails, floods or whose connection dropped is None; the others'
+    answers stand. Real paramiko on both ends (tests/sshpair.py); each host's secret reaches
+    its own command's stdin only, and its stderr is no part of its answer."""
+    from sshpair import Host, SshPairs
+
+    from bootstrap.remote import session as remote_session
     from bootstrap.remote.session import HostSession
     from bootstrap.progress import Reporter
 
-    class Host:
-        def __init__(self, answer):
-            self.answer = answer
+    def answer(command, stdin):
+        assert b"2>/dev/null" in command  # stderr: not the answer
+        return 0, b"a:" + stdin
 
-        def run_shell_command(self, command, print_output, print_input, _timeout=None, _stdin=None):
-            if isinstance(self.answer, Exception):
-                raise self.answer
-            return True, type("Output", (), {"stdout": self.answer + _stdin})()
-
-    hosts = {"a": Host("a:"), "b": Host(TimeoutError())}
-    session = HostSession.__new__(HostSession)
-    session.failures, session.reporter = {}, Reporter()
-    session._state = type("State", (), {"inventory": type("Inv", (), {"get_host": staticmethod(hosts.get)})()})()
-    assert session.run_each({"a": "true", "b": "true"}, "x", stdin={"a": "in", "b": "in"}, timeout=1) == \
-        {"a": "a:in", "b": None}
+    pairs = SshPairs()
+    try:
+        clients = {"a": pairs.connect(Host(answer)), "hangs": pairs.connect(Host(lambda c, i: None)),
+                   "fails": pairs.connect(Host(lambda c, i: (1, b"partial"))),
+                   "floods": pairs.connect(Host(lambda c, i: (0, b"x" * (remote_session.MAX_EACH_BYTES + 1)))),
+                   "dropped": pairs.connect(Host())}
+        clients["dropped"].get_transport().close()
+        hosts = {name: type("PyinfraHost", (), {"name": name, "connector": type("Connector", (), {"client": c})()})()
+                 for name, c in clients.items()}
+        session = HostSession.__new__(HostSession)
+        session.failures, session.reporter = {}, Reporter()
+        session._state = type("State", (), {"inventory": type("Inv", (), {"get_host": staticmethod(
+            lambda name, default=None: hosts.get(name, default))})()})()
+        got = session.run_each({n: "true" for n in clients}, "x", stdin={n: f"in-{n}" for n in clients}, timeout=2)
+    finally:
+        pairs.close()
+    assert got == {"a": "a:in-a", "hangs": None, "fails": None, "floods": None, "dropped": None}
 
 
 def test_in_public_mode_a_natd_listener_binds_the_address_the_public_one_is_translated_to():

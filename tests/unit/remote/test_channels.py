@@ -7,13 +7,11 @@ pays a round trip more than one that finds it open (open, then exec and its answ
 
 from __future__ import annotations
 
-import queue
-import socket
-import threading
 import time
 
 import paramiko
 import pytest
+from sshpair import Host, SshPairs
 
 from bootstrap.remote import channels
 from bootstrap.remote.remote_output import run_command
@@ -21,95 +19,11 @@ from bootstrap.remote.remote_output import run_command
 RTT_S = 0.4
 
 
-def _delayed(source: socket.socket, sink: socket.socket) -> None:
-    """Forward source -> sink, each chunk RTT_S / 2 after it was read (in order)."""
-    chunks: queue.Queue = queue.Queue()
-
-    def read():
-        while data := _recv(source):
-            chunks.put((time.monotonic() + RTT_S / 2, data))
-        chunks.put((0, b""))
-
-    def write():
-        while True:
-            due, data = chunks.get()
-            try:
-                if not data:
-                    return sink.shutdown(socket.SHUT_WR)
-                time.sleep(max(0.0, due - time.monotonic()))
-                sink.sendall(data)
-            except OSError:
-                return  # the test closed its end
-
-    for target in (read, write):
-        threading.Thread(target=target, daemon=True).start()
-
-
-def _recv(sock: socket.socket) -> bytes:
-    try:
-        return sock.recv(65536)
-    except OSError:
-        return b""
-
-
-class _Server(paramiko.ServerInterface):
-    def __init__(self, refuse_after: int | None = None):
-        self.opened, self.commands, self.refuse_after = 0, [], refuse_after
-
-    def get_allowed_auths(self, username):
-        return "none"
-
-    def check_auth_none(self, username):
-        return paramiko.AUTH_SUCCESSFUL
-
-    def check_channel_request(self, kind, chanid):
-        self.opened += 1
-        if self.refuse_after is not None and self.opened > self.refuse_after:
-            return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
-        return paramiko.OPEN_SUCCEEDED
-
-    def check_channel_exec_request(self, channel, command):
-        self.commands.append(command)
-        threading.Thread(target=self._answer, args=(channel, command), daemon=True).start()
-        return True
-
-    @staticmethod
-    def _answer(channel, command):
-        time.sleep(0.05)  # after the transport's reply to the exec request (this runs beside it)
-        channel.sendall(b"ran " + command)
-        channel.send_exit_status(0)
-        channel.close()
-
-
-class _Client:
-    def __init__(self, transport):
-        self.transport = transport
-
-    def get_transport(self):
-        return self.transport
-
-
 @pytest.fixture
 def connection():
-    made = []
-
-    def connect(server: _Server):
-        near, near_link = socket.socketpair()
-        far_link, far = socket.socketpair()
-        _delayed(near_link, far_link)
-        _delayed(far_link, near_link)
-        host = paramiko.Transport(far)
-        host.add_server_key(paramiko.RSAKey.generate(1024))
-        host.start_server(event=threading.Event(), server=server)  # negotiates in its own thread
-        client = paramiko.Transport(near)
-        client.start_client(timeout=10)
-        client.auth_none("lab")
-        made.extend([client, host])
-        return _Client(client)
-
-    yield connect
-    for transport in made:
-        transport.close()
+    pairs = SshPairs()
+    yield lambda host: pairs.connect(host, rtt_s=RTT_S)  # (commands that do not read stdin, as the probe)
+    pairs.close()
 
 
 def run(client, command: str) -> tuple[float, bytes]:
@@ -120,7 +34,7 @@ def run(client, command: str) -> tuple[float, bytes]:
 
 
 def test_the_next_command_takes_the_channel_opened_while_the_last_one_ran(connection):
-    server = _Server()
+    server = Host(reads_stdin=False)
     client = connection(server)
     first, output = run(client, "probe")
     assert output == b"ran probe" and first >= 2 * RTT_S  # open; exec and its answer: nothing opened ahead
@@ -133,7 +47,7 @@ def test_the_next_command_takes_the_channel_opened_while_the_last_one_ran(connec
 
 
 def test_a_channel_still_opening_is_waited_for_not_opened_twice(connection):
-    server = _Server()
+    server = Host(reads_stdin=False)
     client = connection(server)
     run(client, "probe")
     run(client, "change")  # at once: the channel ahead is still opening
@@ -142,7 +56,7 @@ def test_a_channel_still_opening_is_waited_for_not_opened_twice(connection):
 
 
 def test_a_refused_channel_ahead_leaves_the_command_to_open_its_own_and_fail_as_before(connection):
-    server = _Server(refuse_after=1)
+    server = Host(refuse_after=1, reads_stdin=False)
     client = connection(server)
     run(client, "probe")
     time.sleep(RTT_S + 0.2)
@@ -152,7 +66,7 @@ def test_a_refused_channel_ahead_leaves_the_command_to_open_its_own_and_fail_as_
 
 
 def test_a_channel_ahead_the_host_closed_is_not_used(connection):
-    server = _Server()
+    server = Host(reads_stdin=False)
     client = connection(server)
     run(client, "probe")
     time.sleep(RTT_S + 0.2)
@@ -163,7 +77,7 @@ def test_a_channel_ahead_the_host_closed_is_not_used(connection):
 
 
 def test_nothing_is_opened_ahead_on_a_closed_connection(connection):
-    client = connection(_Server())
+    client = connection(Host(reads_stdin=False))
     client.transport.close()
     channels.open_ahead(client.transport)
     assert client.transport not in channels._ahead
