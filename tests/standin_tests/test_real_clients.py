@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,35 @@ def _kubeapi():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+@needs_upstream
+@needs_kubectl
+def test_discovery_is_aggregated_as_a_real_api_server_serves_it(cluster, tmp_path):
+    """kubectl (client-go) asks /api and /apis for aggregated discovery first and gets every
+    resource in those two answers, as from kube-apiserver 1.30: no request per group-version
+    (kubernetes staging/src/k8s.io/client-go/discovery/discovery_client.go). The aggregated
+    answer says what the per-group-version documents say."""
+    cluster.server()
+    kubeconfig = cluster.root / "etc/rancher/k3s/k3s.yaml"
+    listed = run(kubeconfig, KUBECTL, "api-resources", "-v=6")
+    # -v=6 logs each response: ... "Response" verb="GET" url="https://127.0.0.1:PORT/apis?timeout=32s" ...
+    paths = [urllib.parse.urlparse(m).path for m in re.findall(r'verb="GET" url="([^"]+)"', listed.stderr)]
+    assert paths == ["/api", "/apis"], listed.stderr
+    rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:]}
+    assert rows["deployments"][:4] == ["deployments", "deploy", "apps/v1", "true"] and "pods" in rows
+    status, text = cluster.raw("GET", "/apis", headers={"Accept": AGGREGATED_V2 + ",application/json"})
+    aggregated = json.loads(text)
+    assert status == 200 and aggregated["kind"] == "APIGroupDiscoveryList"
+    apps = next(i for i in aggregated["items"] if i["metadata"]["name"] == "apps")
+    (v1,) = [v for v in apps["versions"] if v["version"] == "v1"]
+    deployments = next(r for r in v1["resources"] if r["resource"] == "deployments")
+    assert deployments["scope"] == "Namespaced" and deployments["responseKind"]["kind"] == "Deployment"
+    legacy = json.loads(cluster.raw("GET", "/apis/apps/v1")[1])
+    assert {r["resource"] for r in v1["resources"]} | {f"{r['resource']}/{s['subresource']}" for r in v1["resources"]
+                                                      for s in r.get("subresources", [])} == \
+        {r["name"] for r in legacy["resources"]}
+    assert json.loads(cluster.raw("GET", "/apis")[1])["kind"] == "APIGroupList"  # a plain JSON client: as before

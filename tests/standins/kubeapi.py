@@ -1064,6 +1064,28 @@ class Disconnect(Exception):
 # =============================================================================
 
 HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
+# Aggregated discovery (KEP-3352; beta, on by default, from Kubernetes 1.27, GA in 1.30): a
+# client that asks for it in its Accept header (client-go sends AcceptV2 first:
+# kubernetes staging/src/k8s.io/client-go/discovery/discovery_client.go,
+# acceptDiscoveryFormats) gets every group, version and resource from /api and /apis in one
+# answer each, instead of one request per group-version; the client knows the answer by its
+# Content-Type's g, v and as parameters (same file, isGVK). Server side: kubernetes
+# staging/src/k8s.io/apiserver/pkg/endpoints/discovery/aggregated/handler.go. Helm and kubectl
+# pay two requests for discovery on a real cluster; the stand-in must not charge them more.
+AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+AGGREGATED_FROM_MINOR = 27
+
+
+def wants_aggregated_discovery(accept):
+    """Whether an Accept header lists the v2 APIGroupDiscoveryList media type (any order of
+    its parameters, others such as profile=nopeer allowed)."""
+    for media_range in (accept or "").split(","):
+        kind, _, rest = media_range.strip().partition(";")
+        params = dict(p.strip().partition("=")[::2] for p in rest.split(";") if "=" in p)
+        if kind.strip() == "application/json" and params.get("g") == "apidiscovery.k8s.io" and \
+                params.get("v") == "v2" and params.get("as") == "APIGroupDiscoveryList":
+            return True
+    return False
 GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")  # strconv.ParseBool, as the API server reads ?watch=
 STATE_FILE = "standin-api.json"
 
@@ -1678,6 +1700,31 @@ class KubeAPI:
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "%s/%s" % (group, version)
                 if group else version, "resources": out}
 
+    def aggregated_discovery(self, core):
+        """/api (`core`) or /apis as an APIGroupDiscoveryList (apidiscovery.k8s.io/v2): the same
+        groups, versions (preferred first) and resources as the per-group-version documents,
+        subresources under their resource (client-go's aggregated_discovery.go turns them back
+        into "plural/sub" entries)."""
+        if core:
+            groups = [("", ["v1"])]
+        else:
+            listed = self.discovery(["apis"])["groups"]
+            groups = [(g["name"], [v["version"] for v in g["versions"]]) for g in listed]
+        items = []
+        for group, versions in groups:
+            entries = []
+            for version in versions:
+                doc = self.discovery(["api", version] if not group else ["apis", group, version]) or {}
+                entries.append({"version": version, "resources": aggregated_resources(group, version, doc),
+                                "freshness": "Current"})
+            items.append({"metadata": {"name": group, "creationTimestamp": None}, "versions": entries})
+        return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {},
+                "items": items}
+
+    def serves_aggregated_discovery(self):
+        m = K8S_VERSION_RE.match(self.version or "v1.33.5")
+        return not m or int(m.group(2)) >= AGGREGATED_FROM_MINOR
+
     def openapi(self, parts):
         """/openapi/v3 (the index of group-versions) and one group-version's document."""
         resources = self.resources()
@@ -1728,6 +1775,9 @@ class KubeAPI:
                 if path == "/version":
                     return self.send(handler, 200, self.version_info())
                 return self.send(handler, 200, "ok", "text/plain; charset=utf-8")
+            if method == "GET" and path in ("/api", "/apis") and self.serves_aggregated_discovery() and \
+                    wants_aggregated_discovery(handler.headers.get("Accept")):
+                return self.send(handler, 200, self.aggregated_discovery(path == "/api"), AGGREGATED_V2)
             status, result = self.dispatch(handler, method, path, query, body)
             if result is STREAMED:
                 return None
@@ -2198,6 +2248,24 @@ def openapi_v3_doc(resources, group, version, k8s_version):
             "patch": dict(op, **{"x-kubernetes-action": "patch", "requestBody": {"content": content}})}
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": k8s_version}, "paths": paths,
             "components": {"schemas": {}}}
+
+
+def aggregated_resources(group, version, doc):
+    """An APIResourceList's entries as aggregated discovery's resources with subresources."""
+    resources, order = {}, []
+    for entry in doc.get("resources", []):
+        kind = {"group": entry.get("group", group), "version": entry.get("version", version), "kind": entry["kind"]}
+        name, _, sub = entry["name"].partition("/")
+        if not sub:
+            resources[name] = {"resource": name, "responseKind": kind,
+                               "scope": "Namespaced" if entry["namespaced"] else "Cluster",
+                               "singularResource": entry.get("singularName", ""), "verbs": entry["verbs"],
+                               **({"shortNames": entry["shortNames"]} if entry.get("shortNames") else {})}
+            order.append(name)
+        elif name in resources:
+            resources[name].setdefault("subresources", []).append(
+                {"subresource": sub, "responseKind": kind, "verbs": entry["verbs"]})
+    return [resources[name] for name in order]
 
 
 def version_priority(version):
