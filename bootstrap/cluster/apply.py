@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bootstrap.cluster.node_status import node_ready
 from bootstrap.cluster import helm
-from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_object, get, get_all, merge_patch, object_path, path_of, wait_for)
+from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_object, get, get_all, merge_patch, object_path, path_of,
+                                      request, wait_for)
 from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
 from bootstrap.cluster.components import gpu_operator, gpu_sharing
 from bootstrap.inventory.model import Inventory
@@ -81,9 +82,35 @@ def read_digests(cluster: Cluster) -> dict[str, str]:
     return digests_in(get(cluster, DIGESTS_PATH))
 
 
-def record_digest(cluster: Cluster, digests: dict[str, str]) -> None:
-    apply_object(cluster, {"apiVersion": "v1", "kind": "ConfigMap",
-                           "metadata": {"name": DIGESTS[1], "namespace": DIGESTS[0]}, "data": digests})
+class DigestRecord:
+    """The ConfigMap that records each applied release's digest, written one release at a
+    time: a merge patch of that release's key once the record exists (one request, no read
+    first, and releases of a wave that finish together cannot undo each other's entries),
+    else the record created with it. `exists`: as the cluster side read it."""
+
+    def __init__(self, cluster: Cluster, exists: bool):
+        self.cluster, self.exists = cluster, exists
+
+    def record(self, name: str, digest: str) -> None:
+        data = {"data": {name: digest}}
+        if self.exists:
+            status, body = request(self.cluster, "PATCH", DIGESTS_PATH, data,
+                                   content_type="application/merge-patch+json")
+            if status != 404:  # (deleted meanwhile: created below)
+                return self._raise_unless_ok(status, body)
+        status, body = request(self.cluster, "POST", object_path("v1", "ConfigMap", None, DIGESTS[0]),
+                               {"apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": {"name": DIGESTS[1], "namespace": DIGESTS[0]}, **data})
+        self.exists = True
+        if status == 409:  # created meanwhile (another run): patch it
+            return self.record(name, digest)
+        self._raise_unless_ok(status, body)
+
+    @staticmethod
+    def _raise_unless_ok(status: int, body: dict) -> None:
+        if status >= 300:
+            raise ClusterError(f"cannot record the applied releases in ConfigMap {DIGESTS[0]}/{DIGESTS[1]}: "
+                               f"{body.get('message', status)}")
 
 
 def restart_device_plugin(cluster: Cluster) -> None:
@@ -163,8 +190,11 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     todo = helm.releases_to_apply(plan.releases, digests)
     if todo:
         helm.check_version()
-    summary["releases"] = install_releases(cluster, todo, digests, say, trace)
-    fresh = {} if todo else seen  # after an install, read again
+    summary["releases"] = install_releases(cluster, todo, DigestRecord(cluster, seen[DIGESTS_PATH] is not None),
+                                           say, trace)
+    # After an install, what the releases may have changed is read again, all at once.
+    fresh = get_all(cluster, [path_of(o) for o in plan.manifests] + [path_of(p.body) for p in plan.patches]) \
+        if todo else seen
     for obj in plan.manifests:
         result = apply_object(cluster, obj, fresh.get(path_of(obj), UNREAD))
         if result != "unchanged":
@@ -193,7 +223,7 @@ def release_waves(releases: list) -> list[list]:
     return first + ([rest] if rest else [])
 
 
-def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say, trace=untraced) -> list[str]:
+def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, trace=untraced) -> list[str]:
     """`helm upgrade --install --wait` each release; a wave's releases at once, so the
     critical path is its slowest release, not their sum (each waits for its own pods). A
     release's digest is recorded as soon as it is done; the first failure is raised once its
@@ -211,8 +241,7 @@ def install_releases(cluster: Cluster, todo: list, digests: dict[str, str], say,
                 except Exception as exc:  # HelmError and the like: reported after the wave
                     errors.append(exc)
                     continue
-                digests[release.name] = release.digest()
-                record_digest(cluster, digests)
+                digests.record(release.name, release.digest())
                 done.append(release.name)
         if errors:
             raise errors[0]
