@@ -282,6 +282,13 @@ class PortForward:
                 local, _ = self._listener.accept()
             except OSError:
                 return
+            # An answer that comes over the channel in pieces (headers, then body) goes on at
+            # once: with Nagle a piece waits for the client's delayed ACK (~40 ms a request).
+            try:
+                local.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # the client left already
+                local.close()
+                continue
             # The channel is opened in the connection's own thread: opening one costs a round
             # trip, and connections that arrive together (parallel requests, Helm's) must not
             # wait for each other's.
