@@ -188,10 +188,10 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
             plugin_config_changed |= obj["metadata"]["name"] == gpu_operator.DEVICE_PLUGIN_CONFIGMAP
     digests = digests_in(seen[DIGESTS_PATH])
     todo = helm.releases_to_apply(plan.releases, digests)
-    if todo:
-        helm.check_version()
+    version = helm.check_version() if todo else None
+    new = {r.name: version for r in todo if helm.release_state(r, digests) == helm.NOT_INSTALLED}
     summary["releases"] = install_releases(cluster, todo, DigestRecord(cluster, seen[DIGESTS_PATH] is not None),
-                                           say, trace)
+                                           say, trace, new)
     # After an install, what the releases may have changed is read again, all at once.
     fresh = get_all(cluster, [path_of(o) for o in plan.manifests] + [path_of(p.body) for p in plan.patches]) \
         if todo else seen
@@ -223,7 +223,8 @@ def release_waves(releases: list) -> list[list]:
     return first + ([rest] if rest else [])
 
 
-def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, trace=untraced) -> list[str]:
+def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, trace=untraced,
+                     new: dict | None = None) -> list[str]:
     """`helm upgrade --install --wait` each release; a wave's releases at once, so the
     critical path is its slowest release, not their sum (each waits for its own pods). A
     release's digest is recorded as soon as it is done; the first failure is raised once its
@@ -231,10 +232,12 @@ def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, t
     done: list[str] = []
     for wave in release_waves(todo):
         for release in wave:
-            say(f"  helm upgrade --install {release.name} {release.chart} {release.version}")
+            how = "install" if (new or {}).get(release.name) else "upgrade --install"
+            say(f"  helm {how} {release.name} {release.chart} {release.version}")
         errors = []
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            futures = [(release, pool.submit(_traced_install, release, cluster.kubeconfig, trace)) for release in wave]
+            futures = [(release, pool.submit(_traced_install, release, cluster.kubeconfig, trace,
+                                             (new or {}).get(release.name))) for release in wave]
             for release, future in futures:
                 try:
                     future.result()
@@ -248,9 +251,9 @@ def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, t
     return done
 
 
-def _traced_install(release, kubeconfig, trace) -> None:
+def _traced_install(release, kubeconfig, trace, new_with=None) -> None:
     with trace(f"cluster: helm {release.name}"):
-        helm.upgrade_install(release, kubeconfig)
+        helm.upgrade_install(release, kubeconfig, new_with=new_with)
 
 
 def apply_patch(cluster: Cluster, patch, current=UNREAD) -> list[str]:

@@ -90,11 +90,31 @@ def chart_argv(release: Release) -> list[str]:
 
 def upgrade_install_argv(helm: str, release: Release, values_file: str | Path, kubeconfig_path: str | Path,
                          timeout_s: int) -> list[str]:
-    return [helm, "upgrade", "--install", release.name, *chart_argv(release),
-            "--namespace", release.namespace, "--create-namespace",
-            "--values", str(values_file),
-            "--wait", "--timeout", f"{int(timeout_s)}s",
+    return [helm, "upgrade", "--install", release.name, *_rest_argv(release, values_file, kubeconfig_path, timeout_s)]
+
+
+def install_argv(helm: str, release: Release, values_file: str | Path, kubeconfig_path: str | Path,
+                 timeout_s: int, version: tuple[int, int, int]) -> list[str]:
+    """A release Helm should not have yet: `helm install`, without the history read that
+    `upgrade --install` makes first (a version and a Secret list: two requests through the
+    tunnel). Helm 4 installs with server-side apply, whose fieldValidation=Strict has the API
+    server check every object against its schema (helm/helm pkg/kube/client.go,
+    ClientUpdateOptionFieldValidationDirective), so Helm's own check against the OpenAPI
+    documents, five requests more, is left out there; Helm 3 applies client-side and keeps it."""
+    skip = ["--disable-openapi-validation"] if version >= (4, 0, 0) else []
+    return [helm, "install", release.name, *_rest_argv(release, values_file, kubeconfig_path, timeout_s), *skip]
+
+
+def _rest_argv(release: Release, values_file: str | Path, kubeconfig_path: str | Path, timeout_s: int) -> list[str]:
+    return [*chart_argv(release), "--namespace", release.namespace, "--create-namespace",
+            "--values", str(values_file), "--wait", "--timeout", f"{int(timeout_s)}s",
             "--kubeconfig", str(kubeconfig_path)]
+
+
+# What `helm install` says of a release name it already has (helm/helm pkg/action/install.go,
+# availableName): Helm 3 "cannot re-use a name that is still in use", Helm 4.1 "release name
+# check failed: cannot reuse a name that is still in use". Then the release is upgraded after all.
+NAME_IN_USE = re.compile(r"cannot re-?use a name that is still in use")
 
 
 def write_values(folder: Path, values: dict) -> Path:
@@ -107,13 +127,21 @@ def write_values(folder: Path, values: dict) -> Path:
 
 
 def upgrade_install(release: Release, kubeconfig_path: str | Path, timeout: int = 600, *,
-                    helm: str | None = None) -> None:
-    """`helm upgrade --install` one release and wait for it; raises HelmError with Helm's stderr."""
+                    helm: str | None = None, new_with: tuple[int, int, int] | None = None) -> None:
+    """`helm upgrade --install` one release and wait for it; raises HelmError with Helm's stderr.
+    `new_with`: the release was never applied by the tool (its record says so), and this is
+    Helm's version: `helm install` then (install_argv), and `upgrade --install` only when Helm
+    has the release after all (a record lost, a release someone else installed)."""
     helm = helm or helm_binary()
     with tempfile.TemporaryDirectory(prefix="bootstrap-helm-") as folder:  # mode 0700
         values_file = write_values(Path(folder), release.values)
-        result = _run(upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout),
-                      timeout + EXIT_MARGIN_S)
+        result = None
+        if new_with is not None:
+            result = _run(install_argv(helm, release, values_file, kubeconfig_path, timeout, new_with),
+                          timeout + EXIT_MARGIN_S)
+        if result is None or result.returncode != 0 and NAME_IN_USE.search(result.stderr or ""):
+            result = _run(upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout),
+                          timeout + EXIT_MARGIN_S)
     if result.returncode != 0:
         raise HelmError(f"helm upgrade --install {release.name} ({release.chart} {release.version}) failed:\n"
                         f"{_helm_said(result)}",

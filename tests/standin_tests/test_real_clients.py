@@ -119,6 +119,30 @@ def test_helm_installs_upgrades_reports_and_uninstalls(cluster, tmp_path):
     assert missing.returncode != 0 and "release: not found" in missing.stderr
 
 
+@needs_upstream
+@needs_helm
+def test_the_tools_install_of_a_new_release_and_its_fall_back_to_an_upgrade(cluster, tmp_path, monkeypatch):
+    """The real Helm through the tool's own calls: a release the tool never applied is
+    `helm install`ed (Helm 4: server-side apply, no OpenAPI reads); when Helm has it after
+    all, Helm's own "name in use" answer turns it into an upgrade (revision 2)."""
+    from bootstrap.cluster import helm as tool_helm
+    from bootstrap.cluster.components.release import Release
+
+    cluster.server()
+    kubeconfig = cluster.root / "etc/rancher/k3s/k3s.yaml"
+    archive = make_chart(tmp_path, "volcano", "1.12.2")
+    release = Release(name="volcano", chart="volcano", repo="", version="1.12.2", namespace="volcano-system",
+                      values={"replicas": 1}, archive=str(archive))
+    for key in ("HOME", "HELM_CACHE_HOME", "HELM_CONFIG_HOME"):
+        monkeypatch.setenv(key, str(tmp_path / key.lower()))
+    monkeypatch.setenv("BOOTSTRAP_HELM", HELM)
+    version = tool_helm.check_version()
+    tool_helm.upgrade_install(release, kubeconfig, timeout=60, new_with=version)
+    tool_helm.upgrade_install(release, kubeconfig, timeout=60, new_with=version)  # a record lost
+    status = json.loads(run(kubeconfig, HELM, "status", "volcano", "-n", "volcano-system", "-o", "json").stdout)
+    assert (status["info"]["status"], status["version"]) == ("deployed", 2)
+
+
 # What kubectl 1.33 sent for `kubectl create namespace foo` (captured from the stand-in).
 KUBECTL_NAMESPACE_BODY = (b'k8s\x00\n\x0f\n\x02v1\x12\tNamespace\x12\x1b\n\x13\n\x03foo\x12\x00\x1a\x00"\x00*\x00'
                           b'2\x008\x00B\x00\x12\x00\x1a\x02\n\x00\x1a\x00"\x00')

@@ -6,6 +6,10 @@ file its path, mode, contents and the mode of the folder holding it, read while 
 runs (the caller removes the file afterwards, which the test checks).
 
   version --short          prints $HELM_RECORDER_VERSION (default v3.14.4+g81c902a)
+  install NAME ...         fails as Helm does when it has a release NAME already (in any
+                           namespace: helm/helm pkg/action/install.go, availableName:
+                           "cannot re-use a name that is still in use"); the releases it
+                           has are those installed through this recorder ($HELM_RECORD.releases)
   anything else            prints a release summary and exits 0, unless
   $HELM_RECORDER_FAIL      is set: prints "Error: <its text>" on stderr and exits 1
   $HELM_RECORDER_SLEEP     seconds to sleep first (to exercise timeouts)
@@ -46,6 +50,16 @@ def main():
     if failure:
         print(f"Error: {failure}", file=sys.stderr)
         return 1
+    name = argv[1] if argv[:1] == ["install"] else argv[2] if argv[:2] == ["upgrade", "--install"] else None
+    if name and record:
+        releases = record + ".releases"
+        held = open(releases).read().split() if os.path.exists(releases) else []
+        if argv[0] == "install" and name in held:
+            print("Error: INSTALLATION FAILED: cannot re-use a name that is still in use", file=sys.stderr)
+            return 1
+        if name not in held:
+            with open(releases, "a") as handle:
+                handle.write(name + "\n")
     print(f'Release "{argv[2] if len(argv) > 2 else "?"}" has been upgraded. Happy Helming!')
     return 0
 

@@ -213,3 +213,25 @@ def test_real_helm_version_is_read(chart_repo):
     version = helm.check_version(binary)
     assert version >= (3, 8, 0)
     assert stat.S_IMODE(os.stat(binary).st_mode) & 0o111
+
+
+@pytest.mark.parametrize("version, skips_openapi", [((3, 14, 4), False), ((4, 1, 4), True)])
+def test_a_release_never_applied_is_installed_without_the_history_read(recorder, tmp_path, version, skips_openapi):
+    """`helm install`, not `upgrade --install` (whose history read costs two requests through
+    the tunnel); Helm 4's server-side apply has the API server validate the objects, so its own
+    OpenAPI check is left out there, Helm 3 keeps it."""
+    helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, new_with=version)
+    (call,) = recorder()
+    assert call["argv"][:3] == ["install", "gpu-operator", "gpu-operator"]
+    assert ("--disable-openapi-validation" in call["argv"]) is skips_openapi
+    assert "--create-namespace" in call["argv"] and "--wait" in call["argv"]
+
+
+def test_a_release_helm_has_after_all_is_upgraded(recorder, tmp_path):
+    """The tool's record says never applied, Helm says the name is in use (a record lost, a
+    release someone else installed): it is upgraded, as before."""
+    helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, new_with=(4, 1, 4))
+    helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, new_with=(4, 1, 4))
+    assert [c["argv"][:3] for c in recorder()] == [["install", "gpu-operator", "gpu-operator"],
+                                                   ["install", "gpu-operator", "gpu-operator"],
+                                                   ["upgrade", "--install", "gpu-operator"]]
