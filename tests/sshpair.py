@@ -24,10 +24,16 @@ def echo(command: bytes, stdin: bytes) -> tuple[int, bytes]:
     return 0, b"ran " + command + (b" with " + stdin if stdin else b"")
 
 
+class Vanish(Exception):
+    """Raised by an `answer`: the host is gone mid-command (its connection closes, no exit
+    status, no more output)."""
+
+
 class Host(paramiko.ServerInterface):
     """An sshd that lets anyone in and runs each exec as `answer(command, stdin) -> (status,
     output)`; stdin is read to its end first unless `reads_stdin` is False. `answer`
-    returning None: the command never ends (a host that hangs)."""
+    returning None: the command never ends (a host that hangs); a status None: the channel
+    closes without one; raising Vanish: the connection closes."""
 
     def __init__(self, answer: Callable[[bytes, bytes], tuple[int, bytes] | None] = echo,
                  refuse_after: int | None = None, reads_stdin: bool = True):
@@ -57,12 +63,16 @@ class Host(paramiko.ServerInterface):
         if self.reads_stdin:
             while chunk := channel.recv(65536):
                 stdin += chunk
-        result = self.answer(command, stdin)
+        try:
+            result = self.answer(command, stdin)
+        except Vanish:
+            return channel.get_transport().close()
         if result is None:
             return  # hangs: never answers, never closes
         status, output = result
         channel.sendall(output)
-        channel.send_exit_status(status)
+        if status is not None:  # None: the channel closes without an exit status
+            channel.send_exit_status(status)
         channel.close()
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bootstrap.errors import BootstrapError
 from bootstrap.host.parts.k3s_service import SNAPSHOT_DIR
+from bootstrap.remote import channels
 from bootstrap.remote.sshlink import SSH_ERRORS
 from bootstrap.inventory.model import Inventory, Node
 from bootstrap.state.snapshot_names import K3S_SUFFIX as _K3S_SUFFIX, name_prefix
@@ -128,11 +129,23 @@ def prune(state: StateDir, keep: int, just_taken: str | None = None) -> None:
 MAX_SNAPSHOT_BYTES = 4 << 30
 
 
+def _run(client, command: str, timeout: float):
+    """(stdout, stderr) of `command`, as paramiko's exec_command gives them, on the channel
+    opened ahead on the session's connection (bootstrap.remote.channels: a round trip less)."""
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise EOFError("the SSH connection is closed")
+    channel = channels.session_channel(transport, timeout)
+    channel.settimeout(timeout)
+    channel.exec_command(command)
+    return channel.makefile("rb"), channel.makefile_stderr("rb")
+
+
 def _save_and_read(client, command: str, server: str) -> bytes:
     """Run the save-and-print command; its output (name line, then the file), capped. A
     connection lost on the way (the server gone mid-save) is said as such, not as a crash."""
     try:
-        _, stdout, stderr = client.exec_command(command, timeout=600)
+        stdout, stderr = _run(client, command, 600)
         data = stdout.read(MAX_SNAPSHOT_BYTES + 1)
         if len(data) > MAX_SNAPSHOT_BYTES:
             raise BootstrapError(f"the snapshot {server} sent is larger than {MAX_SNAPSHOT_BYTES >> 30} GiB; "

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import yaml
+from sshpair import Host, SshPairs, Vanish
 
 from bootstrap.state import snapshots
 from bootstrap.state import folder as statedir_module
@@ -185,10 +186,10 @@ def test_an_empty_or_malformed_identity_is_refused_naming_the_file(tmp_path, con
     assert str(folder / IDENTITY) in caught.value.message
 
 
-def test_a_snapshot_is_not_taken_with_an_empty_token(tmp_path):
+def test_a_snapshot_is_not_taken_with_an_empty_token(tmp_path, server):
     state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml")))
     state.write_secret("token", "\n")
-    client = FakeSnapshotClient(state)
+    client = server()
     with pytest.raises(UsageError, match="is empty"):
         snapshots.take(state.inventory, state, ssh=lambda name: client)
     assert not any(p.name.endswith(".token") for p in snapshots.local_dir(state).iterdir())
@@ -196,58 +197,35 @@ def test_a_snapshot_is_not_taken_with_an_empty_token(tmp_path):
 
 # --- snapshots: ordered by the time in their names -------------------------------------------
 
-class FakeSnapshotClient:
+def snapshot_answer(command: bytes, _stdin: bytes) -> tuple[int, bytes]:
     """What `k3s etcd-snapshot save` answers through take's one command: the name k3s gave
     the file (ours plus -<node>-<unix time>), then its bytes."""
-
-    class Channel:
-        def recv_exit_status(self):
-            return 0
-
-    class Stream:
-        def __init__(self, data):
-            self.data, self.channel = data, FakeSnapshotClient.Channel()
-
-        def read(self, *args):
-            return self.data
-
-    def __init__(self, state):
-        self.state = state
-
-    def exec_command(self, command, timeout=None):
-        name = re.search(r"--name '?(bootstrap-[0-9a-f]+-[0-9]{8}-[0-9]{6})", command).group(1)
-        answer = f"{name}-box-1-{int(time.time())}\n".encode() + b"etcd data"
-        return None, self.Stream(answer), self.Stream(b"")
+    name = re.search(rb"--name '?(bootstrap-[0-9a-f]+-[0-9]{8}-[0-9]{6})", command).group(1).decode()
+    return 0, f"{name}-box-1-{int(time.time())}\n".encode() + b"etcd data"
 
 
-class LostServerClient(FakeSnapshotClient):
-    """The server gone while it saved: paramiko's channel file raises at the read (EOF),
-    or the channel closes without an exit status (-1)."""
-
-    def __init__(self, state, raises: bool):
-        super().__init__(state)
-        self.raises = raises
-
-    def exec_command(self, command, timeout=None):
-        raises = self.raises
-
-        class Lost(FakeSnapshotClient.Stream):
-            def read(self, *args):
-                if raises:
-                    raise EOFError()
-                return b""
-
-        stream = Lost(b"")
-        stream.channel.recv_exit_status = lambda: -1
-        return None, stream, Lost(b"")
+@pytest.fixture
+def server():
+    """The first server's SSH connection, real paramiko both ends (tests/sshpair.py):
+    server(answer) -> the client take() borrows."""
+    pairs = SshPairs()
+    yield lambda answer=snapshot_answer: pairs.connect(Host(answer, reads_stdin=False))
+    pairs.close()
 
 
-@pytest.mark.parametrize("raises", [True, False])
-def test_a_server_lost_while_it_saves_is_said_as_a_lost_connection(tmp_path, raises):
+@pytest.mark.parametrize("how", ["connection closes", "no exit status"])
+def test_a_server_lost_while_it_saves_is_said_as_a_lost_connection(tmp_path, server, how):
     state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml")))
     state.write_secret("token", "t\n")
+
+    def answer(command, stdin):
+        if how == "connection closes":
+            raise Vanish()
+        return None, b""
+
+    client = server(answer)
     with pytest.raises(BootstrapError, match="SSH connection to box-1 (was lost|ended)"):
-        snapshots.take(state.inventory, state, ssh=lambda name: LostServerClient(state, raises))
+        snapshots.take(state.inventory, state, ssh=lambda name: client)
     assert not list(snapshots.local_dir(state).iterdir())
 
 
@@ -261,14 +239,15 @@ def snapshot_named(state, when: float, node="box-1", mtime=None):
     return path
 
 
-def test_the_snapshot_just_taken_is_never_pruned_after_the_clock_jumped_back(tmp_path):
+def test_the_snapshot_just_taken_is_never_pruned_after_the_clock_jumped_back(tmp_path, server):
     """Taken while the clock was a day ahead, the older copies carry later times than the
     one taken now; before, the new copy (by mtime or by name) was the one pruned."""
     state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml", retention=2)))
     state.write_secret("token", "t\n")
     ahead = [snapshot_named(state, time.time() + 86400 + i * 60, mtime=time.time() + 86400 + i * 60)
              for i in range(3)]
-    taken = snapshots.take(state.inventory, state, ssh=lambda name: FakeSnapshotClient(state))
+    client = server()
+    taken = snapshots.take(state.inventory, state, ssh=lambda name: client)
     assert taken.exists() and (taken.parent / (taken.name + ".token")).read_text() == "t\n"
     left = sorted(p.name for p in snapshots.local_dir(state).iterdir() if not p.name.endswith(".token"))
     assert left == sorted([taken.name, ahead[2].name])  # retention 2: the new one and the newest other
