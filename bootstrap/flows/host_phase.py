@@ -20,7 +20,7 @@ from bootstrap.cluster.kubeconfig_file import rewrite as rewrite_kubeconfig
 from bootstrap.errors import BootstrapError, UsageError
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
-from bootstrap.cluster.client import connect as connect_to_cluster, request
+from bootstrap.cluster.client import connect as connect_to_cluster, warm_connections
 from bootstrap.cluster.early_connection import EarlyConnection
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import enforce, examine
@@ -266,7 +266,7 @@ def connect_early(run: Run, after_start: bool = False) -> None:
         return
     close_early(run)
     run.early_cluster = EarlyConnection(run.connect, run.inventory, run.state,
-                                        warm=lambda cluster: request(cluster, "GET", "/version"))
+                                        warm=warm_connections)
     run.early_after_start = after_start
 
 

@@ -143,7 +143,7 @@ def test_an_existing_clusters_api_connection_is_made_early_and_used_only_when_no
 
     main = gevent.getcurrent()
 
-    monkeypatch.setattr(host_phase, "request", lambda cluster, *a: None)
+    monkeypatch.setattr(host_phase, "warm_connections", lambda cluster: None)
     monkeypatch.setattr(cluster_side, "apply_cluster", lambda cluster, *a, **kw:
                         used.append(cluster) or {"labelled": [], "objects": [], "releases": [], "nodes": {}})
     bring_up(inv, state, UpOptions(validate=False), console(),
