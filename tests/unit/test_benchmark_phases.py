@@ -62,3 +62,15 @@ def test_round_trips_are_the_added_latency_over_the_rtt():
     slow = {"connect, probe, plan": 1.8, "cluster side": 4.0}
     assert run.round_trips(direct, slow, 100) == {"connect, probe, plan": 8.0, "cluster side": 20.0}
 
+
+
+def test_repeated_runs_give_their_medians():
+    def one(fresh, noop, helm):
+        return {"agents": 3, "rtt_ms": 100, "fresh_up": {"seconds": fresh, "phases": {"helm": helm}, "trace": []},
+                "noop_up": {"seconds": noop, "phases": {"probe": noop / 10}}}
+
+    row = run.median_run([one(12.0, 2.5, 3.0), one(20.0, 2.0, 9.0), one(11.0, 3.0, 2.8)])
+    assert row["fresh_up"]["seconds"] == 12.0 and row["noop_up"]["seconds"] == 2.5
+    assert row["fresh_up"]["phases"] == {"helm": 3.0} and row["noop_up"]["phases"] == {"probe": 0.25}
+    assert row["repeats"] == {"fresh_up": [12.0, 20.0, 11.0], "noop_up": [2.5, 2.0, 3.0]}
+    assert run.median_run([one(1.0, 1.0, 1.0)])["fresh_up"]["seconds"] == 1.0
