@@ -38,7 +38,8 @@ def wait_nodes_ready(cluster: Cluster, names: list[str], timeout_s: float = NODE
         check.last = f"not Ready: {', '.join(missing)}" if missing else None
         return nodes if not missing else None
     check.last = None
-    return wait_for(f"nodes {', '.join(names)} to be Ready", check, timeout_s)
+    # Just joined, a node is Ready a moment later (its kubelet's next status): look again soon.
+    return wait_for(f"nodes {', '.join(names)} to be Ready", check, timeout_s, first_interval_s=0.25)
 
 
 def taint_dict(taint: str) -> dict:

@@ -98,10 +98,13 @@ def reusing_ssh(connect_fn, session):
     return functools.partial(connect_fn, ssh=session.ssh_client)
 
 
-def wait_for(what: str, check, timeout_s: float, interval_s: float = 2.0):
-    """Poll `check()` until it returns something truthy; time out naming `what`."""
+def wait_for(what: str, check, timeout_s: float, interval_s: float = 2.0, first_interval_s: float | None = None):
+    """Poll `check()` until it returns something truthy; time out naming `what`.
+    `first_interval_s`: start polling at this interval, doubling up to `interval_s` (for
+    what is usually a moment away: each poll is one request)."""
     deadline = time.monotonic() + timeout_s
     last = None
+    pause = first_interval_s or interval_s
     while True:
         result = check()
         if result:
@@ -110,7 +113,8 @@ def wait_for(what: str, check, timeout_s: float, interval_s: float = 2.0):
             raise WaitTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}"
                               + (f" (last seen: {last})" if last else ""))
         last = getattr(check, "last", None)
-        time.sleep(interval_s)
+        time.sleep(pause)
+        pause = min(pause * 2, interval_s)
 
 
 # --- raw REST: one code path for every kind (no discovery, dicts in and out) ------------------

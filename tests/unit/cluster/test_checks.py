@@ -104,3 +104,14 @@ def test_time_outs_name_what_was_awaited():
         wait_for("nodes gpu-1 to be Ready", never, timeout_s=0.2, interval_s=0.05)
     assert "waiting for nodes gpu-1 to be Ready" in caught.value.message
     assert "last seen: gpu-1 NotReady" in caught.value.message
+
+
+def test_a_wait_for_what_is_a_moment_away_looks_again_soon_then_less_often(monkeypatch):
+    from bootstrap.cluster import client
+
+    pauses = []
+    monkeypatch.setattr(client.time, "sleep", pauses.append)  # (the clock's pauses only, no real wait)
+    answers = iter([None] * 6 + ["ready"])
+    assert client.wait_for("nodes to be Ready", lambda: next(answers), timeout_s=60, interval_s=2.0,
+                           first_interval_s=0.25) == "ready"
+    assert pauses == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
