@@ -135,15 +135,15 @@ def upgrade_install(release: Release, kubeconfig_path: str | Path, timeout: int 
     helm = helm or helm_binary()
     with tempfile.TemporaryDirectory(prefix="bootstrap-helm-") as folder:  # mode 0700
         values_file = write_values(Path(folder), release.values)
-        result = None
+        result, how = None, "install"
         if new_with is not None:
             result = _run(install_argv(helm, release, values_file, kubeconfig_path, timeout, new_with),
                           timeout + EXIT_MARGIN_S)
         if result is None or result.returncode != 0 and NAME_IN_USE.search(result.stderr or ""):
-            result = _run(upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout),
-                          timeout + EXIT_MARGIN_S)
+            result, how = _run(upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout),
+                               timeout + EXIT_MARGIN_S), "upgrade --install"
     if result.returncode != 0:
-        raise HelmError(f"helm upgrade --install {release.name} ({release.chart} {release.version}) failed:\n"
+        raise HelmError(f"helm {how} {release.name} ({release.chart} {release.version}) failed:\n"
                         f"{_helm_said(result)}",
                         f"re-run to retry; inspect with `helm status {release.name} -n {release.namespace}`")
 

@@ -235,3 +235,11 @@ def test_a_release_helm_has_after_all_is_upgraded(recorder, tmp_path):
     assert [c["argv"][:3] for c in recorder()] == [["install", "gpu-operator", "gpu-operator"],
                                                    ["install", "gpu-operator", "gpu-operator"],
                                                    ["upgrade", "--install", "gpu-operator"]]
+
+
+def test_a_failed_install_is_said_as_the_install_it_was(recorder, tmp_path, monkeypatch):
+    monkeypatch.setenv("HELM_RECORDER_FAIL", "INSTALLATION FAILED: context deadline exceeded")
+    with pytest.raises(helm.HelmError) as caught:
+        helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, new_with=(4, 1, 4))
+    assert caught.value.message.startswith("helm install gpu-operator (gpu-operator v26.7.0) failed")
+    assert [c["argv"][0] for c in recorder()] == ["install"]  # a failure that is not "name in use": no retry
