@@ -7,8 +7,10 @@ runs (the caller removes the file afterwards, which the test checks).
 
   version --short          prints $HELM_RECORDER_VERSION (default v3.14.4+g81c902a)
   install NAME ...         fails as Helm does when it has a release NAME already (in any
-                           namespace: helm/helm pkg/action/install.go, availableName:
-                           "cannot re-use a name that is still in use"); the releases it
+                           namespace: helm/helm v3.14.4 pkg/action/install.go, availableName:
+                           "cannot re-use a name that is still in use"; Helm v4.1 words it
+                           "cannot reuse ...", which tests/standin_tests/test_real_clients.py
+                           meets with the real Helm); the releases it
                            has are those installed through this recorder ($HELM_RECORD.releases)
   anything else            prints a release summary and exits 0, unless
   $HELM_RECORDER_FAIL      is set: prints "Error: <its text>" on stderr and exits 1

@@ -2038,8 +2038,8 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
     timeout = 90  # the socket's timeout: an idle kept-alive connection ends after it
-    # TCP_NODELAY, as every Go TCP connection has it (golang/go src/net/tcpsock.go,
-    # newTCPConn: setNoDelay(fd, true)). Without it the body written after the headers waited
+    # TCP_NODELAY, as every Go TCP connection has it (golang/go go1.24 src/net/tcpsock.go,
+    # newTCPConn: setNoDelay(fd, true); k3s v1.33 builds with Go 1.24). Without it the body written after the headers waited
     # for the client's delayed ACK: ~40 ms per request, on every kept-alive connection.
     disable_nagle_algorithm = True
 

@@ -1066,10 +1066,11 @@ class Disconnect(Exception):
 HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
 # Aggregated discovery (KEP-3352; beta, on by default, from Kubernetes 1.27, GA in 1.30): a
 # client that asks for it in its Accept header (client-go sends AcceptV2 first:
-# kubernetes staging/src/k8s.io/client-go/discovery/discovery_client.go,
+# kubernetes v1.33.0 staging/src/k8s.io/client-go/discovery/discovery_client.go,
 # acceptDiscoveryFormats) gets every group, version and resource from /api and /apis in one
 # answer each, instead of one request per group-version; the client knows the answer by its
-# Content-Type's g, v and as parameters (same file, isGVK). Server side: kubernetes
+# Content-Type's g, v and as parameters (same file, isGVK; aggregated_discovery.go turns the
+# items back into APIResourceLists). Server side: kubernetes v1.33.0
 # staging/src/k8s.io/apiserver/pkg/endpoints/discovery/aggregated/handler.go. Helm and kubectl
 # pay two requests for discovery on a real cluster; the stand-in must not charge them more.
 AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
