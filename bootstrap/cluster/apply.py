@@ -95,17 +95,19 @@ class DigestRecord:
     def record(self, name: str, digest: str) -> None:
         data = {"data": {name: digest}}
         if self.exists:
-            status, body = request(self.cluster, "PATCH", DIGESTS_PATH, data,
-                                   content_type="application/merge-patch+json")
+            status, body = self._patch(data)
             if status != 404:  # (deleted meanwhile: created below)
                 return self._raise_unless_ok(status, body)
         status, body = request(self.cluster, "POST", object_path("v1", "ConfigMap", None, DIGESTS[0]),
                                {"apiVersion": "v1", "kind": "ConfigMap",
                                 "metadata": {"name": DIGESTS[1], "namespace": DIGESTS[0]}, **data})
         self.exists = True
-        if status == 409:  # created meanwhile (another run): patch it
-            return self.record(name, digest)
+        if status == 409:  # created meanwhile (another run): patched, once
+            status, body = self._patch(data)
         self._raise_unless_ok(status, body)
+
+    def _patch(self, data: dict):
+        return request(self.cluster, "PATCH", DIGESTS_PATH, data, content_type="application/merge-patch+json")
 
     @staticmethod
     def _raise_unless_ok(status: int, body: dict) -> None:
