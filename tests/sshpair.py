@@ -36,8 +36,13 @@ class Host(paramiko.ServerInterface):
     closes without one; raising Vanish: the connection closes."""
 
     def __init__(self, answer: Callable[[bytes, bytes], tuple[int, bytes] | None] = echo,
-                 refuse_after: int | None = None, reads_stdin: bool = True):
+                 refuse_after: int | None = None, reads_stdin: bool = True, stall_after: int | None = None,
+                 stall_exec: bool = False):
+        """`refuse_after` / `stall_after`: channel openings after that many are refused / never
+        answered (the host's whole connection then stalls: paramiko asks in its one thread);
+        `stall_exec`: exec requests are never answered."""
         self.answer, self.refuse_after, self.reads_stdin = answer, refuse_after, reads_stdin
+        self.stall_after, self.stall_exec, self.released = stall_after, stall_exec, threading.Event()
         self.opened, self.commands = 0, []
 
     def get_allowed_auths(self, username):
@@ -48,16 +53,26 @@ class Host(paramiko.ServerInterface):
 
     def check_channel_request(self, kind, chanid):
         self.opened += 1
+        if self.stall_after is not None and self.opened > self.stall_after:
+            self.released.wait(3600)  # (until the test closes the pair)
         if self.refuse_after is not None and self.opened > self.refuse_after:
             return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
         return paramiko.OPEN_SUCCEEDED
 
     def check_channel_exec_request(self, channel, command):
         self.commands.append(command)
+        if self.stall_exec:
+            self.released.wait(3600)  # never answers the exec request (until the test ends)
         threading.Thread(target=self._run, args=(channel, command), daemon=True).start()
         return True
 
     def _run(self, channel, command: bytes) -> None:
+        try:
+            self._answer(channel, command)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the client closed the channel or the connection first (it gave up)
+
+    def _answer(self, channel, command: bytes) -> None:
         time.sleep(0.05)  # after the transport's reply to the exec request (this runs beside it)
         stdin = b""
         if self.reads_stdin:
@@ -89,6 +104,7 @@ class Client:
 class SshPairs:
     def __init__(self):
         self._transports: list = []
+        self._hosts: list[Host] = []
 
     def connect(self, host: Host, rtt_s: float = 0.0) -> Client:
         near, near_link = socket.socketpair()
@@ -102,9 +118,12 @@ class SshPairs:
         client.start_client(timeout=10)
         client.auth_none("lab")
         self._transports += [client, server]
+        self._hosts.append(host)
         return Client(client)
 
     def close(self) -> None:
+        for host in self._hosts:
+            host.released.set()
         for transport in self._transports:
             transport.close()
 

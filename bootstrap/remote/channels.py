@@ -43,10 +43,12 @@ class _Ahead:
 
     def take(self, wait_s: float):
         """The channel when it opened within `wait_s` seconds and is still usable, else None.
-        A late one is closed when it comes (nobody would take it)."""
+        A host that has not answered its opening by then is not asked again (that would
+        double the command's wait): TimeoutError, as a channel's opening that timed out; a
+        late one is closed when it comes."""
         if not self.ready.wait(wait_s):
             threading.Thread(target=self._close_when_open, daemon=True).start()
-            return None
+            raise TimeoutError("timeout opening channel (the host did not answer)")
         channel = self.channel
         return channel if channel is not None and channel.active and not channel.closed else None
 
@@ -65,14 +67,13 @@ _ahead: "weakref.WeakKeyDictionary[object, _Ahead]" = weakref.WeakKeyDictionary(
 
 def session_channel(transport, timeout: float):
     """A session channel on `transport` for the next command: the one opened ahead when there
-    is one, else a new one (paramiko's errors as open_session raises them). The channel after
-    it starts opening now."""
+    is one, else a new one (paramiko's errors as open_session raises them). Its command goes
+    through `start`, which opens the one after."""
     with _lock:
         ahead = _ahead.pop(transport, None)
     channel = ahead.take(min(timeout, OPEN_S)) if ahead is not None else None
     if channel is None:
         channel = transport.open_session(timeout=min(timeout, OPEN_S))
-    open_ahead(transport)
     return channel
 
 
@@ -83,3 +84,28 @@ def open_ahead(transport) -> None:
     with _lock:
         if transport not in _ahead:
             _ahead[transport] = _Ahead(transport)
+
+
+def start(channel, transport, command: str, timeout: float) -> None:
+    """`command` started on `channel`, then the next channel opened ahead (the exec goes out
+    first). paramiko waits for the host's answer to an exec request without a time-out
+    (Channel._wait_for_event): a host that never answers would hold the command for ever, so
+    the channel is closed at `timeout` (at most OPEN_S) and TimeoutError says why."""
+    fired = threading.Event()
+
+    def give_up() -> None:
+        fired.set()
+        channel.close()
+
+    watchdog = threading.Timer(min(timeout, OPEN_S), give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        channel.exec_command(command)
+    except SSH_ERRORS:
+        if fired.is_set():
+            raise TimeoutError("timeout starting the command (the host did not answer)") from None
+        raise
+    finally:
+        watchdog.cancel()
+    open_ahead(transport)

@@ -51,7 +51,7 @@ def run_command(client, command: str, *, max_bytes: int, timeout: float, what: s
     try:
         channel.set_combine_stderr(True)  # one stream: a flood on stderr cannot stall stdout
         channel.settimeout(POLL_S)
-        channel.exec_command(command)
+        channels.start(channel, transport, command, timeout)
         deadline = time.monotonic() + timeout
         if stdin:
             _send_all(channel, stdin, deadline, timeout, what)
@@ -112,7 +112,7 @@ def run_with_input(client, command: str, write_input, *, tail_bytes: int = TAIL_
         raise RemoteDataError("the SSH connection is closed")
     channel = channels.session_channel(transport, 60)
     try:
-        channel.exec_command(command)
+        channels.start(channel, transport, command, 60)
         stdout, stderr = _Tail(tail_bytes), _Tail(tail_bytes)
         readers = [threading.Thread(target=_drain, args=(channel.recv, stdout), daemon=True),
                    threading.Thread(target=_drain, args=(channel.recv_stderr, stderr), daemon=True)]

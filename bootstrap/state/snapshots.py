@@ -137,7 +137,7 @@ def _run(client, command: str, timeout: float):
         raise EOFError("the SSH connection is closed")
     channel = channels.session_channel(transport, timeout)
     channel.settimeout(timeout)
-    channel.exec_command(command)
+    channels.start(channel, transport, command, timeout)
     return channel.makefile("rb"), channel.makefile_stderr("rb")
 
 

@@ -43,6 +43,7 @@ def test_the_next_command_takes_the_channel_opened_while_the_last_one_ran(connec
     assert output == b"ran change"
     assert RTT_S <= second < 2 * RTT_S, second  # exec and its answer only
     assert server.commands == [b"probe", b"change"]
+    time.sleep(RTT_S)  # the next one's opening leaves once the command's exec is out: it arrives now
     assert server.opened == 3  # one for each command, one ahead for the next (never more than one)
 
 
@@ -73,6 +74,7 @@ def test_a_channel_ahead_the_host_closed_is_not_used(connection):
     ahead = channels._ahead[client.transport]
     ahead.channel.close()
     _, output = run(client, "change")
+    time.sleep(RTT_S)  # (the opening after it, on its way)
     assert output == b"ran change" and server.opened == 4
 
 
@@ -81,3 +83,25 @@ def test_nothing_is_opened_ahead_on_a_closed_connection(connection):
     client.transport.close()
     channels.open_ahead(client.transport)
     assert client.transport not in channels._ahead
+
+
+def test_a_host_that_stops_answering_channel_openings_costs_the_command_its_time_out_once(connection):
+    """The channel opened ahead is still unanswered when the command comes: the command
+    waits for it up to its own time-out and fails then, without asking again (a second
+    opening would wait as long once more)."""
+    client = connection(Host(reads_stdin=False, stall_after=1))
+    run(client, "probe")  # opens #1; once its exec is out, #2 goes ahead: never answered
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="timeout opening channel"):
+        run_command(client, "start", max_bytes=1024, timeout=1.0, what="start")
+    assert time.monotonic() - started < 1.8
+
+
+def test_a_host_that_never_answers_a_commands_start_fails_it_at_its_time_out(connection):
+    """paramiko waits for the answer to an exec request without a time-out: the channel is
+    closed at the command's time-out instead of the command waiting for ever."""
+    client = connection(Host(reads_stdin=False, stall_exec=True))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="timeout starting the command"):
+        run_command(client, "probe", max_bytes=1024, timeout=1.0, what="probe")
+    assert time.monotonic() - started < 3 * RTT_S + 1.5
