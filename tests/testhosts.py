@@ -70,7 +70,9 @@ ROOTFS = Path(os.environ.get("BOOTSTRAP_ROOTFS_CACHE", "/var/cache/bootstrap-lab
 SUITE = "bookworm"
 PACKAGES = (
     "systemd,systemd-sysv,dbus,openssh-server,sudo,python3,ca-certificates,"
-    "iproute2,iptables,kmod,procps,util-linux,curl,less,iputils-ping"
+    "iproute2,iptables,kmod,procps,util-linux,curl,less,iputils-ping,"
+    # HTTP/2 for the k3s stand-in's API, as kube-apiserver speaks it (tests/standins/h2serve.py)
+    "python3-h2"
 ).split(",")
 # Bump when the customisation below changes, so cached rootfs trees are rebuilt.
 ROOTFS_RECIPE = 1

@@ -200,3 +200,28 @@ def test_discovery_is_aggregated_as_a_real_api_server_serves_it(cluster, tmp_pat
                                                       for s in r.get("subresources", [])} == \
         {r["name"] for r in legacy["resources"]}
     assert json.loads(cluster.raw("GET", "/apis")[1])["kind"] == "APIGroupList"  # a plain JSON client: as before
+
+
+@needs_upstream
+@needs_kubectl
+@needs_helm
+def test_go_clients_speak_http2_with_every_request_a_stream_of_one_connection(cluster, tmp_path):
+    """kube-apiserver offers ALPN h2 (h2serve.py): kubectl and Helm (Go's net/http, whose
+    GODEBUG=http2debug=1 logs its HTTP/2 frames) send their requests, Helm's watches with them,
+    as streams of HTTP/2 connections: more answers than connections."""
+    cluster.server()
+    kubeconfig = cluster.root / "etc/rancher/k3s/k3s.yaml"
+
+    def answers_and_connections(*argv):
+        got = run(kubeconfig, "env", "GODEBUG=http2debug=1", *argv)
+        answers = re.findall(r"http2: Transport received HEADERS flags=\S+ stream=(\d+)", got.stderr)
+        return got, len(answers), got.stderr.count("http2: Transport creating client conn")
+
+    got, answers, conns = answers_and_connections(KUBECTL, "get", "nodes", "-o", "name")
+    assert got.stdout.strip() == "node/cp-1", got.stderr[-3000:]
+    # discovery (/api, /apis) and the list; kubectl's discovery client has a transport of its own
+    assert conns <= 2 and answers >= 3, got.stderr[-3000:]
+    chart = make_chart(tmp_path, "h2demo", "0.1.0")
+    got, answers, conns = answers_and_connections(HELM, "install", "h2demo", str(chart), "--wait", "--timeout", "60s")
+    assert "STATUS: deployed" in got.stdout, got.stderr[-3000:]
+    assert conns >= 1 and answers > 3 * conns, got.stderr[-3000:]

@@ -30,6 +30,7 @@ from pathlib import Path
 STANDIN_SOURCE = Path(__file__).resolve().parent / "k3s_standin.py"
 KUBEAPI_SOURCE = Path(__file__).resolve().parent / "kubeapi.py"
 PKI_SOURCE = Path(__file__).resolve().parent / "k3s_pki.py"
+H2_SOURCE = Path(__file__).resolve().parent / "h2serve.py"
 FLAGS_NAME = "k3s/flags-docs-0243496.txt"  # the upstream copy, under the upstream data folder
 SHIPPED_FLAGS = Path(__file__).resolve().parents[2] / "bootstrap" / "checks" / "k3s_flags.txt"
 DEFAULT_VERSION = "v1.33.5+k3s1"
@@ -37,6 +38,7 @@ GO_VERSION = "go1.24.6"
 EMBED_LINE = "EMBEDDED = None\n"
 KUBEAPI_LINE = "KUBEAPI_SOURCE = None\n"
 PKI_LINE = "PKI_SOURCE = None\n"
+H2_LINE = "H2_SOURCE = None\n"
 VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+(-rc\d+)?\+k3s\d+$")
 # What a release's airgap image list starts with (k3s-images.txt); only names here.
 PLACEHOLDER_IMAGES = (
@@ -98,9 +100,9 @@ def standin_program(version: str = DEFAULT_VERSION, flags: dict[str, list[str]] 
         "flags": {k: sorted(set(v)) for k, v in flags.items()},
     }
     program = source.replace(EMBED_LINE, f"EMBEDDED = {embedded!r}\n")
-    # The stand-in Kubernetes API (kubeapi.py) and its TLS (k3s_pki.py) travel inside the one
-    # file, as k3s is one binary.
-    for line, module in ((KUBEAPI_LINE, KUBEAPI_SOURCE), (PKI_LINE, PKI_SOURCE)):
+    # The stand-in Kubernetes API (kubeapi.py), its TLS (k3s_pki.py) and HTTP/2 (h2serve.py)
+    # travel inside the one file, as k3s is one binary.
+    for line, module in ((KUBEAPI_LINE, KUBEAPI_SOURCE), (PKI_LINE, PKI_SOURCE), (H2_LINE, H2_SOURCE)):
         if program.count(line) != 1:
             raise RuntimeError(f"{STANDIN_SOURCE}: expected exactly one line {line.strip()!r}")
         program = program.replace(line, f"{line.split(' = ')[0]} = {module.read_text()!r}\n")

@@ -197,9 +197,10 @@ def issue_serving(tls_dir, sans):
     return chain, key
 
 
-def server_context(tls_dir, chain, key):
+def server_context(tls_dir, chain, key, alpn=("http/1.1",)):
     """TLS for the supervisor port: the serving chain, client certificates optional and
-    verified against the client CA."""
+    verified against the client CA; ALPN offers `alpn` (h2serve.ALPN: "h2" first where the
+    stand-in can serve it)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     with tempfile.TemporaryDirectory(dir=tls_dir) as work:
@@ -210,9 +211,8 @@ def server_context(tls_dir, chain, key):
     ctx.load_verify_locations(cafile=os.path.join(tls_dir, "client-ca.crt"))
     ctx.verify_mode = ssl.CERT_OPTIONAL
     # kube-apiserver offers "h2" then "http/1.1" (kubernetes staging/src/k8s.io/apiserver/pkg/server/
-    # secure_serving.go, tlsConfig); this stand-in, standard library only, offers HTTP/1.1 with
-    # kept-alive connections (k3s_standin.QuietHandler): Go clients take it and reuse connections.
-    ctx.set_alpn_protocols(["http/1.1"])
+    # secure_serving.go, tlsConfig); Go clients take the first they speak.
+    ctx.set_alpn_protocols(list(alpn))
     return ctx
 
 

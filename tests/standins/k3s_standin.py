@@ -3,7 +3,8 @@
 
 Nothing here can download k3s, so the tests install this program as
 /usr/local/bin/k3s through the tool's air-gap path (tests/standins/airgap.py builds
-the folder). It is one file, Debian 12's python3 (3.11) standard library only. The
+the folder). It is one file, Debian 12's python3 (3.11) standard library only, and
+python3-h2 for HTTP/2 where installed (h2serve.py; without it HTTP/1.1 only). The
 builder embeds the k3s version and the valid `k3s server` / `k3s agent` flag names
 (the product's bootstrap/checks/k3s_flags.txt) into the EMBEDDED line below; the source file itself
 refuses to run.
@@ -124,6 +125,7 @@ EMBEDDED = None
 # unbuilt, they are loaded from beside this file.
 KUBEAPI_SOURCE = None
 PKI_SOURCE = None
+H2_SOURCE = None
 
 PROGRAM = "k3s"
 
@@ -251,6 +253,11 @@ def kubeapi():
 def pki():
     """The stand-in's certificates and TLS (k3s_pki.py)."""
     return embedded_module("k3s_pki.py", PKI_SOURCE)
+
+
+def h2serve():
+    """HTTP/2 for the supervisor/API port (h2serve.py)."""
+    return embedded_module("h2serve.py", H2_SOURCE)
 
 
 # =============================================================================
@@ -1886,6 +1893,19 @@ class DualStackServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         return conn, addr
 
+    def finish_request(self, request, client_address):
+        """A TLS connection whose ALPN chose "h2" is served as HTTP/2 (h2serve.py), as
+        kube-apiserver serves Go clients; the others as HTTP/1.1 by the handler."""
+        if self.tls is not None:
+            request.settimeout(self.RequestHandlerClass.timeout)
+            request.do_handshake()
+            if request.selected_alpn_protocol() == "h2":
+                if self.RequestHandlerClass.disable_nagle_algorithm:  # as the handler's setup sets it
+                    request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+                h2serve().serve_h2(request, client_address, self, self.RequestHandlerClass)
+                return
+        super().finish_request(request, client_address)
+
     def handle_error(self, request, client_address):
         if sys.exc_info()[0] is not None and issubclass(sys.exc_info()[0], (ssl.SSLError, ConnectionError)):
             return  # a client that gave up, or failed the handshake: Go's http server logs at debug
@@ -2032,8 +2052,8 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
     tlsConfig). Clients (kubectl, Helm, the tool's urllib3 pool) send every request of a
     session over one connection: through the SSH tunnel one channel and one TLS handshake,
     not one per request. A request with `Connection: close` (or HTTP/1.0 without
-    keep-alive) still ends its connection (http.server does that). HTTP/2 is not offered:
-    this stand-in is Python's standard library only (k3s_pki.server_context's ALPN)."""
+    keep-alive) still ends its connection (http.server does that). A connection whose TLS
+    chose "h2" runs the same handler per stream (h2serve.py), as Go clients get it."""
     server_version = "k3s-standin"
     sys_version = ""
     protocol_version = "HTTP/1.1"
@@ -2074,6 +2094,11 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
             self.send_error(exc.code, str(exc))  # with Connection: close
             return False
         return True
+
+    def write_chunk(self, data):
+        """A piece of a streamed answer (Transfer-Encoding: chunked); empty is the last."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
     def reply(self, status, body, content_type="application/json"):
         if not isinstance(body, (bytes, str)):
@@ -2647,7 +2672,7 @@ def serving_tls(opts, tls_dir, name, address):
                           (), advertise_address(opts, address))
     try:
         chain, key = pki().issue_serving(tls_dir, sans)
-        return pki().server_context(tls_dir, chain, key)
+        return pki().server_context(tls_dir, chain, key, h2serve().ALPN)
     except (pki().PkiError, ssl.SSLError) as exc:
         fatal("starting kubernetes: preparing server: failed to create the serving certificate: %s" % exc)
 

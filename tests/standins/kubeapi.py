@@ -4,7 +4,7 @@ The k3s stand-in (k3s_standin.py) serves this on its supervisor port (6443) next
 own endpoints, over HTTPS (k3s_pki.py), so the tool, kubectl and Helm reach it through the
 same SSH tunnel, kubeconfig and TLS verification as a real cluster. The
 builder (airgap.py) embeds this file into the built stand-in; Debian 12's python3 (3.11)
-standard library only, threads, no third-party packages.
+standard library only, threads, no third-party packages (HTTP/2 framing is h2serve.py's).
 
 Contract (what the official client needs; details in each section):
   Auth       a client certificate signed by the cluster's client CA (k3s.yaml's system:admin,
@@ -1954,6 +1954,7 @@ class KubeAPI:
                     cursor = None
         # Chunked, and the connection stays open after the last chunk (the handler speaks
         # HTTP/1.1 with keep-alive): a client reuses it for its next request, as with Go's server.
+        # Over HTTP/2 the events are DATA frames of the watch's stream (h2serve.H2Exchange).
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
@@ -1962,8 +1963,7 @@ class KubeAPI:
 
         def chunk(data):
             try:
-                handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                handler.wfile.flush()
+                handler.write_chunk(data)
             except OSError:
                 handler.close_connection = True
                 raise Disconnect()
