@@ -18,7 +18,8 @@ class DelayProxy:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server = None
-        threading.Thread(target=self._run, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
         self._ready.wait(10)
 
     def _run(self) -> None:
@@ -27,21 +28,25 @@ class DelayProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+        self._loop.run_until_complete(asyncio.sleep(0))  # the closed transports' last callbacks
+        self._loop.close()
 
     async def _pipe(self, reader, writer) -> None:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def sender():
-            while True:
-                due, data = await queue.get()
-                if data is None:
-                    break
-                wait = due - self._loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                writer.write(data)
-                await writer.drain()
-            writer.close()
+            try:
+                while True:
+                    due, data = await queue.get()
+                    if data is None:
+                        break
+                    wait = due - self._loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    writer.write(data)
+                    await writer.drain()
+            finally:
+                writer.close()
 
         task = self._loop.create_task(sender())
         try:
@@ -58,9 +63,26 @@ class DelayProxy:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+        finally:
+            writer.close()
+            up_writer.close()
 
     def close(self) -> None:
-        if self._server:
-            self._loop.call_soon_threadsafe(self._server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        """Stop listening and end every connection still piped (kept-alive HTTP/2 and SSH
+        connections outlive a run), so no task is left pending when the loop stops."""
+        async def shutdown():
+            if self._server:
+                self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        except Exception:  # a loop already stopped: nothing left to end
+            pass
+        self._thread.join(10)

@@ -208,7 +208,7 @@ class Connection:
                 try:
                     self.sock.settimeout(0)
                     data = self.sock.recv(65536)
-                except (ssl.SSLWantReadError, BlockingIOError):
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
                     continue
                 except (OSError, ssl.SSLError):
                     return

@@ -30,7 +30,8 @@ Differences: the stand-in makes its certificates with the `openssl` command (Deb
 ca-certificates package depends on it; the test hosts and this machine have it), Python's
 ssl module verifies a client certificate during the handshake (a certificate from another
 CA fails the handshake; Go's RequestClientCert takes it and the apiserver answers 401), it
-speaks HTTP/1.1 only (Go clients fall back from h2), and the serving certificate is issued
+offers h2 only where the `h2` module is installed (h2serve.py; HTTP/1.1 otherwise, from which
+Go clients fall back), and the serving certificate is issued
 again at every start (dynamiclistener adds SANs while it runs; clients verify through the
 CA either way).
 """
