@@ -136,7 +136,10 @@ class Connection:
         with self.lock:
             if stream.gone or self.closed:
                 raise StreamGone("stream %d is gone" % stream.id)
-            self.h2.send_headers(stream.id, [(":status", str(status))] + headers)
+            try:
+                self.h2.send_headers(stream.id, [(":status", str(status))] + headers)
+            except h2.exceptions.StreamClosedError:
+                raise StreamGone("stream %d is closed" % stream.id)
         self._wake()
 
     def send_data(self, stream, data):
@@ -147,7 +150,7 @@ class Connection:
                     raise StreamGone("stream %d is gone" % stream.id)
                 try:
                     room = min(self.h2.local_flow_control_window(stream.id), self.h2.max_outbound_frame_size)
-                except h2.exceptions.StreamClosedError:
+                except (h2.exceptions.StreamClosedError, h2.exceptions.NoSuchStreamError):
                     raise StreamGone("stream %d is closed" % stream.id)
                 if room <= 0:  # the client's window is spent: wait for its WINDOW_UPDATE
                     self.lock.wait(1.0)
