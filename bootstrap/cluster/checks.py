@@ -82,23 +82,60 @@ def _create(cluster: Cluster, obj: dict) -> None:
         raise ClusterError(f"cannot create {obj['kind']} {meta['name']}: {body.get('message', status)}")
 
 
+# The kubelet's waiting reasons for an image it cannot get (kubernetes pkg/kubelet/images/types.go,
+# v1.33). It retries the first two with a back-off (a registry's rate limit passes), never the others.
+PULL_RETRIED = ("ErrImagePull", "ImagePullBackOff")
+PULL_NEVER = ("ErrImageNeverPull", "InvalidImageName")
+# Waiting reasons that say only that the kubelet is at work (pulling the image, among others).
+STARTING = ("ContainerCreating", "PodInitializing")
+MAX_WHY = 300  # a node's kubelet writes these messages: a line, not a page
+
+
+def _dicts(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _waiting(status: dict) -> tuple[str, str]:
+    """The first container's waiting (reason, message), init containers first; ('', '')."""
+    for container in _dicts(status.get("initContainerStatuses")) + _dicts(status.get("containerStatuses")):
+        state = container.get("state")
+        waiting = state.get("waiting") if isinstance(state, dict) else None
+        reason = waiting.get("reason") if isinstance(waiting, dict) else None
+        if isinstance(reason, str) and reason:
+            message = waiting.get("message")
+            return reason, message if isinstance(message, str) else ""
+    return "", ""
+
+
 def _pod_outcome(cluster: Cluster, name: str, timeout_s: float) -> tuple[str, str, str]:
-    """(phase, log, why) once the pod ends, or ('Pending'/'Running', '', why) at the time-out."""
+    """(phase, log, why) once the pod ends, or ('Pending'/'Running', '', why) at the time-out,
+    or at once when the kubelet will never get its image. A container the kubelet cannot start
+    says why (ImagePullBackOff and its message) before the pod's conditions do."""
     path = object_path("v1", "Pod", name, NAMESPACE)
     deadline = time.monotonic() + timeout_s
-    why = ""
+    container_why = condition_why = ""
     while True:
         pod = get(cluster, path) or {}
-        status = pod.get("status", {})
-        phase = status.get("phase", "Pending")
+        status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+        phase = status.get("phase") if isinstance(status.get("phase"), str) else "Pending"
         if phase in ("Succeeded", "Failed"):
             code, log = request(cluster, "GET", path + "/log", raw=True)
-            return phase, log if code < 300 and isinstance(log, str) else "", status.get("message", "")
-        for condition in status.get("conditions", []):
+            return phase, log if code < 300 and isinstance(log, str) else "", str(status.get("message", ""))
+        reason, message = _waiting(status)
+        if reason and reason not in STARTING:  # kept while the kubelet retries (ContainerCreating again)
+            container_why = f"{reason}: {message}" if message else reason
+            if reason in PULL_RETRIED:
+                container_why += " (the kubelet retries with a back-off)"
+            if reason in PULL_NEVER:
+                return phase, "", container_why[:MAX_WHY]
+        for condition in _dicts(status.get("conditions")):
             if condition.get("status") == "False" and condition.get("message"):
-                why = f"{condition.get('reason', '')}: {condition['message']}"
+                condition_why = f"{condition.get('reason', '')}: {condition['message']}"
         if time.monotonic() > deadline:
-            return phase, "", why or f"still {phase} after {timeout_s:.0f}s"
+            starting = f"still {reason} after {timeout_s:.0f}s (a large image may still be downloading)" \
+                if reason in STARTING else ""
+            why = container_why or starting or condition_why or f"still {phase} after {timeout_s:.0f}s"
+            return phase, "", why[:MAX_WHY]
         time.sleep(1)
 
 

@@ -719,3 +719,31 @@ def test_objects_survive_restarts_and_travel_in_snapshots(cluster, k3s, tmp_path
 
 
 # --------------------------------------------------------------------------- on test hosts
+
+
+@needs_upstream
+def test_an_image_no_node_can_pull_holds_its_pod_pending_with_the_kubelets_reasons(cluster):
+    """A registry under .invalid never resolves: the container waits with ErrImagePull and
+    containerd's error, then ImagePullBackOff while the kubelet backs off (kubernetes
+    pkg/kubelet/images/image_manager.go), with a Failed event; the pod stays Pending."""
+    cluster.server()
+    cluster.wait_ready("cp-1")
+    cluster.core.create_namespaced_pod("default", pod("unpullable", "registry.invalid/cuda-sample:vectoradd-cuda12"))
+
+    def waiting():
+        statuses = cluster.core.read_namespaced_pod("unpullable", "default").status.container_statuses or []
+        return statuses and statuses[0].state.waiting and statuses[0].state.waiting.reason
+
+    assert wait("ErrImagePull", lambda: waiting() in ("ErrImagePull", "ImagePullBackOff"))
+    first = cluster.core.read_namespaced_pod("unpullable", "default")
+    assert wait("ImagePullBackOff", lambda: waiting() == "ImagePullBackOff")
+    backing_off = cluster.core.read_namespaced_pod("unpullable", "default")
+    assert backing_off.status.phase == "Pending"
+    assert backing_off.status.container_statuses[0].state.waiting.message == \
+        'Back-off pulling image "registry.invalid/cuda-sample:vectoradd-cuda12"'
+    events = cluster.core.list_namespaced_event("default").items
+    failed = [e.message for e in events if e.reason == "Failed" and e.involved_object.name == "unpullable"]
+    assert failed and "lookup registry.invalid: no such host" in failed[0]
+    if first.status.container_statuses[0].state.waiting.reason == "ErrImagePull":
+        assert first.status.container_statuses[0].state.waiting.message.startswith(
+            'rpc error: code = Unknown desc = failed to pull and unpack image "registry.invalid/')

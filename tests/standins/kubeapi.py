@@ -2806,6 +2806,25 @@ def run_nbody(args, ctx):
     return out, 0
 
 
+def pull_error(image):
+    """containerd's error for an image whose registry cannot be resolved, or None: a registry
+    host under .invalid (RFC 2606: never resolves), as any node would fail it. The text is
+    containerd 2.0's (pkg/cri/server/images/image_pull.go: "failed to pull and unpack image",
+    remotes/docker/resolver.go: "failed to resolve reference") as the kubelet gets it over gRPC."""
+    first = image.split("/", 1)[0]
+    if "/" not in image or not ("." in first or ":" in first or first == "localhost"):
+        return None
+    host = first.split(":", 1)[0]
+    if not host.endswith(".invalid"):
+        return None
+    path, _, digest = image.split("/", 1)[1].partition("@")
+    repo, tag = path.rsplit(":", 1) if ":" in path else (path, "latest")
+    tag = digest or tag
+    return ('rpc error: code = Unknown desc = failed to pull and unpack image "%s": failed to resolve reference '
+            '"%s": failed to do request: Head "https://%s/v2/%s/manifests/%s": dial tcp: lookup %s: no such host'
+            % (image, image, first, repo, tag, host))
+
+
 def run_container(container, ctx):
     """(log text, exit code, seconds it runs or None for "until deleted")."""
     image = container.get("image", "")
@@ -4673,6 +4692,36 @@ class Simulator:
                 time.time())).encode()).hexdigest()
         return status
 
+    def pull_failed(self, pod, new, containers, timer, pods):
+        """An image the node cannot pull (pull_error) holds the pod Pending, as the kubelet's
+        image manager does (kubernetes pkg/kubelet/images/image_manager.go, v1.33.5,
+        EnsureImageExists): the container waits with ErrImagePull and the pull's error, then,
+        while the kubelet backs off, ImagePullBackOff 'Back-off pulling image "<image>"'; a
+        Failed event each time. True while it fails."""
+        failing = next(((c, err) for c in containers if (err := pull_error(c.get("image", "")))), None)
+        if failing is None:
+            return False
+        container, err = failing
+        image = container.get("image", "")
+        failed_at = timer.setdefault("pull_failed_at", time.monotonic())
+        backing_off = time.monotonic() - failed_at >= 1.0  # the kubelet's next sync, in its back-off
+        reason, message = ("ImagePullBackOff", 'Back-off pulling image "%s"' % image) if backing_off \
+            else ("ErrImagePull", err)
+        st = new["status"]
+        key = "initContainerStatuses" if container in (pod["spec"].get("initContainers") or []) else "containerStatuses"
+        st[key] = [self.container_status(c, {"waiting": {"reason": reason, "message": message}}, False)
+                   if c.get("name") == container.get("name") else s for c, s in zip(
+                       (pod["spec"].get("initContainers") if key == "initContainerStatuses" else pod["spec"].get(
+                           "containers")) or [], st.get(key) or [])]
+        if timer.get("pull_failed") != reason:
+            timer["pull_failed"] = reason
+            self.put(pods, new)
+            if backing_off:
+                self.event(pod, "Pod", "Normal", "BackOff", message, "kubelet")
+            else:
+                self.event(pod, "Pod", "Warning", "Failed", 'Failed to pull image "%s": %s' % (image, err), "kubelet")
+        return True
+
     def pod_conditions(self, pod, ready, initialized, started, reason=None):
         stamp = now_iso()
         old = {c["type"]: c for c in deep(pod, "status", "conditions", default=[]) or []}
@@ -4737,6 +4786,8 @@ class Simulator:
                         timer["sandbox_error"] = no_sandbox
                         self.event(pod, "Pod", "Warning", "FailedCreatePodSandBox",
                                    "Failed to create pod sandbox: " + no_sandbox, "kubelet")
+                    continue
+                if self.pull_failed(pod, new, inits + containers, timer, pods):
                     continue
                 ip = self.pod_ip(node)
                 st.update(podIP=ip, podIPs=[{"ip": ip}])

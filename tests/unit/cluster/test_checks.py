@@ -5,7 +5,10 @@ from dataclasses import replace
 import pytest
 from test_facts_parsers import h200_probe_output
 
-from bootstrap.cluster.checks import CheckResult, expected_gpu_resources, parse_busbw, render_table
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bootstrap.cluster.checks import CheckResult, _waiting, expected_gpu_resources, parse_busbw, render_table
 from bootstrap.host.facts.probe import parse_host_facts
 from bootstrap.inventory.loader import parse_inventory
 
@@ -115,3 +118,25 @@ def test_a_wait_for_what_is_a_moment_away_looks_again_soon_then_less_often(monke
     assert client.wait_for("nodes to be Ready", lambda: next(answers), timeout_s=60, interval_s=2.0,
                            first_interval_s=0.25) == "ready"
     assert pauses == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+
+
+
+# A pod's status is written by its node's kubelet: whatever shape a hostile node gives it.
+KEYS = st.sampled_from(["state", "waiting", "reason", "message", "containerStatuses", "initContainerStatuses", "x"])
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4),
+                    max_leaves=20)
+
+
+@given(st.dictionaries(KEYS, JSON, max_size=4))
+def test_a_containers_waiting_reason_is_read_from_any_shape_a_node_writes(status):
+    reason, message = _waiting(status)
+    assert isinstance(reason, str) and isinstance(message, str)
+
+
+def test_the_first_waiting_container_says_why_init_containers_first():
+    status = {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "m"}}}],
+              "initContainerStatuses": [{"state": {"terminated": {}}}, {"state": {"waiting": {"reason": "ErrImagePull",
+                                                                                            "message": 7}}}]}
+    assert _waiting(status) == ("ErrImagePull", "")
+    assert _waiting({"containerStatuses": {"state": "x"}}) == ("", "")
