@@ -48,6 +48,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     time.sleep(0.05)
             except OSError:
                 Handler.watch_ended.set()
+        elif self.path == "/nothing":
+            return  # a handler that writes nothing
+        elif self.path == "/bad-header":
+            self.send_response(200)
+            self.send_header("X-Injected", "a\r\nSet-Cookie: b")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
         elif self.path == "/slow":
             Handler.released.wait(10)
             self.reply(b"slow")
@@ -182,3 +190,28 @@ def test_an_idle_connection_gets_a_goaway(monkeypatch):
     started = time.monotonic()
     client.until(lambda: client.terminated is not None, timeout=5)
     assert isinstance(client.terminated, h2.events.ConnectionTerminated) and time.monotonic() - started < 3
+
+
+def test_a_handler_that_writes_nothing_answers_200_and_a_field_go_would_refuse_is_dropped():
+    client = Client()
+    nothing, bad = client.request("GET", "/nothing"), client.request("GET", "/bad-header")
+    client.until(lambda: client.answers[nothing]["ended"] and client.answers[bad]["ended"])
+    assert client.answers[nothing]["headers"] == {":status": "200"} and client.answers[nothing]["data"] == b""
+    assert "x-injected" not in client.answers[bad]["headers"] and client.answers[bad]["data"] == b"ok"
+
+
+def test_frames_as_large_as_the_settings_allow_are_read_from_the_first_one():
+    """kube-apiserver's 256 KiB frames hold from its first SETTINGS frame: a client's ACK and a
+    large DATA frame in one read are taken (h2 alone would apply the size at the ACK)."""
+    client = Client()
+    client.h2.receive_data(client.sock.recv(65536))  # the server's SETTINGS: the ACK is queued, not sent
+    body = b"b" * (40 * 1024)  # over the 16 KiB default; whole within the server's one read
+    assert client.h2.max_outbound_frame_size >= len(body)
+    stream = client.h2.get_next_available_stream_id()
+    client.h2.send_headers(stream, [(":method", "POST"), (":path", "/x"), (":scheme", "https"),
+                                    (":authority", "k3s")])
+    client.h2.send_data(stream, body, end_stream=True)  # one frame, after the ACK, in one write
+    client.answers[stream] = {"headers": None, "data": bytearray(), "ended": False}
+    client.flush()
+    client.until(lambda: client.answers[stream]["ended"])
+    assert bytes(client.answers[stream]["data"]) == b"40960"

@@ -23,7 +23,8 @@ read and write from two threads at once); request threads hand it frames through
 
 import http.client
 import io
-import select
+import re
+import selectors
 import socket
 import ssl
 import threading
@@ -45,11 +46,21 @@ IDLE_TIMEOUT_S = 90.0
 STREAM_WINDOW = 256 * 1024
 MAX_FRAME = 256 * 1024
 MAX_STREAMS = 100
+# Go's http2.Server advertises MaxHeaderBytes (kube-apiserver: 1 MiB, secure_serving.go) plus
+# 32 bytes for each of 10 typical fields (x/net/http2 server.go, maxHeaderListSize).
+MAX_HEADER_LIST = (1 << 20) + 10 * 32
+# After its GOAWAY, Go's server reads for 1 s before it closes (x/net/http2 server.go,
+# goAwayTimeout): a request already on the way then does not meet a TCP reset, which would
+# lose the GOAWAY that tells the client to retry elsewhere.
+GOAWAY_LINGER_S = 1.0
 # kube-apiserver's MaxRequestBodyBytes (3 MiB): a larger body is answered 413.
 MAX_BODY = 3 * 1024 * 1024
 SEND_TIMEOUT_S = 30.0
 # RFC 9113 8.2.2: connection-specific header fields are malformed in HTTP/2.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
+# A field value Go's client would refuse ("invalid header field value"): Go's server drops
+# such a field (x/net/http2 server.go, writeResHeaders via httpguts.ValidHeaderFieldValue).
+BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class StreamGone(ConnectionResetError):
@@ -65,6 +76,7 @@ class _Stream:
         self.too_large = False
         self.gone = False
         self.ended = False  # END_STREAM sent
+        self.answered = False  # HEADERS sent
 
 
 class _StreamWriter(io.RawIOBase):
@@ -91,7 +103,7 @@ class H2Exchange:
         self._h2_headers = []
 
     def send_header(self, keyword, value):
-        if keyword.lower() not in HOP_BY_HOP:
+        if keyword.lower() not in HOP_BY_HOP and not BAD_VALUE.search(str(value)):
             self._h2_headers.append((keyword.lower(), str(value)))
 
     def end_headers(self):
@@ -121,8 +133,20 @@ class Connection:
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
-        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        # Header bytes as Go's server takes them (not necessarily UTF-8): decoded as latin-1 below.
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self.h2 = h2.connection.H2Connection(config=config)
+        # kube-apiserver's settings, in force from the first frame as in Go's server (it reads
+        # by them once it has sent them); h2 would apply settings changed later only at the
+        # client's ACK, and its frame reader's limit only at the next read.
+        self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+        })
+        self.h2.max_inbound_frame_size = MAX_FRAME
+        self.h2.decoder.max_header_list_size = MAX_HEADER_LIST
 
     # --- called by request threads -------------------------------------------------------
 
@@ -140,6 +164,7 @@ class Connection:
                 self.h2.send_headers(stream.id, [(":status", str(status))] + headers)
             except h2.exceptions.StreamClosedError:
                 raise StreamGone("stream %d is closed" % stream.id)
+            stream.answered = True
         self._wake()
 
     def send_data(self, stream, data):
@@ -165,7 +190,10 @@ class Connection:
                 return
             stream.ended = True
             try:
-                self.h2.end_stream(stream.id)
+                if stream.answered:
+                    self.h2.end_stream(stream.id)
+                else:  # a handler that wrote nothing: Go's server answers 200 with no body
+                    self.h2.send_headers(stream.id, [(":status", "200")], end_stream=True)
             except h2.exceptions.ProtocolError:
                 return
         self._wake()
@@ -175,17 +203,12 @@ class Connection:
     def serve(self):
         with self.lock:
             self.h2.initiate_connection()
-            # A second SETTINGS frame: h2 applies its own side of these (the frame size it
-            # reads, the windows it grants) when the client acknowledges them, as RFC 9113
-            # 6.5.3 has it; settings given before the preface would not be applied to its reader.
-            self.h2.update_settings({
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
-            })
             # MaxUploadBufferPerConnection: the connection window grows from 65535 to it
             self.h2.increment_flow_control_window(STREAM_WINDOW * MAX_STREAMS - 65535)
         idle_since = time.monotonic()
+        events = selectors.DefaultSelector()  # not select(): file numbers over 1023 work too
+        events.register(self.sock, selectors.EVENT_READ)
+        events.register(self.wake_r, selectors.EVENT_READ)
         try:
             while not self.closed:
                 self._flush()
@@ -196,10 +219,10 @@ class Connection:
                 elif time.monotonic() - idle_since > IDLE_TIMEOUT_S:
                     with self.lock:
                         self.h2.close_connection()
-                    self._flush()
-                    return
+                        self.closed = True
+                    break
                 if not getattr(self.sock, "pending", lambda: 0)():  # TLS: bytes already decrypted
-                    ready, _, _ = select.select([self.sock, self.wake_r], [], [], 1.0)
+                    ready = [key.fileobj for key, _ in events.select(1.0)]
                     if self.wake_r in ready:
                         try:
                             while self.wake_r.recv(4096):
@@ -218,7 +241,10 @@ class Connection:
                 if not data:
                     return
                 self._receive(data)
+            self._flush()
+            self._linger()
         finally:
+            events.close()
             with self.lock:
                 self.closed = True
                 for stream in self.streams.values():
@@ -226,6 +252,19 @@ class Connection:
                 self.lock.notify_all()
             for s in (self.wake_r, self.wake_w):
                 s.close()
+
+    def _linger(self):
+        """After this side's GOAWAY: read and drop what still arrives, for GOAWAY_LINGER_S."""
+        deadline = time.monotonic() + GOAWAY_LINGER_S
+        self.sock.settimeout(0.1)
+        while time.monotonic() < deadline:
+            try:
+                if not self.sock.recv(65536):
+                    return
+            except (TimeoutError, socket.timeout, ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                continue
+            except (OSError, ssl.SSLError):
+                return
 
     def _flush(self):
         with self.lock:
@@ -244,10 +283,7 @@ class Connection:
             try:
                 events = self.h2.receive_data(data)
             except h2.exceptions.ProtocolError:
-                self.closed = True  # h2 has queued the GOAWAY: flushed below
-                events = []
-            except UnicodeDecodeError:  # a header that is not UTF-8: nothing to answer on
-                self.closed = True
+                self.closed = True  # h2 has queued the GOAWAY: flushed by the loop, then a linger
                 events = []
             for event in events:
                 if isinstance(event, h2.events.RequestReceived):
@@ -268,10 +304,11 @@ class Connection:
                     if stream is not None:
                         stream.gone = True
                 elif isinstance(event, h2.events.ConnectionTerminated):
+                    # The client's GOAWAY. Go's server would let the streams in flight end;
+                    # h2 sends nothing more once it has one (Go's Transport sends it only
+                    # when it shuts down, its requests done).
                     self.closed = True
             self.lock.notify_all()  # window updates and resets reach waiting writers
-        if self.closed:
-            self._flush()
         for stream in start:
             threading.Thread(target=self._run, args=(stream,), daemon=True).start()
 
@@ -297,9 +334,10 @@ class Connection:
             self._wake()
 
     def _handle(self, handler, stream):
-        fields = dict((k, v) for k, v in stream.headers if k.startswith(":"))
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in stream.headers]
+        fields = dict((k, v) for k, v in headers if k.startswith(":"))
         message = http.client.HTTPMessage()
-        for key, value in stream.headers:
+        for key, value in headers:
             if not key.startswith(":"):
                 message[key] = value
         if fields.get(":authority") and "host" not in message:
