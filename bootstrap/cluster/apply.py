@@ -152,11 +152,14 @@ def untraced(name: str):
 
 
 def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
-                  wait_for: list[str] | None = None, trace=untraced) -> dict:
+                  wait_for: list[str] | None = None, trace=untraced, prefetched: dict | None = None) -> dict:
     """Converge the cluster side to `plan` (or what `plan()` returns, asked once the nodes
-    are Ready); returns what changed (for the summary).
+    are Ready); returns what changed (for the summary), and under "compared" the paths read to
+    compare (what a later run may read ahead: warm_connections).
     `wait_for`: the nodes that must be Ready first (default: every node of the inventory);
-    `trace(name)`: a context manager around each part (bootstrap.progress.phase)."""
+    `trace(name)`: a context manager around each part (bootstrap.progress.phase);
+    `prefetched`: objects read a moment ago ({path: object or None}), taken instead of reading
+    them again (a run whose hosts did not change: nothing it did can have changed them)."""
     summary = {"labelled": [], "objects": [], "releases": []}
     def compared(plan) -> list[str]:
         """Everything a converged cluster is compared with. What is read of the manifests
@@ -168,7 +171,10 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     read_early = not callable(plan)
     if read_early:  # known already (a converged host side): the node list and the rest at once
         with trace("cluster: read objects"):
-            seen = get_all(cluster, [NODES] + compared(plan))
+            known = prefetched or {}
+            wanted = [NODES] + compared(plan)
+            seen = {path: known[path] for path in wanted if path in known}
+            seen.update(get_all(cluster, [path for path in wanted if path not in known]))
     with trace("cluster: nodes Ready"):
         nodes = wait_nodes_ready(cluster, [n.name for n in inventory.nodes] if wait_for is None else wait_for,
                                  first=seen.pop(NODES, None))
@@ -210,6 +216,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
            if node_labels.get(gpu_sharing.MIG_LABEL, gpu_sharing.MIG_DISABLED) != gpu_sharing.MIG_DISABLED}
     wait_mig(cluster, mig)
     summary["nodes"] = nodes  # as read: the acceptance gate (flows.gate) reads their taints, no second GET
+    summary["compared"] = [NODES] + compared(plan)
     return summary
 
 

@@ -38,6 +38,8 @@ class Cluster:
     api_client: object
     kubeconfig: Path
     open_connections: int = 1  # kept-alive connections known to be open (warm_connections)
+    # Objects read ahead on those connections (warm_connections' `paths`): {path: object or None}
+    prefetched: dict | None = None
 
     @property
     def core(self):
@@ -219,18 +221,27 @@ SEQUENTIAL_UP_TO = 4
 WARM_CONNECTIONS = 4
 
 
-def warm_connections(cluster: Cluster) -> None:
+def warm_connections(cluster: Cluster, paths: list[str] = ()) -> None:
     """WARM_CONNECTIONS requests at once: the client's pool opens (and keeps) as many
-    connections, so the parallel reads after them pay no channel or handshake."""
+    connections, so the parallel reads after them pay no channel or handshake. The first
+    requests read `paths` (cluster.prefetched: what a converged cluster side will compare,
+    read while the hosts are probed); /version fills the rest."""
+    wanted = list(dict.fromkeys(paths))
+    tasks = wanted + ["/version"] * max(0, WARM_CONNECTIONS - len(wanted))
     with ThreadPoolExecutor(max_workers=WARM_CONNECTIONS) as pool:
-        statuses = list(pool.map(lambda _: request(cluster, "GET", "/version")[0], range(WARM_CONNECTIONS)))
-    cluster.open_connections = sum(1 for status in statuses if status == 200) or 1
+        answers = list(pool.map(lambda path: request(cluster, "GET", path), tasks))
+    cluster.open_connections = min(WARM_CONNECTIONS, sum(1 for status, _ in answers if status < 500)) or 1
+    if wanted:  # as get() has them; an answer get() would raise on is read again when needed
+        cluster.prefetched = {path: (body if status < 300 else None) for path, (status, body)
+                              in zip(wanted, answers) if status < 300 or status == 404}
 
 
 def get_all(cluster: Cluster, paths: list[str]) -> dict[str, dict | None]:
     """GET every path, many at once: through the tunnel each request costs a round trip,
     and requests one after the other add up; {path: object or None}."""
     unique = list(dict.fromkeys(paths))
+    if not unique:
+        return {}
     warm = cluster.open_connections > 1  # (warm_connections): parallel costs nothing more
     if len(unique) == 1 or not warm and len(unique) <= SEQUENTIAL_UP_TO:
         return {path: get(cluster, path) for path in unique}

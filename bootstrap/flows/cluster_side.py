@@ -11,6 +11,7 @@ import time
 
 from bootstrap.cluster.apply import apply_cluster
 from bootstrap.cluster.client import connect as connect_to_cluster
+from bootstrap.cluster.read_ahead import remember
 from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 from bootstrap.flows.gate import failed_nodes, gate_phase
@@ -35,8 +36,11 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
         gpu = run.topology.gpu_nodes_of(run.inventory)
         plan = (lambda: plan_cluster(run.inventory, run.settled_facts(), gpu)) if run.reprobing \
             else plan_cluster(run.inventory, run.facts, gpu)
+        # Read ahead while the hosts were probed (host_phase.connect_early): current when no
+        # host changed since, so nothing this run did can have changed them.
         summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
-                                trace=run.console.phase)
+                                trace=run.console.phase, prefetched=None if hosts_changed else cluster.prefetched)
+        remember(run.state, summary.pop("compared"))
         held = failed_nodes(gate_phase(run, cluster, summary.pop("nodes", None)))
     for line in download_lines(run.inventory, run.settled_facts(), run.topology.gpu_nodes_of(run.inventory)):  # k3s pulls them in the background
         run.console.say(line)

@@ -22,6 +22,7 @@ from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.cluster.client import connect as connect_to_cluster, warm_connections
 from bootstrap.cluster.early_connection import EarlyConnection
+from bootstrap.cluster.read_ahead import remembered
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.preflight_phase import enforce, examine
 from bootstrap.flows.replaced_machines import clear_replaced, find_replaced
@@ -265,8 +266,10 @@ def connect_early(run: Run, after_start: bool = False) -> None:
     if not (run.state.path / "kubeconfig").exists():
         return
     close_early(run)
+    # Its first requests read what the last cluster side compared: a run that changes nothing
+    # then compares without a read of its own.
     run.early_cluster = EarlyConnection(run.connect, run.inventory, run.state,
-                                        warm=warm_connections)
+                                        warm=functools.partial(warm_connections, paths=remembered(run.state)))
     run.early_after_start = after_start
 
 

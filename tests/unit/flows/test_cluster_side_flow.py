@@ -18,7 +18,9 @@ from test_host_phase_flow import healthy_host
 from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 
 from bootstrap import progress
-from bootstrap.cluster.client import Cluster as ApiCluster
+from bootstrap.cluster.apply import DIGESTS_PATH
+from bootstrap.cluster.client import Cluster as ApiCluster, warm_connections
+from bootstrap.cluster.read_ahead import READS_FILE, remembered
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.run import Run
 from bootstrap.inventory.loader import load_inventory
@@ -119,3 +121,58 @@ def test_a_changed_sharing_setting_upgrades_only_what_it_touches(lab, helm_calls
     # The sharing config lives in an object the operator's device plugin reads, not in a
     # release's values: what changed is named, and no release is re-applied for it.
     assert len(helm_calls()) == before, helm_calls()[before:]
+
+
+def test_a_run_whose_hosts_did_not_change_compares_what_was_read_ahead(lab, helm_calls, tmp_path, monkeypatch):
+    """The cluster side keeps the paths it compared; the next run reads them on the connection
+    made while the hosts are probed, and when no host changed compares those answers without
+    reading again. When a host changed they are read again (k3s may have changed them)."""
+    inventory, state = inventory_for(tmp_path)
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[]), "gpu-1": healthy_host("gpu-1")}
+    clusters = []
+
+    @contextlib.contextmanager
+    def connect(inv, st):
+        yield clusters[-1]
+
+    def read_ahead():
+        ahead = ApiCluster(lab.api, tmp_path / "kubeconfig")
+        warm_connections(ahead, remembered(state))
+        clusters.append(ahead)
+        return ahead
+
+    clusters.append(ApiCluster(lab.api, tmp_path / "kubeconfig"))
+    cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(io.StringIO())), connect),
+                  validate=False)
+    paths = remembered(state)
+    assert paths[0] == "/api/v1/nodes" and DIGESTS_PATH in paths and len(paths) > 3
+    written = (state.path / READS_FILE).stat().st_mtime_ns
+    ahead = read_ahead()
+    assert sorted(ahead.prefetched) == sorted(paths) and ahead.prefetched[DIGESTS_PATH] is not None
+    gets = []
+    real = lab.api.call_api  # the kubernetes client's, watched: which paths the cluster side reads
+
+    def call_api(path, method, *a, **kw):
+        gets.append(path) if method == "GET" else None
+        return real(path, method, *a, **kw)
+
+    monkeypatch.setattr(lab.api, "call_api", call_api)
+    out = io.StringIO()
+    assert not cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                             validate=False, hosts_changed=False)
+    assert "cluster: no change" in out.getvalue() and not set(gets) & set(paths), gets
+    assert (state.path / READS_FILE).stat().st_mtime_ns == written  # the same paths: not written again
+    read_ahead()
+    gets.clear()
+    cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(io.StringIO())), connect),
+                  validate=False, hosts_changed=True)
+    assert set(paths) <= set(gets)
+
+
+@pytest.mark.parametrize("text", ["not json", '{"a": 1}', '["/api/v1/nodes", 7, "http://elsewhere/x", "/api/../etc"]',
+                                  json.dumps(["/api/v1/nodes"] * 300)])
+def test_a_reads_file_not_as_written_reads_nothing_ahead(tmp_path, text):
+    _, state = inventory_for(tmp_path)
+    state.ensure()
+    (state.path / READS_FILE).write_text(text)
+    assert remembered(state) in ([], ["/api/v1/nodes"])

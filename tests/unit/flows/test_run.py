@@ -6,6 +6,7 @@ import contextlib
 import io
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import gevent
 import pytest
@@ -48,13 +49,14 @@ def test_the_planners_and_the_cluster_side_read_one_resolved_inventory(k3s, tmp_
 
     def apply_cluster(cluster, inventory, plan, say, **kw):
         applied.append((inventory, plan() if callable(plan) else plan))
-        return {"labelled": [], "objects": [], "releases": [], "nodes": {}}  # no Node objects: no gate to judge
+        return {"labelled": [], "objects": [], "releases": [], "nodes": {}, "compared": []}  # no Node objects: no gate
 
     monkeypatch.setattr(cluster_side, "apply_cluster", apply_cluster)
     monkeypatch.setattr(cluster_side, "plan_cluster", lambda inventory, facts, gpu: ("plan of", inventory, facts))
     bring_up(inv, state, UpOptions(validate=False), console(),
              open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
-             connect=lambda *a: contextlib.nullcontext(object()), take_snapshot=lambda *a: Path("snap.db"))
+             connect=lambda *a: contextlib.nullcontext(SimpleNamespace(prefetched=None)),
+             take_snapshot=lambda *a: Path("snap.db"))
     assert planned and applied
     (inventory, (_, plan_inventory, facts)), = applied
     assert all(p is inventory for p in planned) and plan_inventory is inventory
@@ -139,13 +141,13 @@ def test_an_existing_clusters_api_connection_is_made_early_and_used_only_when_no
     @contextlib.contextmanager
     def connect(*a):  # the early one is made in the background, not on the run's own greenlet
         opened.append("early" if gevent.getcurrent() is not main else "in turn")
-        yield f"{opened[-1]} {len(opened)}"
+        yield SimpleNamespace(name=f"{opened[-1]} {len(opened)}", prefetched=None)
 
     main = gevent.getcurrent()
 
-    monkeypatch.setattr(host_phase, "warm_connections", lambda cluster: None)
-    monkeypatch.setattr(cluster_side, "apply_cluster", lambda cluster, *a, **kw:
-                        used.append(cluster) or {"labelled": [], "objects": [], "releases": [], "nodes": {}})
+    monkeypatch.setattr(host_phase, "warm_connections", lambda cluster, paths=(): None)
+    monkeypatch.setattr(cluster_side, "apply_cluster", lambda cluster, *a, **kw: used.append(cluster.name) or
+                        {"labelled": [], "objects": [], "releases": [], "nodes": {}, "compared": []})
     bring_up(inv, state, UpOptions(validate=False), console(),
              open_session=lambda *a: contextlib.nullcontext(JoinSession(inv, fresh_facts(inv), state)),
              connect=connect, take_snapshot=lambda *a: Path("snap.db"))
