@@ -18,6 +18,7 @@ class DelayProxy:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server = None
+        self._writers: set = set()  # both ends of every piped connection, closed by close()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -63,11 +64,13 @@ class DelayProxy:
         except OSError:
             writer.close()
             return
+        self._writers |= {writer, up_writer}
         try:
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
         finally:
             writer.close()
             up_writer.close()
+            self._writers -= {writer, up_writer}
 
     def close(self) -> None:
         """Stop listening and end every connection still piped (kept-alive HTTP/2 and SSH
@@ -75,10 +78,16 @@ class DelayProxy:
         async def shutdown():
             if self._server:
                 self._server.close()
+            # Closed sockets end their pipes as a hang-up would; a task cancelled in its
+            # connection's callback would be logged by asyncio (streams.py) as an error.
+            for writer in list(self._writers):
+                writer.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if tasks:
+                _, stuck = await asyncio.wait(tasks, timeout=5)
+                for task in stuck:
+                    task.cancel()
+                await asyncio.gather(*stuck, return_exceptions=True)
             self._loop.stop()
 
         try:
