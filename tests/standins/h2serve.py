@@ -47,9 +47,10 @@ STREAM_WINDOW = 256 * 1024
 MAX_FRAME = 256 * 1024
 MAX_STREAMS = 100
 # Go's http2.Server advertises MaxHeaderBytes (kube-apiserver: 1 MiB, secure_serving.go) plus
-# 32 bytes for each of 10 typical fields (x/net/http2 server.go, maxHeaderListSize).
+# 32 bytes for each of 10 typical fields (golang.org/x/net http2/server.go, maxHeaderListSize;
+# the x/net that k3s v1.33's Kubernetes vendors).
 MAX_HEADER_LIST = (1 << 20) + 10 * 32
-# After its GOAWAY, Go's server reads for 1 s before it closes (x/net/http2 server.go,
+# After its GOAWAY, Go's server reads for 1 s before it closes (golang.org/x/net http2/server.go,
 # goAwayTimeout): a request already on the way then does not meet a TCP reset, which would
 # lose the GOAWAY that tells the client to retry elsewhere.
 GOAWAY_LINGER_S = 1.0
@@ -59,7 +60,7 @@ SEND_TIMEOUT_S = 30.0
 # RFC 9113 8.2.2: connection-specific header fields are malformed in HTTP/2.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
 # A field value Go's client would refuse ("invalid header field value"): Go's server drops
-# such a field (x/net/http2 server.go, writeResHeaders via httpguts.ValidHeaderFieldValue).
+# such a field (golang.org/x/net http2/server.go, writeResHeaders: httpguts.ValidHeaderFieldValue).
 BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 

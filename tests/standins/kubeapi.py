@@ -2809,8 +2809,10 @@ def run_nbody(args, ctx):
 def pull_error(image):
     """containerd's error for an image whose registry cannot be resolved, or None: a registry
     host under .invalid (RFC 2606: never resolves), as any node would fail it. The text is
-    containerd 2.0's (pkg/cri/server/images/image_pull.go: "failed to pull and unpack image",
-    remotes/docker/resolver.go: "failed to resolve reference") as the kubelet gets it over gRPC."""
+    containerd v2.0's, which k3s v1.33 ships (containerd/containerd v2.0.5,
+    internal/cri/server/images/image_pull.go: "failed to pull and unpack image %q: %w";
+    core/remotes/docker/resolver.go: "failed to resolve reference"), as the kubelet gets it
+    over gRPC ("rpc error: code = Unknown desc = ...")."""
     first = image.split("/", 1)[0]
     if "/" not in image or not ("." in first or ":" in first or first == "localhost"):
         return None
