@@ -4710,11 +4710,11 @@ class Simulator:
         reason, message = ("ImagePullBackOff", 'Back-off pulling image "%s"' % image) if backing_off \
             else ("ErrImagePull", err)
         st = new["status"]
-        key = "initContainerStatuses" if container in (pod["spec"].get("initContainers") or []) else "containerStatuses"
+        inits = pod["spec"].get("initContainers") or []
+        key, siblings = ("initContainerStatuses", inits) if container in inits else \
+            ("containerStatuses", pod["spec"].get("containers") or [])
         st[key] = [self.container_status(c, {"waiting": {"reason": reason, "message": message}}, False)
-                   if c.get("name") == container.get("name") else s for c, s in zip(
-                       (pod["spec"].get("initContainers") if key == "initContainerStatuses" else pod["spec"].get(
-                           "containers")) or [], st.get(key) or [])]
+                   if c.get("name") == container.get("name") else s for c, s in zip(siblings, st.get(key) or [])]
         if timer.get("pull_failed") != reason:
             timer["pull_failed"] = reason
             self.put(pods, new)

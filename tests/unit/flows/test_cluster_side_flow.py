@@ -176,3 +176,12 @@ def test_a_reads_file_not_as_written_reads_nothing_ahead(tmp_path, text):
     state.ensure()
     (state.path / READS_FILE).write_text(text)
     assert remembered(state) in ([], ["/api/v1/nodes"])
+
+
+def test_a_reads_file_that_is_a_symlink_is_not_followed(tmp_path):
+    _, state = inventory_for(tmp_path)
+    state.ensure()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('["/api/v1/nodes"]')
+    (state.path / READS_FILE).symlink_to(elsewhere)
+    assert remembered(state) == []
