@@ -56,6 +56,13 @@ OWNED_PREFIXES = {"etcd-s3": "set k3s.snapshots.s3 (the tool writes every etcd-s
 EVICTION_ARGS = (("kube-apiserver-arg", "default-not-ready-toleration-seconds"),
                  ("kube-apiserver-arg", "default-unreachable-toleration-seconds"),
                  ("kube-controller-manager-arg", "node-monitor-grace-period"))
+# node-monitor-grace-period never below 50 s: a kubelet may take 45 s to drop a stalled HTTP/2
+# connection to the API server (HTTP2_READ_IDLE_TIMEOUT_SECONDS 30 + HTTP2_PING_TIMEOUT_SECONDS
+# 15, kubernetes/kubernetes#121793), and a healthy node whose status updates wait that long
+# would be marked NotReady and its pods evicted. 50 s is kube-controller-manager's default
+# since v1.32 for that reason (kubernetes/kubernetes#126287). So k3s.lost_node_eviction_s
+# (grace plus toleration) is at least this.
+NODE_MONITOR_GRACE_MIN_S = 50
 
 
 def arg_name(arg: object) -> str:

@@ -10,7 +10,7 @@ from bootstrap.inventory.cron import schedule_error
 from bootstrap.inventory.kube import label_value_error, node_label_key_error, taint_error
 from bootstrap.inventory.source import Path
 from bootstrap.inventory.spec import (INVALID, Bool, Checker, Enum, Field, Int, ListOf, MapOf, Number, Record, Spec, Str, cidr_error, describe_type)
-from bootstrap.checks.k3s_flags import EVICTION_ARGS, arg_name, component_args, flag_problem
+from bootstrap.checks.k3s_flags import EVICTION_ARGS, NODE_MONITOR_GRACE_MIN_S, arg_name, component_args, flag_problem
 from bootstrap.checks.k3s_versions import VERSION_PATTERN
 
 DRIVER_MODES = ("preinstalled", "host", "operator")
@@ -229,8 +229,15 @@ K3S = Record(
         "cluster_cidr": Field(Str(validator=cidr_error, example="10.42.0.0/16")),
         "service_cidr": Field(Str(validator=cidr_error, example="10.43.0.0/16")),
         "snapshots": Field(SNAPSHOTS),
-        # The kubelet reports every 10 s: below 20 s a healthy node would be marked NotReady.
-        "lost_node_eviction_s": Field(Int(min=20, max=3600, expected="seconds", example="60")),
+        # Grace period plus toleration: the grace period alone is never below
+        # NODE_MONITOR_GRACE_MIN_S (a kubelet's stalled connection), so neither is the total.
+        "lost_node_eviction_s": Field(Int(
+            min=NODE_MONITOR_GRACE_MIN_S, max=3600, expected="seconds", example="60",
+            min_reason=(f"a node is marked lost {NODE_MONITOR_GRACE_MIN_S} s after its last status at the earliest: "
+                        "a healthy kubelet may take 45 s to drop a stalled connection to the API server "
+                        "(kubernetes/kubernetes#121793; 50 s is kube-controller-manager's default since "
+                        "v1.32, kubernetes/kubernetes#126287), and an earlier eviction would evict every "
+                        "pod of that healthy node"))),
         "server_config": Field(k3s_flags("server")),
         "agent_config": Field(k3s_flags("agent")),
     },

@@ -131,12 +131,14 @@ class Int(Spec):
     max: int | None = None
     expected: str = "a whole number"
     example: str | None = None
+    min_reason: str | None = None  # why the minimum is what it is, said with a value below it
 
     def check(self, value, path, ck):
         if isinstance(value, bool) or not isinstance(value, int):
             return self.wrong_type(value, path, ck)
         if self.min is not None and value < self.min:
-            ck.problem(path, f"{value} is below the minimum of {self.min}", f"write a number of at least {self.min}")
+            reason = f": {self.min_reason}" if self.min_reason else ""
+            ck.problem(path, f"{value} is below the minimum of {self.min}{reason}", f"write a number of at least {self.min}")
             return INVALID
         if self.max is not None and value > self.max:
             ck.problem(path, f"{value} is above the maximum of {self.max}", f"write a number of at most {self.max}")

@@ -12,7 +12,7 @@ import yaml
 from bootstrap.cluster.gate_rules import taint_flag
 from bootstrap.host.plan.join_tokens import JoinTokens
 from bootstrap.inventory.model import Inventory, NetworkMode, Node, Role
-from bootstrap.checks.k3s_flags import arg_name
+from bootstrap.checks.k3s_flags import NODE_MONITOR_GRACE_MIN_S, arg_name
 from bootstrap.checks.providers import topology_labels
 from bootstrap.state.secrets import secret_value
 
@@ -27,11 +27,12 @@ SUPERVISOR_PORT = 6443
 # default-not-ready- and default-unreachable-toleration-seconds, the DefaultTolerationSeconds
 # admission plugin, plugin/pkg/admission/defaulttolerationseconds/admission.go): about six
 # minutes of a spot loss before its pods start elsewhere (kubernetes-sigs/kubespray#7112).
-# A private network gets about a minute; the grace stays at v1.32's 50 s, above the 45 s a
-# kubelet may take to drop a broken HTTP/2 connection (HTTP2_READ_IDLE_TIMEOUT_SECONDS 30 +
-# HTTP2_PING_TIMEOUT_SECONDS 15, #121793). Internet paths flap: public mode waits longer.
+# A private network gets about a minute; the grace never goes below v1.32's 50 s
+# (NODE_MONITOR_GRACE_MIN_S: above the 45 s a kubelet may take to drop a broken HTTP/2
+# connection, #121793), so a shorter total is refused when the inventory is read. Internet
+# paths flap: public mode waits longer.
 LOST_NODE_EVICTION_S = {NetworkMode.PRIVATE: 60, NetworkMode.PUBLIC: 180}
-NODE_MONITOR_GRACE_S = {NetworkMode.PRIVATE: 50, NetworkMode.PUBLIC: 60}
+NODE_MONITOR_GRACE_S = {NetworkMode.PRIVATE: NODE_MONITOR_GRACE_MIN_S, NetworkMode.PUBLIC: 60}
 
 
 def _is_ip(text: str) -> bool:
@@ -149,8 +150,10 @@ def eviction_args(inventory: Inventory) -> dict[str, list[str]]:
     its last heartbeat (by default LOST_NODE_EVICTION_S for the network mode)."""
     mode = NetworkMode.PUBLIC if inventory.network.public else NetworkMode.PRIVATE
     total = inventory.k3s.lost_node_eviction_s or LOST_NODE_EVICTION_S[mode]
-    grace = min(NODE_MONITOR_GRACE_S[mode], total)
-    toleration = total - grace
+    # The inventory refuses a total below NODE_MONITOR_GRACE_MIN_S; max() keeps the floor for
+    # an Inventory built by hand.
+    grace = max(NODE_MONITOR_GRACE_MIN_S, min(NODE_MONITOR_GRACE_S[mode], total))
+    toleration = max(0, total - grace)
     return {"kube-apiserver-arg": [f"default-not-ready-toleration-seconds={toleration}",
                                    f"default-unreachable-toleration-seconds={toleration}"],
             "kube-controller-manager-arg": [f"node-monitor-grace-period={grace}s"]}

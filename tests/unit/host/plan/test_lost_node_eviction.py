@@ -50,12 +50,45 @@ def test_public_mode_waits_longer_because_internet_paths_flap():
                                  "default-unreachable-toleration-seconds=120"], ["node-monitor-grace-period=60s"])
 
 
-@pytest.mark.parametrize("seconds, toleration, grace", [(90, 40, 50), (60, 10, 50), (30, 0, 30), (600, 550, 50)])
+@pytest.mark.parametrize("seconds, toleration, grace", [(90, 40, 50), (60, 10, 50), (50, 0, 50), (600, 550, 50)])
 def test_the_inventory_key_sets_the_total(seconds, toleration, grace):
     server, _ = server_and_agent(inventory(f"{{lost_node_eviction_s: {seconds}}}"))
     assert eviction(server) == ([f"default-not-ready-toleration-seconds={toleration}",
                                  f"default-unreachable-toleration-seconds={toleration}"],
                                 [f"node-monitor-grace-period={grace}s"])
+
+
+@pytest.mark.parametrize("seconds, grace", [(50, 50), (55, 55), (60, 60), (180, 60)])
+def test_public_mode_keeps_the_grace_period_at_50_s_or_more(seconds, grace):
+    server, _ = server_and_agent(inventory(f"{{lost_node_eviction_s: {seconds}}}", "{mode: public}"))
+    assert server["kube-controller-manager-arg"] == [f"node-monitor-grace-period={grace}s"]
+
+
+@pytest.mark.parametrize("seconds", [20, 30, 45, 49])
+def test_a_total_below_the_kubelets_connection_stall_is_refused_with_the_reason(seconds):
+    """A grace period under 50 s marks a healthy node lost while its kubelet waits out a stalled
+    HTTP/2 connection (45 s, kubernetes#121793), and evicts every pod on it."""
+    (found,) = problems(f"{{lost_node_eviction_s: {seconds}}}")
+    assert found.path == "k3s.lost_node_eviction_s" and found.line == 2
+    assert found.message.startswith(f"{seconds} is below the minimum of 50: ")
+    assert "kubernetes/kubernetes#121793" in found.message and "kubernetes/kubernetes#126287" in found.message
+    assert "healthy" in found.message and found.hint == "write a number of at least 50"
+
+
+def test_an_inventory_built_by_hand_still_gets_a_50_s_grace_period():
+    import dataclasses
+
+    inv = inventory()
+    inv = dataclasses.replace(inv, k3s=dataclasses.replace(inv.k3s, lost_node_eviction_s=30))
+    assert k3sconfig.eviction_args(inv)["kube-controller-manager-arg"] == ["node-monitor-grace-period=50s"]
+
+
+def test_the_shipped_spot_inventory_keeps_a_50_s_grace_period():
+    from pathlib import Path
+
+    path = Path(__file__).parents[4] / "inventories" / "spot-timeslicing.yaml"
+    inv = parse_inventory(path.read_text(), str(path))
+    assert k3sconfig.eviction_args(inv)["kube-controller-manager-arg"] == ["node-monitor-grace-period=50s"]
 
 
 def test_a_users_argument_of_the_same_name_wins_and_is_not_written_twice():
@@ -92,7 +125,7 @@ def test_the_key_and_the_same_argument_under_server_config_are_refused_with_the_
     inventory('{lost_node_eviction_s: 60, server_config: {kube-apiserver-arg: ["audit-log-maxage=7"]}}')
 
 
-@pytest.mark.parametrize("value, words", [(10, "10 is below the minimum of 20"), (7200, "above the maximum of 3600"),
+@pytest.mark.parametrize("value, words", [(10, "10 is below the minimum of 50"), (7200, "above the maximum of 3600"),
                                           ('"1m"', "expected seconds")])
 def test_a_value_out_of_range_is_refused(value, words):
     (found,) = problems(f"{{lost_node_eviction_s: {value}}}")
