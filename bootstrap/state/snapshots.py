@@ -40,6 +40,13 @@ def is_ours(name: str, cluster_id: str) -> bool:
     return bool(snapshot_pattern(cluster_id).fullmatch(name))
 
 
+def chosen_by_us(answered: str, asked: str) -> bool:
+    """Whether the file name a server answered is the name `take` asked k3s for (`asked`:
+    this cluster's prefix and the operator's UTC time) with only k3s's `-<node>-<unix time>`
+    after it."""
+    return bool(re.fullmatch(re.escape(asked) + _K3S_SUFFIX, answered, re.ASCII))
+
+
 _NAME_TIME_FORMAT = "%Y%m%d-%H%M%S"
 _NAMED_TIME = re.compile(r"bootstrap-[0-9a-f]+-([0-9]{8}-[0-9]{6})(z?)-.*-([0-9]+)(\.zip)?", re.ASCII)
 
@@ -191,9 +198,12 @@ def take(inventory: Inventory, state: StateDir, server: Node | None = None, ssh=
             client.close()
     first, _, data = data.partition(b"\n")
     remote = first.decode(errors="replace").strip()
-    # Only a name of our own pattern becomes a local file name.
-    if not is_ours(remote, state.cluster_id):
-        raise BootstrapError(f"k3s saved no snapshot named {name} in {SNAPSHOT_DIR} on {server.name}")
+    # Only the name asked for, with what k3s appends, becomes a local file name: snapshots
+    # are ordered by the time in their names, so a server that answered a name of its own
+    # (dated 9999-12-31) would stay newest() for good and be what a restore picks.
+    if not chosen_by_us(remote, name):
+        raise BootstrapError(f"{server.name} answered a snapshot name that is not the one asked for "
+                             f"({name}-<node>-<unix time>): {remote[:120]!r}; no snapshot was kept")
     token = state.read_secret("token")  # before anything is written: a snapshot without it is useless
     target = state.write_secret(f"snapshots/{remote}", data)
     state.write_secret(f"snapshots/{remote}.token", token + "\n")

@@ -200,7 +200,7 @@ def test_a_snapshot_is_not_taken_with_an_empty_token(tmp_path, server):
 def snapshot_answer(command: bytes, _stdin: bytes) -> tuple[int, bytes]:
     """What `k3s etcd-snapshot save` answers through take's one command: the name k3s gave
     the file (ours plus -<node>-<unix time>), then its bytes."""
-    name = re.search(rb"--name '?(bootstrap-[0-9a-f]+-[0-9]{8}-[0-9]{6})", command).group(1).decode()
+    name = re.search(rb"--name '?(bootstrap-[0-9a-f]+-[0-9]{8}-[0-9]{6}z)", command).group(1).decode()
     return 0, f"{name}-box-1-{int(time.time())}\n".encode() + b"etcd data"
 
 
@@ -265,6 +265,40 @@ def test_order_and_ages_come_from_the_names_not_the_files_mtimes(tmp_path):
     assert snapshots.newest(state).age(now) == "2 h 0 min"
     snapshots.prune(state, keep=1)
     assert new.exists() and not old.exists() and not (old.parent / (old.name + ".token")).exists()
+
+
+@pytest.mark.parametrize("answered", [
+    "bootstrap-{id}-99991231-235959z-box-1-253402300799",  # dated in year 9999: newest() for good
+    "bootstrap-{id}-20261203-091500z-box-1-1",  # this cluster's pattern, another time than asked
+    "{asked}-box-1-253402300799/../../x",  # what k3s appends, and then more
+    "{asked}",  # without what k3s appends
+])
+def test_a_snapshot_name_the_server_made_up_is_never_kept_nor_picked(tmp_path, server, answered):
+    """Issue 32: take() kept whatever name of this cluster's pattern the server answered; a
+    name dated 9999-12-31 then stayed newest() for good and a restore picked it."""
+    state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml")))
+    state.write_secret("token", "t\n")
+    earlier = snapshot_named(state, time.time() - 3600)
+
+    def answer(command, _stdin):
+        asked = re.search(rb"--name '?(bootstrap-[0-9a-f]+-[0-9]{8}-[0-9]{6}z)", command).group(1).decode()
+        return 0, answered.format(id=state.cluster_id, asked=asked).encode() + b"\netcd data"
+
+    client = server(answer)
+    with pytest.raises(BootstrapError, match="not the one asked for") as caught:
+        snapshots.take(state.inventory, state, ssh=lambda name: client)
+    assert "no snapshot was kept" in caught.value.message
+    assert sorted(p.name for p in snapshots.local_dir(state).iterdir()) == [earlier.name, earlier.name + ".token"]
+    assert snapshots.newest(state).path == earlier
+
+
+def test_the_name_k3s_gave_the_name_asked_for_is_kept(tmp_path, server):
+    state = StateDir(load_inventory(inventory_file(tmp_path / "inv.yaml")))
+    state.write_secret("token", "t\n")
+    client = server()
+    taken = snapshots.take(state.inventory, state, ssh=lambda name: client)
+    assert snapshots.newest(state).path == taken and taken.read_bytes() == b"etcd data"
+    assert snapshots.chosen_by_us(taken.name, taken.name.rsplit("-box-1-", 1)[0])
 
 
 def test_names_carry_utc_so_the_hour_repeated_when_daylight_saving_ends_keeps_its_order(tmp_path, monkeypatch):
