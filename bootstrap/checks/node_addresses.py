@@ -15,10 +15,18 @@ restarts it, forever. So `node-ip` is always one of the host's own addresses:
 1. `nodes[].node_ip` when the inventory gives one (preflight refuses one the host lacks);
 2. the address on `k3s.flannel_iface` when that is set (the interface pod traffic uses);
 3. the inventory address, when the host holds it (no NAT);
-4. else the host address whose interface reaches the most other nodes on a route of its
+4. the node-ip the node's k3s runs with (its own config.yaml), while the host still holds it:
+   a running node keeps its address until the operator changes the inventory (1-3), so a
+   changed peer, or a changed rule, never rewrites its config and restarts its k3s;
+5. else the host address whose interface reaches the most other nodes on a route of its
    own (a shared subnet, a VPC route), ties going to the default route's interface: what
    k3s picks without `node-ip` (apimachinery's ChooseHostInterface, kubernetes/kubernetes
    staging/src/k8s.io/apimachinery/pkg/util/net/interface.go, commit 03aacde).
+
+A node is judged by the inventory and by its own answers only: the other nodes are reached
+at the addresses the operator wrote for them (`node_ip`, `address`), never at the addresses
+they list themselves. A host that lists 172.18.0.99/16 would otherwise make a server's
+docker network "reach" it and move the server's node-ip there.
 
 `node-external-ip` is the inventory address when it is an IP and differs from `node-ip`.
 """
@@ -113,16 +121,14 @@ def _source(route: Route | None, own: list[InterfaceAddress]) -> InterfaceAddres
     return by_src or next((a for a in own if a.interface == route.interface), None)
 
 
-def _peer_ips(inventory: Inventory, node: Node, facts: dict[str, HostFacts]) -> dict[str, list]:
-    """Every address another node may be reached at: its node_ip, its inventory address, its
-    own interface addresses."""
+def _peer_ips(inventory: Inventory, node: Node) -> dict[str, list]:
+    """The addresses the operator wrote for each other node (its node_ip, its inventory
+    address): never what that host lists itself, which it may make up."""
     peers: dict[str, list] = {}
     for other in inventory.nodes:
         if other.name == node.name:
             continue
         ips = [_ip(other.node_ip), _ip(other.address)]
-        if other.name in facts:
-            ips += [_ip(a.address) for a in candidates(inventory, facts[other.name])]
         peers[other.name] = [ip for ip in ips if ip is not None]
     return peers
 
@@ -138,6 +144,12 @@ def _reach(facts: HostFacts, own: InterfaceAddress, peers: dict[str, list]) -> l
                 reached.append(name)
                 break
     return reached
+
+
+def _running(host: HostFacts, own: list[InterfaceAddress]) -> InterfaceAddress | None:
+    """The candidate address equal to the node-ip in the host's k3s config.yaml, if any."""
+    running = _ip(host.k3s.node_ip) if host.k3s else None
+    return next((a for a in own if running is not None and _ip(a.address) == running), None)
 
 
 def choose(inventory: Inventory, node: Node, facts: dict[str, HostFacts]) -> NodeAddresses:
@@ -162,9 +174,12 @@ def choose(inventory: Inventory, node: Node, facts: dict[str, HostFacts]) -> Nod
             return result(on_iface.address, f"the address of k3s.flannel_iface {iface}")
     if public and on_host(host, public):
         return result(public, "the inventory address, on " + on_host(host, public).interface)
+    running = _running(host, own)
+    if running:
+        return result(running.address, f"the node-ip its k3s runs with, on {running.interface}")
     if not own:
         return NodeAddresses(None, public, "no global address on the host", bool(public))
-    peers = _peer_ips(inventory, node, facts)
+    peers = _peer_ips(inventory, node)
     default = _source(route_to(host, ipaddress.ip_address("::" if _family(inventory) == 6 else "0.0.0.0")), own)
     reach = {a.address: _reach(host, a, peers) for a in own}
     best = max(own, key=lambda a: (len(reach[a.address]), a is default))

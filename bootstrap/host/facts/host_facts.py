@@ -93,6 +93,7 @@ class K3sInstall(_ToDict):
     version: str | None = None  # "v1.31.4+k3s1"
     config_present: bool = False  # /etc/rancher/k3s/config.yaml
     units: list[SystemdUnit] = field(default_factory=list)  # k3s.service, k3s-agent.service
+    node_ip: str | None = None  # config.yaml's node-ip: the address the node runs with
 
     def unit(self, name: str) -> SystemdUnit | None:
         wanted = name if "." in name else f"{name}.service"

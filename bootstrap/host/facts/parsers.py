@@ -394,11 +394,23 @@ class K3sFiles(NamedTuple):
     binary: str | None
     version: str | None
     config_present: bool
+    node_ip: str | None = None
+
+
+def _node_ip(value: str) -> str | None:
+    """config.yaml's `node-ip:` value as the tool writes it (one IP, maybe quoted), canonical;
+    None for anything else (a list, a comma list, garbage). At most 64 characters are read."""
+    text = value.strip()[:64].strip("'\"")
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
 
 
 def parse_k3s(lines: Iterable[str] | None) -> K3sFiles:
-    """Probe's k3s section: "binary: PATH", `k3s --version` output, "config: present"."""
-    binary = version = None
+    """Probe's k3s section: "binary: PATH", `k3s --version` output, "config: present", and
+    config.yaml's first `node-ip:` line."""
+    binary = version = node_ip = None
     config = False
     for line in _clean(lines):
         line = line.strip()
@@ -408,7 +420,9 @@ def parse_k3s(lines: Iterable[str] | None) -> K3sFiles:
             version = m[1]
         elif line == "config: present":
             config = True
-    return K3sFiles(binary, version, config)
+        elif line.startswith("node-ip:") and node_ip is None:
+            node_ip = _node_ip(line[len("node-ip:"):])
+    return K3sFiles(binary, version, config, node_ip)
 
 
 def parse_systemd_units(lines: Iterable[str] | None) -> list[SystemdUnit]:

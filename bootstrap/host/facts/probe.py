@@ -114,9 +114,15 @@ p_pci() {
   done
   return 0
 }
+# The node-ip a running node was given (bootstrap.checks.node_addresses keeps it); config.yaml
+# holds the token, so it is root's: read as root, its node-ip line only.
+p_node_ip() {
+  if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n grep -m1 '^node-ip:' @@K3S_CONFIG@@
+  else grep -m1 '^node-ip:' @@K3S_CONFIG@@; fi
+}
 p_k3s() {
   if has k3s; then echo "binary: $(command -v k3s)"; k3s --version; fi
-  if [ -e @@K3S_CONFIG@@ ]; then echo "config: present"; else echo "config: absent"; fi
+  if [ -e @@K3S_CONFIG@@ ]; then echo "config: present"; p_node_ip || true; else echo "config: absent"; fi
 }
 p_units() {
   has systemctl || return 127
@@ -408,7 +414,7 @@ def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
     units = [u for u in p.parse_systemd_units(_ok(sections, "k3s-units")) if u.present]
     if files.binary is None and not files.config_present and not units:
         return None
-    return K3sInstall(files.binary, files.version, files.config_present, units)
+    return K3sInstall(files.binary, files.version, files.config_present, units, files.node_ip)
 
 
 def _xid_facts(sections: dict[str, Section]) -> dict:

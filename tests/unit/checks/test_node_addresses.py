@@ -1,13 +1,16 @@
 """node-ip from the host's own addresses: the probe's `ip` sections, their parsers, the choice
 (bootstrap.checks.node_addresses), the k3s config it makes and preflight's refusals."""
 
+import hashlib
+import ipaddress
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, strategies as st
 from test_facts_parsers import section
 
-from bootstrap.host.facts.host_facts import HostFacts
-from bootstrap.host.facts.parsers import parse_ip_addr, parse_ip_route
+from bootstrap.host.facts.host_facts import FileState, HostFacts, K3sInstall
+from bootstrap.host.facts.parsers import parse_ip_addr, parse_ip_route, parse_k3s
 from bootstrap.host.facts.probe import PROBE_SCRIPT, parse_host_facts
 from bootstrap.host.plan import k3sconfig
 from bootstrap.inventory.loader import parse_inventory
@@ -102,7 +105,7 @@ def test_behind_nat_node_ip_is_the_private_address_and_the_public_one_is_externa
     facts = {"cp-1": nat_host("172.31.5.10"), "gpu-1": nat_host("172.31.7.20")}
     chosen = choose(INV, INV.node("cp-1"), facts)
     assert (chosen.internal, chosen.external, chosen.nat) == ("172.31.5.10", "203.0.113.10", True)
-    assert "reaches gpu-1" in chosen.how  # the shared subnet, not just the default route
+    assert chosen.how == "on ens5, which reaches gpu-2"  # gpu-2's node_ip; gpu-1's own addresses do not count
     resolved = with_node_ips(INV, facts)
     server = k3sconfig.node_config(resolved, resolved.node("cp-1"), TOKENS)
     agent = k3sconfig.node_config(resolved, resolved.node("gpu-1"), TOKENS)
@@ -146,10 +149,13 @@ def test_the_interface_that_reaches_the_other_nodes_wins_over_the_default_route(
     peer = host("2: ens5    inet 10.0.2.6/24 scope global ens5\\ x\n3: ib0    inet 192.168.50.6/24 scope global ib0\\ x\n",
                 "# inet\ndefault via 10.0.2.1 dev ens5\n")
     inv = parse_inventory("cluster: t\nnodes:\n  - {name: a, address: 203.0.113.1, role: server}\n"
-                          "  - {name: b, address: 203.0.113.2}\n")
+                          "  - {name: b, address: 203.0.113.2, node_ip: 192.168.50.6}\n")
     chosen = choose(inv, inv.node("a"), {"a": two_nics, "b": peer})
     assert chosen.internal == "192.168.50.5" and "ib0, which reaches b" in chosen.how
-    alone = choose(inv, inv.node("a"), {"a": two_nics})  # nobody to reach: the default route's interface
+    # b's ib0 address as b lists it, not written by the operator: the default route's interface
+    unnamed = parse_inventory("cluster: t\nnodes:\n  - {name: a, address: 203.0.113.1, role: server}\n"
+                              "  - {name: b, address: 203.0.113.2}\n")
+    alone = choose(unnamed, unnamed.node("a"), {"a": two_nics, "b": peer})
     assert alone.internal == "10.0.1.5" and "default route" in alone.how
 
 
@@ -230,3 +236,92 @@ def test_make_plans_joins_over_the_private_address_of_the_server_it_joins(join_v
     config = next(u.content.decode() for u in plans["gpu-1"].uploads if u.path == "/etc/rancher/k3s/config.yaml")
     assert f"server: https://172.31.5.{11 if join_via else 10}:6443" in config
     assert "node-ip: 172.31.7.20" in config and "node-external-ip: 203.0.113.21" in config
+
+
+# --- a node is judged by the inventory and its own answers (issue 32, item 11) ----------
+
+# cp-1 behind NAT with a docker network of its own (a user-defined bridge: `br-<id>`).
+DOCKER_SERVER = host("2: ens5    inet 172.31.5.10/20 scope global dynamic ens5\\ x\n"
+                     "7: br-5e1f0c    inet 172.18.0.1/16 brd 172.18.255.255 scope global br-5e1f0c\\ x\n",
+                     "# inet\ndefault via 172.31.0.1 dev ens5 src 172.31.5.10\n"
+                     "172.31.0.0/20 dev ens5 proto kernel scope link src 172.31.5.10\n"
+                     "172.18.0.0/16 dev br-5e1f0c proto kernel scope link src 172.18.0.1\n")
+# A hostile agent: it lists an address inside cp-1's docker network as one of its own.
+HOSTILE_PEER = host("2: ens5    inet 172.18.0.99/16 scope global ens5\\ x\n",
+                    "# inet\ndefault via 172.18.0.1 dev ens5\n")
+
+
+TWO_NODES = parse_inventory("cluster: t\nnodes:\n  - {name: cp-1, address: 203.0.113.10, role: server}\n"
+                            "  - {name: gpu-1, address: 203.0.113.21}\n")
+
+
+def test_a_peer_listing_an_address_in_a_servers_docker_network_does_not_move_its_node_ip():
+    """A fresh cluster: gpu-1's made-up 172.18.0.99 had made cp-1's docker bridge the
+    interface that "reaches" it, and cp-1's node-ip 172.18.0.1."""
+    facts = {"cp-1": DOCKER_SERVER, "gpu-1": HOSTILE_PEER}
+    chosen = choose(TWO_NODES, TWO_NODES.node("cp-1"), facts)
+    assert chosen.internal == "172.31.5.10" and chosen.how == "on ens5, the default route's interface"
+    assert chosen == choose(TWO_NODES, TWO_NODES.node("cp-1"), {"cp-1": DOCKER_SERVER})
+    resolved = with_node_ips(TWO_NODES, facts)
+    assert k3sconfig.node_config(resolved, resolved.node("cp-1"), TOKENS)["node-ip"] == "172.31.5.10"
+
+
+def test_what_the_operator_wrote_for_a_peer_still_counts():
+    """The inventory's node_ip of gpu-2 (172.31.9.9) is on cp-1's ens6 subnet: ens6 wins over
+    the default route, as before; the same address listed by gpu-2 itself would not."""
+    two = host("2: ens5    inet 10.0.1.5/24 scope global ens5\\ x\n3: ens6    inet 172.31.9.1/24 scope global ens6\\ x\n",
+               "# inet\ndefault via 10.0.1.1 dev ens5\n172.31.9.0/24 dev ens6 scope link src 172.31.9.1\n")
+    chosen = choose(INV, INV.node("cp-1"), {"cp-1": two})
+    assert chosen.internal == "172.31.9.1" and "ens6, which reaches gpu-2" in chosen.how
+
+
+def running(facts: HostFacts, node_ip: str) -> HostFacts:
+    return replace(facts, k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [], node_ip))
+
+
+def test_a_running_node_keeps_the_node_ip_it_runs_with():
+    """cp-1 runs with node-ip 10.0.1.5 (ens5); an inventory change (gpu-2's node_ip, on its
+    ens6 subnet) would make ens6 the choice of a fresh node, not of this one. What the
+    operator names (node_ip, flannel_iface) still wins; an address the host lost is not kept."""
+    two = host("2: ens5    inet 10.0.1.5/24 scope global ens5\\ x\n3: ens6    inet 172.31.9.1/24 scope global ens6\\ x\n",
+               "# inet\ndefault via 10.0.1.1 dev ens5\n172.31.9.0/24 dev ens6 scope link src 172.31.9.1\n")
+    kept = choose(INV, INV.node("cp-1"), {"cp-1": running(two, "10.0.1.5")})
+    assert kept.internal == "10.0.1.5" and "runs with" in kept.how
+    assert choose(INV, INV.node("cp-1"), {"cp-1": running(two, "10.0.1.77")}).internal == "172.31.9.1"  # gone
+    named = replace(INV, nodes=tuple(replace(n, node_ip="172.31.9.1") if n.name == "cp-1" else n for n in INV.nodes))
+    assert choose(named, named.node("cp-1"), {"cp-1": running(two, "10.0.1.5")}).internal == "172.31.9.1"
+    iface = replace(INV, k3s=replace(INV.k3s, flannel_iface="ens6"))
+    assert choose(iface, iface.node("cp-1"), {"cp-1": running(two, "10.0.1.5")}).internal == "172.31.9.1"
+
+
+def test_an_existing_cluster_with_a_hostile_peer_keeps_its_config_and_k3s_running():
+    """The next `up` after a peer starts listing cp-1's docker network: cp-1's config.yaml is
+    not rewritten and its k3s not restarted, even where the node-ip came from an older rule."""
+    from bootstrap.host.plan.all_hosts import make_plans
+    from bootstrap.host.parts.k3s_service import CONFIG
+    from test_golden import TOKENS as GOLDEN_TOKENS, online_artifacts
+
+    inv = replace(TWO_NODES, k3s=replace(TWO_NODES.k3s, version="v1.33.5+k3s1"))
+    artifacts = {None: online_artifacts("v1.33.5+k3s1", "amd64")}
+    first = make_plans(inv, {"cp-1": DOCKER_SERVER}, GOLDEN_TOKENS, artifacts, "id").plans["cp-1"]
+    config = next(u for u in first.uploads if u.path == CONFIG)
+    assert b"node-ip: 172.31.5.10\n" in config.content
+    written = replace(running(DOCKER_SERVER, "172.31.5.10"),
+                      files={CONFIG: FileState(0o600, hashlib.sha256(config.content).hexdigest())})
+    again = make_plans(inv, {"cp-1": written, "gpu-1": HOSTILE_PEER}, GOLDEN_TOKENS, artifacts, "id").plans["cp-1"]
+    assert CONFIG not in [u.path for u in again.uploads] and again.service != "restart"
+
+
+def test_the_probe_reads_the_node_ip_a_node_runs_with():
+    lines = ["config: present", "node-ip: 172.31.5.10", "node-ip: 10.9.9.9"]
+    assert parse_host_facts(section("k3s", lines)).k3s.node_ip == "172.31.5.10"  # the first, as k3s reads it
+    assert "grep -m1 '^node-ip:' /etc/rancher/k3s/config.yaml" in PROBE_SCRIPT
+    for value, read in [("'fd10::5'", "fd10::5"), ('"172.31.5.10"', "172.31.5.10"), ("fd10:0::5", "fd10::5"),
+                        ("10.0.0.1,fd10::5", None), ("[10.0.0.1]", None), ("x" * 100000, None), ("", None)]:
+        assert parse_k3s(["config: present", f"node-ip: {value}"]).node_ip == read
+
+
+@given(st.text(max_size=200))
+def test_a_node_ip_line_is_an_ip_or_nothing(value):
+    read = parse_k3s([f"node-ip: {value}"]).node_ip
+    assert read is None or ipaddress.ip_address(read)
