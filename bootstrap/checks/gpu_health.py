@@ -38,8 +38,10 @@ Severities and why:
   driver says the GPU needs a reset or the node a reboot), error; 13, 31, 43, 45, warning:
   usually the application's fault (the catalogue's resolution for them is to restart or
   check the application); any other, warning, to look up in NVIDIA's catalogue.
-- gpu-count, error: fewer GPUs than the inventory or the node's siblings say means one fell
-  off the bus or was never attached, and the machine costs the same.
+- gpu-count, error: fewer GPUs than the inventory (gpu.count) or the node's own PCI bus say
+  means one fell off the bus or was never attached, and the machine costs the same. A peer
+  of the same model showing more is at most a warning (bootstrap.checks.preflight): a host
+  may claim any number of GPUs, and it must not fail the honest ones.
 - mig-mode, compute-mode, persistence, warning: settings the last tenant can leave; none
   breaks the hardware, each makes pods fail or start slowly. Persistence off is a warning
   because without it the driver tears a GPU down whenever no process holds it, and every
@@ -308,15 +310,17 @@ def _coerce(cls, value):
 
 
 def health_issues(gpus: list[GpuHealth], xids: list[XidEvent], *, wants_mig: bool = False,
-                  expected_gpus: int | None = None) -> list[HealthIssue]:
+                  expected_gpus: int | None = None, expected_from: str = "") -> list[HealthIssue]:
     """The node's issues: the GPU count first, then each GPU's in check order, then the Xids.
+    `expected_from`: who says `expected_gpus` (the inventory, the node's own PCI bus).
     GpuHealth/XidEvent as dicts (their to_dict(), e.g. facts read back from JSON) are taken too."""
     gpus = [g for g in (_coerce(GpuHealth, g) for g in gpus or []) if g is not None]
     xids = [x for x in (_coerce(XidEvent, x) for x in xids or []) if x is not None]
     issues: list[HealthIssue] = []
     if expected_gpus is not None and len(gpus) < expected_gpus:
         issues.append(HealthIssue(None, "error", "gpu-count",
-                                  f"{_plural(len(gpus), 'GPU')} visible to nvidia-smi, {expected_gpus} expected",
+                                  f"{_plural(len(gpus), 'GPU')} visible to nvidia-smi, {expected_gpus} expected"
+                                  + (f" ({expected_from})" if expected_from else ""),
                                   "ask the provider for another machine, or to attach the missing GPU: compare "
                                   "`lspci -d 10de:` (every NVIDIA device, NVSwitches too) with `nvidia-smi -L`; a "
                                   "GPU that fell off the bus comes back only after a reboot, if at all"))

@@ -104,26 +104,53 @@ def gpu_health_findings(inventory: Inventory, facts: dict[str, HostFacts], gpu: 
     if inventory.gpu.health == "off":
         return {}
     nodes = [n for n in gpu if n.name in facts and facts[n.name].gpu_health is not None]
-    # Siblings rented as the same machine type have as many GPUs: the most any node of a
-    # model shows is what each should have.
-    most: dict[str, int] = {}
-    for node in nodes:
-        for model in {g.name for g in facts[node.name].gpus}:
-            most[model] = max(most.get(model, 0), len(facts[node.name].gpus))
     out: dict[str, list[Finding]] = {}
     for node in nodes:
         host = facts[node.name]
-        models = {g.name for g in host.gpus}
-        expected = max((most[m] for m in models), default=None)
+        expected, source = expected_gpus(inventory, node, host)
         issues = health_issues(host.gpu_health, host.xids or [], wants_mig=bool(inventory.sharing_for(node).mig),
-                               expected_gpus=expected)
+                               expected_gpus=expected, expected_from=source)
         out[node.name] = [Finding(node.name, f"gpu-health:{i.check}", i.message
                                   + ("" if i.severity != "error" or inventory.gpu.health == "strict"
                                      else " (gpu.health: strict would leave this node out)"), i.fix,
                                   "warning" if i.severity == "warning" or inventory.gpu.health != "strict"
                                   else "health-error")
                           for i in issues]
+        if source != PINNED and not any(i.check == "gpu-count" for i in issues):
+            out[node.name] += more_gpus_elsewhere(node, nodes, facts)
     return out
+
+
+PINNED = "gpu.count in the inventory"
+
+
+def expected_gpus(inventory: Inventory, node: Node, host: HostFacts) -> tuple[int | None, str]:
+    """The GPUs `node` should show nvidia-smi, and who says so: the operator (gpu.count), else
+    the node itself (the NVIDIA GPUs on its own PCI bus: one that fell off the bus or lost its
+    driver is still a PCI device). Never a peer: a host may claim any number of GPUs."""
+    pinned = inventory.gpu_count_for(node)
+    if pinned is not None:
+        return pinned, PINNED
+    on_bus = sum(1 for device in host.nvidia_pci if device.is_gpu)
+    return (on_bus, "NVIDIA GPUs on its own PCI bus") if on_bus else (None, "")
+
+
+def more_gpus_elsewhere(node: Node, nodes: list[Node], facts: dict[str, HostFacts]) -> list[Finding]:
+    """A warning, never an error: a node of the same GPU model shows more GPUs. It may be
+    another machine type, or a host that claims what it has not; only gpu.count decides."""
+    host = facts[node.name]
+    models = {g.name for g in host.gpus}
+    more = [(len(facts[n.name].gpus), n.name) for n in nodes
+            if n.name != node.name and models & {g.name for g in facts[n.name].gpus}
+            and len(facts[n.name].gpus) > len(host.gpus)]
+    if not more:
+        return []
+    count, peer = max(more)
+    return [Finding(node.name, "gpu-health:gpu-count",
+                    f"{len(host.gpus)} GPU(s) visible to nvidia-smi; {peer}, with the same model, reports {count} "
+                    "(not checked: a node is held to the inventory and its own answers)",
+                    f"if this node should have {count}, write gpu.count: {count} for it (nodes[].gpu.count) and "
+                    "it fails the check until it shows them", "warning")]
 
 
 def blocked_nodes(findings: list[Finding]) -> dict[str, list[Finding]]:

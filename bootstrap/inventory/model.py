@@ -151,6 +151,9 @@ class GateSettings:
     enabled: bool = True
     checks: tuple[str, ...] = DEFAULT_GATE_CHECKS
     burn_in_s: int = 120  # with `burn-in` in checks: n-body on every GPU of the node, this long
+    # The least GFLOP/s a GPU slot's n-body run may show (the operator's figure for the model
+    # rented); unset: a slot is held only against its own node's other slots.
+    burn_in_min_gflops: float | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,9 @@ class GpuSettings:
     # is left out of `up`), "off" (not probed).
     health: str = "warn"
     gate: GateSettings = field(default_factory=GateSettings)
+    # The GPUs each GPU node should have (the machine type rented): a node showing fewer is a
+    # health error. Unset: each node is held to the GPUs on its own PCI bus, never to a peer's.
+    count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,7 @@ class NodeGpu:
 
     enabled: bool | None = None  # force a node to be treated as GPU / non-GPU
     sharing: Sharing | None = None
+    count: int | None = None  # the GPUs this node should have (over gpu.count)
 
 
 @dataclass(frozen=True)
@@ -327,6 +334,10 @@ class Inventory:
 
     def sharing_for(self, node: Node) -> Sharing:
         return node.gpu.sharing if node.gpu.sharing is not None else self.gpu.sharing
+
+    def gpu_count_for(self, node: Node) -> int | None:
+        """The GPUs the operator wrote this node should have, or None (not pinned)."""
+        return node.gpu.count if node.gpu.count is not None else self.gpu.count
 
     def ssh_for(self, node: Node) -> SshSettings:
         if not node.ssh:

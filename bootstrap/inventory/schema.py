@@ -310,11 +310,15 @@ SHARING = Record(
     checks=[_sharing_exclusive],
 )
 
+# The GPUs a node should have (gpu.count, nodes[].gpu.count): an HGX board holds 8, the largest 16.
+GPU_COUNT = Int(min=1, max=64, expected="a number of GPUs", example="8")
+
 GATE = Record(
     fields={
         "enabled": Field(Bool()),
         "checks": Field(ListOf(Enum(m.GATE_CHECKS, what="gate check"), scalar_ok=True)),
         "burn_in_s": Field(Int(min=10, max=3600, example="120")),
+        "burn_in_min_gflops": Field(Number(min=0)),
     },
     build=m.GateSettings,
     shorthand=lambda v: {"enabled": v} if isinstance(v, bool) else None,  # `gate: false`
@@ -328,6 +332,7 @@ GPU = Record(
         "health": Field(OffIsFalse(("warn", "strict", "off"), what="GPU health mode")),
         "gate": Field(GATE),
         "sharing": Field(SHARING),
+        "count": Field(GPU_COUNT),
         "container_toolkit": Field(Record(fields={
             "apt_source": Field(Str(pattern=APT_SOURCE, expected="an apt source line",
                                     example='"deb [trusted=yes] http://mirror.internal/nvidia ./"')),
@@ -339,7 +344,7 @@ GPU = Record(
 )
 
 NODE_GPU = Record(
-    fields={"enabled": Field(Bool()), "sharing": Field(SHARING)},
+    fields={"enabled": Field(Bool()), "sharing": Field(SHARING), "count": Field(GPU_COUNT)},
     build=m.NodeGpu,
 )
 

@@ -78,11 +78,50 @@ def test_strict_keeps_a_node_whose_only_issue_is_a_pending_row_remap():
     assert health_blocked(strict["g1"]) == {}
 
 
-def test_a_node_with_fewer_gpus_than_its_siblings_is_named():
+def test_a_node_with_fewer_gpus_than_its_siblings_is_named_but_judged_by_its_own_answers():
     good = parse_host_facts(probe_output())
     two = replace(good, gpus=good.gpus * 2, gpu_health=good.gpu_health * 2)
-    found = gpu_health_findings(inventory("strict"), {"g1": two, "g2": good}, gpu_nodes(inventory("strict"), {"g1": two, "g2": good}))
-    assert [f.check for f in found["g2"]] == ["gpu-health:gpu-count"] and found["g1"] == []
+    facts = {"g1": two, "g2": good}
+    found = gpu_health_findings(inventory("strict"), facts, gpu_nodes(inventory("strict"), facts))
+    assert [(f.check, f.severity) for f in found["g2"]] == [("gpu-health:gpu-count", "warning")] and found["g1"] == []
+    assert "g1, with the same model, reports 2" in found["g2"][0].message and "gpu.count: 2" in found["g2"][0].fix
+    assert health_blocked(found["g2"]) == {}
+
+
+def hostile_inventory(count: str = "") -> str:
+    return ("cluster: h\ngpu: {health: strict" + (f", count: {count}" if count else "") + "}\nnodes:\n"
+            "  - {name: cp, address: 10.0.0.1, role: server}\n  - {name: g1, address: 10.0.0.2}\n"
+            "  - {name: g2, address: 10.0.0.3}\n  - {name: liar, address: 10.0.0.4}\n")
+
+
+def test_a_host_claiming_sixteen_gpus_blocks_no_honest_node():
+    """Issue 32 item 12: the expected count was the most any node of the model reported."""
+    good = parse_host_facts(probe_output())
+    liar = replace(good, gpus=good.gpus * 16, gpu_health=good.gpu_health * 16)
+    facts = {"g1": good, "g2": good, "liar": liar}
+    inv = parse_inventory(hostile_inventory())
+    found = gpu_health_findings(inv, facts, gpu_nodes(inv, facts))
+    assert health_blocked([f for fs in found.values() for f in fs]) == {}
+    assert {n: [f.severity for f in fs] for n, fs in found.items()} == \
+        {"g1": ["warning"], "g2": ["warning"], "liar": []}
+
+
+def test_the_gpu_count_is_the_inventorys_else_the_nodes_own_pci_bus():
+    good = parse_host_facts(probe_output())
+    assert sum(d.is_gpu for d in good.nvidia_pci) == len(good.gpus) == 1  # the recorded H200 VM: consistent
+    pinned = parse_inventory(hostile_inventory("2"))
+    found = gpu_health_findings(pinned, {"g1": good}, gpu_nodes(pinned, {"g1": good}))["g1"]
+    assert [(f.check, f.severity) for f in found] == [("gpu-health:gpu-count", "health-error")]
+    assert found[0].message == "1 GPU visible to nvidia-smi, 2 expected (gpu.count in the inventory)"
+    # Unpinned: a GPU on the node's own PCI bus that nvidia-smi does not show is missing.
+    lost = replace(good, nvidia_pci=good.nvidia_pci * 2)
+    inv = parse_inventory(hostile_inventory())
+    found = gpu_health_findings(inv, {"g1": lost}, gpu_nodes(inv, {"g1": lost}))["g1"]
+    assert found[0].message == "1 GPU visible to nvidia-smi, 2 expected (NVIDIA GPUs on its own PCI bus)"
+    assert found[0].severity == "health-error"
+    per_node = parse_inventory(hostile_inventory("2").replace("{name: g1, address: 10.0.0.2}",
+                                                                "{name: g1, address: 10.0.0.2, gpu: {count: 1}}"))
+    assert gpu_health_findings(per_node, {"g1": good}, gpu_nodes(per_node, {"g1": good}))["g1"] == []
 
 
 def test_health_counts_only_xids_it_has_not_seen_and_renders_each_issue():

@@ -133,3 +133,13 @@ def test_installed_command_works_from_another_folder(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     zero = run_bootstrap("up", "--max-unavailable", "0", "x.yaml", cwd=tmp_path)
     assert zero.returncode == 2 and "at least 1" in zero.stderr
+
+
+def test_the_expected_gpu_count_and_burn_in_floor_are_checked_where_written():
+    found = problems(MINIMAL.replace("    role: server\n", "    role: server\n    gpu: {count: 0}\n")
+                     + "gpu: {count: many, gate: {burn_in_min_gflops: -1}}\n")
+    where = {p.path: p.line for p in found}
+    assert where == {"nodes[0].gpu.count": 7, "gpu.count": 8, "gpu.gate.burn_in_min_gflops": 8}
+    inv = parse_inventory(MINIMAL.replace("    role: server\n", "    role: server\n    gpu: {count: 4}\n")
+                          + "gpu: {count: 8, gate: {burn_in_min_gflops: 12000}}\n", "inv.yaml")
+    assert inv.gpu_count_for(inv.nodes[0]) == 4 and inv.gpu.count == 8 and inv.gpu.gate.burn_in_min_gflops == 12000
