@@ -11,6 +11,12 @@ docs/installation/requirements.md, "Inbound Rules for K3s Nodes", commit 005d295
     TCP 10250      all -> all             kubelet
     TCP 5001, 6443 all -> all             embedded registry mirror (Spegel)
 
+and, with validate.nccl, what its job uses on the host network (bootstrap.checks.nccl_ports)
+between the GPU nodes NCCL may pair (those at one provider), on their node-ip:
+
+    TCP 12022-12133   sshd of the workers, Open MPI's out-of-band and TCP transport (pinned)
+    TCP 32768-60999   NCCL's own sockets (the kernel's ephemeral range: NCCL cannot pin them)
+
 Every pair is probed on the address the cluster will use (each node's node-ip) before any
 host changes. Nodes that both run k3s already are one cluster: the running cluster is the
 evidence, so a converged cluster is not probed at all (a no-op `up` costs no round trip).
@@ -29,11 +35,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks.preflight import Finding
+from bootstrap.checks import nccl_ports
 from bootstrap.checks.node_addresses import choose, on_host
 
 
@@ -44,10 +52,21 @@ class Rule:
     what: str
     servers_only: bool = False  # only servers receive it
     between_servers: bool = False  # only servers send and receive it
+    between_gpus: bool = False  # only the GPU nodes NCCL may pair (one provider's) send and receive it
+    opens: str = ""  # the range the fix opens, when the port stands for one ("12022-12133")
 
     @property
     def label(self) -> str:
         return f"{self.proto.upper()} {self.port}"
+
+
+# validate.nccl's job: each range is probed at both ends (a firewall opens ranges, so a rule
+# that lets both through lets the middle); the workers' sshd is the pinned block's first port.
+_NCCL = f"validate.nccl: sshd and Open MPI, TCP {nccl_ports.span(nccl_ports.PINNED)}"
+_NCCL_SOCKETS = f"validate.nccl: NCCL's sockets, the kernel's ephemeral TCP {nccl_ports.span(nccl_ports.EPHEMERAL)}"
+NCCL_RULES = tuple(Rule("tcp", port, what, between_gpus=True, opens=nccl_ports.span(ports))
+                   for ports, what in ((nccl_ports.PINNED, _NCCL), (nccl_ports.EPHEMERAL, _NCCL_SOCKETS))
+                   for port in ports)
 
 
 def rules(inventory: Inventory, embedded_mirror: bool, family: int = 4) -> list[Rule]:
@@ -63,6 +82,8 @@ def rules(inventory: Inventory, embedded_mirror: bool, family: int = 4) -> list[
         out.append(Rule("udp", 51821 if family == 6 else 51820, "flannel WireGuard"))
     if embedded_mirror:
         out.append(Rule("tcp", 5001, "embedded registry mirror"))
+    if inventory.validate.nccl and inventory.validate.nccl.enabled:
+        out += NCCL_RULES
     return out
 
 
@@ -99,6 +120,7 @@ class ProbePlan:
     family: int = 4
     public: bool = False  # network.mode public: the addresses are the inventory's (public) ones
     providers: dict[str, str] = field(default_factory=dict)  # node -> its provider, where the inventory says
+    node_ips: dict[str, str] = field(default_factory=dict)  # node -> its node-ip (etcd's and NCCL's address)
 
     def label(self, node: str) -> str:
         """A node as the matrix and the findings name it: with its provider, when known."""
@@ -114,7 +136,10 @@ class ProbePlan:
         return out
 
 
-def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> ProbePlan:
+def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool,
+                gpu_nodes: Collection[str] = ()) -> ProbePlan:
+    """`gpu_nodes`: the run's GPU nodes (bootstrap.topology), between which validate.nccl's
+    ports are probed."""
     internal = {n.name: choose(inventory, n, facts).internal or n.address for n in inventory.nodes}
     # network.mode public: nodes reach each other at their inventory (public) addresses,
     # except etcd, which k3s runs on node-ip (k3s-io/k3s pkg/cli/server/server.go: etcd's
@@ -130,21 +155,24 @@ def plan_probes(inventory: Inventory, facts: dict[str, HostFacts], embedded_mirr
             if sender.name == receiver.name or (runs_k3s(here) and runs_k3s(there)):
                 continue
             for rule in rules(inventory, embedded_mirror, family):
-                if not _applies(rule, sender, receiver):
+                if not _applies(rule, sender, receiver, gpu_nodes):
                     continue
                 why = _cannot_probe(rule, here, there)
                 if why:
                     untested.append(Untested(sender.name, receiver.name, rule.label, why))
                     continue
-                address = (internal if rule.between_servers else addresses)[receiver.name]
+                # etcd and the NCCL workers (host network: their pod IP is the node's
+                # InternalIP) use node-ip in every network mode.
+                on_node_ip = rule.between_servers or rule.between_gpus
+                address = (internal if on_node_ip else addresses)[receiver.name]
                 # A public address the host does not hold is a 1:1 NAT to its node-ip:
                 # the listener binds that one, as k3s will.
                 bind = address if on_host(there, address) else internal[receiver.name]
                 interface, mtu = _overlay_mtu(rule, here, internal[sender.name])
                 probes.append(Probe(sender.name, receiver.name, address, rule.proto, rule.port,
-                                    listen=not runs_k3s(there), bind=bind, mtu=mtu, interface=interface))
+                                    listen=not _k3s_holds(rule, there), bind=bind, mtu=mtu, interface=interface))
     return ProbePlan(probes, untested, addresses, family, public=inventory.network.public,
-                     providers={n.name: n.provider for n in inventory.nodes if n.provider})
+                     providers={n.name: n.provider for n in inventory.nodes if n.provider}, node_ips=internal)
 
 
 def _overlay_mtu(rule: Rule, sender: HostFacts, node_ip: str) -> tuple[str, int]:
@@ -157,16 +185,25 @@ def _overlay_mtu(rule: Rule, sender: HostFacts, node_ip: str) -> tuple[str, int]
     return (interface, min(sender.mtus[interface], 65535)) if interface in sender.mtus else ("", 0)
 
 
-def _applies(rule: Rule, sender: Node, receiver: Node) -> bool:
+def _applies(rule: Rule, sender: Node, receiver: Node, gpu_nodes: Collection[str]) -> bool:
+    if rule.between_gpus:
+        # NCCL pairs GPU nodes at one provider only (bootstrap.cluster.checks.nccl_group,
+        # the gate's pairs): RDMA and NVLink do not cross the internet.
+        return sender.name in gpu_nodes and receiver.name in gpu_nodes and sender.provider == receiver.provider
     if rule.between_servers:
         return sender.role == Role.SERVER and receiver.role == Role.SERVER
     return receiver.role == Role.SERVER or not rule.servers_only
 
 
+def _k3s_holds(rule: Rule, receiver: HostFacts) -> bool:
+    """A running k3s holds k3s's ports; the NCCL job's are free until its pods run."""
+    return runs_k3s(receiver) and not rule.between_gpus
+
+
 def _cannot_probe(rule: Rule, sender: HostFacts, receiver: HostFacts) -> str | None:
     if "python3" not in sender.commands:
         return "no python3 on the sending host"
-    if runs_k3s(receiver):
+    if _k3s_holds(rule, receiver):
         # Its k3s holds the port: a TCP connect to it is the test; a UDP socket cannot answer.
         if rule.proto == "udp":
             return "the running k3s holds the port"
@@ -284,7 +321,10 @@ def render_matrix(names: list[str], results: list[Outcome], label=str) -> list[s
 def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> list[Finding]:
     """One error per receiving node and port that some node cannot reach, with the rule to
     open; one warning per port that could not be tested."""
-    what = {(r.proto, r.port): r.what for r in rules(inventory, True, plan.family)}
+    known = rules(inventory, True, plan.family)
+    what = {(r.proto, r.port): r.what for r in known}
+    opens = {(r.proto, r.port): r.opens for r in known if r.opens}
+    on_node_ip = {(r.proto, r.port) for r in known if r.between_servers or r.between_gpus}
     failed: dict[tuple, list[Outcome]] = {}
     unknown: dict[tuple, list[Outcome]] = {}
     for r in results:
@@ -296,12 +336,13 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
     out = []
     for (receiver, proto, port, address), rs in sorted(failed.items()):
         senders = [r.probe.sender for r in rs]
-        sources = ", ".join(f"{s} ({plan.addresses[s]})" for s in senders)
+        source = plan.node_ips if (proto, port) in on_node_ip else plan.addresses
+        sources = ", ".join(f"{s} ({source.get(s, plan.addresses[s])})" for s in senders)
         details = sorted({r.detail for r in rs if r.detail})
         provider = plan.providers.get(receiver)
         firewall = f"{provider}'s firewall (security group)" if provider else "the provider's firewall (security group)"
-        fix = (f"open {proto.upper()} {port} inbound on {receiver} from {sources} in {firewall} "
-               "and in the host's own firewall")
+        fix = (f"open {proto.upper()} {opens.get((proto, port), port)} inbound on {receiver} from {sources} in "
+               f"{firewall} and in the host's own firewall")
         elsewhere = sorted({plan.providers[s] for s in senders if plan.providers.get(s, provider) != provider})
         if elsewhere and not plan.public:
             fix += (f"; {receiver} and the nodes at {', '.join(elsewhere)} share no private network: set "

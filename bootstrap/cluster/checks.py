@@ -18,8 +18,8 @@ from bootstrap.host.images import BUSYBOX, NCCL_IMAGE
 from bootstrap.host.images import GPU_TEST_IMAGE as DEFAULT_IMAGE
 from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory, Node
-from bootstrap.checks import mig
-from bootstrap.checks.node_addresses import choose, on_host
+from bootstrap.checks import mig, nccl_ports
+from bootstrap.checks.node_addresses import DEFAULT_CIDRS, choose, on_host
 from bootstrap.checks.providers import PROVIDER_LABEL, provider_groups
 
 NAMESPACE = "bootstrap-validate"
@@ -294,8 +294,10 @@ def nccl_group(gpu_nodes) -> tuple[list, str]:
 # are told each node's node-ip interface (NCCL_SOCKET_IFNAME) and, with RDMA, the HCAs behind
 # the inventory's RDMA interfaces (NCCL_IB_HCA). NCCL's list syntax (its env.html): names
 # separated by ',', a leading '=' makes every name an exact match, "name:port" for an HCA.
-# On the host network, the workers' sshd cannot take port 22 (the host's own sshd has it).
-NCCL_SSH_PORT = 12022
+# On the host network, the workers' sshd cannot take port 22 (the host's own sshd has it); it
+# and Open MPI's ports are pinned to the block bootstrap.checks.nccl_ports names, which the
+# reachability check probes between the GPU nodes before any host changes.
+NCCL_SSH_PORT = nccl_ports.SSH_PORT
 # The kernel's dev_valid_name (net/core/dev.c): 1-15 bytes (IFNAMSIZ 16 with the NUL), not "."
 # or "..", no '/', ':' or white space. Kernel IB device names: at most 63 characters
 # (IB_DEVICE_NAME_MAX 64); mlx5_0, irdma0, bnxt_re0, efa_0, rxe0.
@@ -399,9 +401,9 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     workers, ranks = len(gpu_nodes), len(gpu_nodes) * per_node
     image = nccl.image or NCCL_IMAGE
     exports = " ".join(f"-x {shlex.quote(f'{name}={value}')}" for name, value in path.env().items())
-    ssh = f"--mca plm_rsh_args {shlex.quote(f'-p {NCCL_SSH_PORT}')} " if host_network else ""
+    mca = "".join(f"--mca {k} {shlex.quote(v)} " for k, v in open_mpi_settings(inventory, path).items())
     launcher = ("mpirun --allow-run-as-root --hostfile /etc/volcano/worker.host "
-                f"-np {ranks} -npernode {per_node} {ssh}-x NCCL_DEBUG=WARN {exports + ' ' if exports else ''}"
+                f"-np {ranks} -npernode {per_node} {mca}-x NCCL_DEBUG=WARN {exports + ' ' if exports else ''}"
                 "all_reduce_perf -b 512M -e 8G -f 2 -g 1")
     sshd = f"/usr/sbin/sshd -D -p {NCCL_SSH_PORT}" if host_network else "/usr/sbin/sshd -D"
     resources = {"nvidia.com/gpu": per_node}
@@ -421,6 +423,13 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     if len(providers) == 1 and None not in providers:  # the chosen provider's nodes, not another's
         worker_pod["nodeSelector"] = {PROVIDER_LABEL: next(iter(providers))}
     launcher_pod = _pod("l", None, image, command=["/bin/sh", "-c", launcher])["spec"]
+    if host_network:
+        # Beside the workers: its ssh to their sshd leaves from one of the measured nodes
+        # (pod traffic to a node's address is masqueraded to its node's own), never from
+        # another provider's or a CPU node, whose path the reachability check did not probe.
+        launcher_pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [n.name for n in gpu_nodes]}]}]}}}
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "nccl", "namespace": NAMESPACE},
             "spec": {"minAvailable": workers + 1, "schedulerName": "volcano",
@@ -428,6 +437,26 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
                      "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
                      "tasks": [{"name": "launcher", "replicas": 1, "template": {"spec": launcher_pod}},
                                {"name": "worker", "replicas": workers, "template": {"spec": worker_pod}}]}}
+
+
+def open_mpi_settings(inventory: Inventory, path: NcclPath) -> dict[str, str]:
+    """mpirun's MCA settings on the host network: sshd's port, and Open MPI's own traffic on
+    the nodes' node-ip interfaces and in the pinned port block (bootstrap.checks.nccl_ports),
+    as NCCL's is on those interfaces. MPI here only hands out NCCL's id and barriers, so it
+    takes plain TCP (ob1, no hcoll or UCX, whose ports are their own). {} off the host network."""
+    if path.socket_ifname() is None:
+        return {}
+    names = ",".join(sorted(set(path.interfaces.values())))
+    # mpirun runs in the launcher's pod (its eth0 in the pod network), its orteds in the
+    # workers' host network: the out-of-band list names both (Open MPI takes names and CIDRs).
+    pods = inventory.k3s.cluster_cidr or DEFAULT_CIDRS[4][0]
+    return {"plm_rsh_args": f"-p {nccl_ports.SSH_PORT}",
+            "pml": "ob1", "btl": "self,tcp", "coll": "^hcoll",
+            "btl_tcp_if_include": names,
+            "btl_tcp_port_min_v4": str(nccl_ports.BTL_PORT_MIN),
+            "btl_tcp_port_range_v4": str(nccl_ports.BTL_PORT_RANGE),
+            "oob_tcp_if_include": f"{names},{pods.replace(' ', '')}",
+            "oob_tcp_dynamic_ipv4_ports": nccl_ports.span(nccl_ports.OOB_PORTS)}
 
 
 def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:

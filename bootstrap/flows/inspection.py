@@ -197,7 +197,7 @@ def network_plan(inventory, facts, topology) -> list[str]:
     mode = ("public: nodes talk over their public addresses; pod traffic in WireGuard (flannel "
             f"{backend}, flannel-external-ip)" if inventory.network.public
             else f"private: nodes talk over their node-ip; pod traffic in flannel {backend}")
-    probes = plan_probes(inventory, facts, topology.embedded_mirror)
+    probes = plan_probes(inventory, facts, topology.embedded_mirror, topology.gpu_nodes)
     return [f"network: {mode}"] + describe_probes(probes)
 
 

@@ -58,7 +58,8 @@ def examine(run: Run, tolerate_unreachable: bool = False) -> PreflightReport:
     # Provider firewalls, before any change; also beside other problems, so one run names
     # everything to fix on machines that cost money by the second.
     with run.console.phase("reachability"):
-        found = reachability.check(run.session, inventory, facts, run.topology.embedded_mirror)
+        found = reachability.check(run.session, inventory, facts, run.topology.embedded_mirror,
+                                   run.topology.gpu_nodes)
     report.findings += found.findings
     report.reachability_lines = found.lines
     return report

@@ -362,11 +362,12 @@ class Report:
     round_trips: int = 0
 
 
-def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool) -> Report:
+def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_mirror: bool,
+          gpu_nodes=()) -> Report:
     """Probe every pair that needs it; `session.run_each({node: command}, what, stdin={node:
     text}, timeout=seconds)` runs one command per host in parallel and gives {node: stdout or
-    None}."""
-    plan = rr.plan_probes(inventory, facts, embedded_mirror)
+    None}. `gpu_nodes`: the run's GPU nodes' names (validate.nccl's ports are probed between them)."""
+    plan = rr.plan_probes(inventory, facts, embedded_mirror, gpu_nodes)
     if not plan.probes:
         return Report(rr.findings(inventory, plan, []), [])
     proof = rr.Proof(secrets.token_hex(8), secrets.token_bytes(32))

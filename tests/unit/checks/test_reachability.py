@@ -129,6 +129,54 @@ def test_dropped_traffic_becomes_one_finding_per_port_with_the_rule_to_open():
         == findings[0].message
 
 
+NCCL_INV = parse_inventory("""\
+cluster: t
+network: {mode: public}
+nodes:
+  - {name: cp-1, address: 203.0.113.10, role: server, provider: hetzner}
+  - {name: cp-2, address: 203.0.113.11, role: server, provider: hetzner}
+  - {name: cp-3, address: 203.0.113.12, role: server, provider: hetzner}
+  - {name: gpu-1, address: 203.0.113.21, provider: lambda}
+  - {name: gpu-2, address: 203.0.113.22, provider: lambda}
+  - {name: gpu-3, address: 203.0.113.23, provider: runpod}
+validate: {nccl: {min_busbw_gbps: 100}}
+""")
+
+
+def nccl_facts():
+    private = dict(PRIVATE, **{"gpu-2": "10.0.0.22", "gpu-3": "10.0.0.23"})
+    return {n: replace(host("gpu-1"), hostname=n, addresses=[InterfaceAddress("ens5", a, 24)])
+            for n, a in private.items()}
+
+
+def test_validate_nccl_probes_its_pinned_ports_and_ncclss_ephemeral_range_between_gpu_nodes_at_one_provider():
+    """The NCCL job's workers use the host network: sshd, Open MPI's pinned block and NCCL's
+    own sockets (ephemeral ports) go node-ip to node-ip between the GPU nodes NCCL pairs (one
+    provider's), both ways, also to a node whose k3s runs already (k3s holds none of them)."""
+    facts = nccl_facts()
+    facts["gpu-2"] = replace(facts["gpu-2"], k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True,
+                                                            [SystemdUnit("k3s-agent.service", "loaded", "active")]))
+    plan = rr.plan_probes(NCCL_INV, facts, False, gpu_nodes=("gpu-1", "gpu-2", "gpu-3"))
+    for port in (12022, 12133, 32768, 60999):  # each range at both ends
+        assert pairs(plan, "tcp", port) == {("gpu-1", "gpu-2"), ("gpu-2", "gpu-1")}, port
+    nccl = [p for p in plan.probes if p.port in (12022, 12133, 32768, 60999)]
+    assert {p.address for p in nccl if p.receiver == "gpu-2"} == {"10.0.0.22"}  # node-ip, not the public one
+    assert all(p.listen for p in nccl)  # the running k3s holds none: a listener answers
+    assert not pairs(rr.plan_probes(NCCL_INV, facts, False, gpu_nodes=()), "tcp", 12022)  # no GPU nodes, no NCCL
+    off = replace(NCCL_INV, validate=replace(NCCL_INV.validate, nccl=None))
+    assert not pairs(rr.plan_probes(off, facts, False, gpu_nodes=("gpu-1", "gpu-2")), "tcp", 12022)
+
+    lost = {("gpu-1", "gpu-2", "tcp", 12133), ("gpu-2", "gpu-1", "tcp", 60999)}
+    found = {f.message: f.fix for f in rr.findings(NCCL_INV, plan, rr.outcomes(plan, *answers(plan, lost=lost)))}
+    assert found == {
+        "TCP 12133 (validate.nccl: sshd and Open MPI, TCP 12022-12133) on 10.0.0.22 is not reachable from gpu-1 "
+        "(lambda) (timed out)": "open TCP 12022-12133 inbound on gpu-2 from gpu-1 (10.0.0.21) in lambda's "
+                                "firewall (security group) and in the host's own firewall",
+        "TCP 60999 (validate.nccl: NCCL's sockets, the kernel's ephemeral TCP 32768-60999) on 10.0.0.21 is not "
+        "reachable from gpu-2 (lambda) (timed out)": "open TCP 32768-60999 inbound on gpu-1 from gpu-2 (10.0.0.22) "
+                                                     "in lambda's firewall (security group) and in the host's own firewall"}
+
+
 def test_a_host_that_does_not_report_leaves_its_probes_untested_not_failed():
     plan = rr.plan_probes(INV, fresh(), False)
     sent, received, bound = answers(plan)

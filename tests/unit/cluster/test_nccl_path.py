@@ -5,11 +5,13 @@ checked by the kernel's rules before they reach a pod spec (NVIDIA/nccl#1580, #1
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 import pytest
 from test_facts_parsers import h200_probe_output
 
+from bootstrap.checks import nccl_ports
 from bootstrap.cluster import checks
 from bootstrap.cluster.checks import NCCL_SSH_PORT, check_nccl, interface_name_error, nccl_job, nccl_paths
 from bootstrap.host.facts.host_facts import InterfaceAddress, RdmaDevice
@@ -141,3 +143,29 @@ def test_the_host_network_job_is_valid_for_volcano_and_kubernetes():
     for task in job["spec"]["tasks"]:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": task["template"]["spec"]}
         kubernetes_validate.validate(pod, "1.33", strict=True)
+
+
+def test_open_mpi_is_pinned_to_the_node_ip_interfaces_and_the_port_block_the_reachability_check_probes():
+    """On the host network every port the job uses is one a firewall must let through:
+    Open MPI's are pinned (its TCP transport and out-of-band on the node-ip interfaces, in
+    nccl_ports' block), and the launcher runs on a measured node, so its ssh to the workers
+    leaves from one of them."""
+    inv = inventory()
+    nodes = [inv.node("a"), inv.node("b")]
+    facts = {"a": host("10.0.0.2", "ens5"), "b": host("10.0.0.3", "enp1s0")}
+    job = nccl_job(inv, nodes, facts)
+    words = shlex.split(spec(job, "launcher")["containers"][0]["command"][2])
+    mca = {words[i + 1]: words[i + 2] for i, w in enumerate(words) if w == "--mca"}
+    assert mca == {"plm_rsh_args": "-p 12022", "pml": "ob1", "btl": "self,tcp", "coll": "^hcoll",
+                   "btl_tcp_if_include": "enp1s0,ens5", "btl_tcp_port_min_v4": "12070", "btl_tcp_port_range_v4": "64",
+                   # mpirun itself is in the launcher's pod: the pod network is on its list too
+                   "oob_tcp_if_include": "enp1s0,ens5,10.42.0.0/16", "oob_tcp_dynamic_ipv4_ports": "12030-12061"}
+    low, high = nccl_ports.PINNED
+    assert low <= 12030 and 12061 < 12070 and 12070 + 64 - 1 <= high == 12133 and low == NCCL_SSH_PORT
+    placement = spec(job, "launcher")["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert placement["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["a", "b"]}]
+    # Off the host network (an address unknown) nothing is pinned: the pods' own network carries it.
+    unknown = {"a": host("10.0.0.2", "ens5"), "b": replace(H200, addresses=None)}
+    words = shlex.split(spec(nccl_job(inv, nodes, unknown), "launcher")["containers"][0]["command"][2])
+    assert "--mca" not in words and "affinity" not in spec(nccl_job(inv, nodes, unknown), "launcher")
