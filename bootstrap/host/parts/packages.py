@@ -12,6 +12,7 @@ import shlex
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts import placing
 from bootstrap.host.parts.base import Action, Draft
+from bootstrap.host.parts.manifest import STATE_DIR
 from bootstrap.inventory.model import Inventory
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
@@ -39,12 +40,20 @@ PROBE_GLOBS = (*(f"{p}*" for p in HOLD_PREFIXES), *COMPONENT_PACKAGES, "linux-he
 # What an install brings beside the names asked for: NVIDIA's toolkit depends on
 # nvidia-container-toolkit-base and libnvidia-container-tools (and that on libnvidia-container1),
 # a driver on its libnvidia-* libraries. The probe before the install cannot name them, so the
-# install's own command holds every NVIDIA package dpkg then has installed: the next run finds
-# nothing left to hold (a no-op `up` changes nothing). The names come from that host's dpkg,
-# in that host's shell.
+# install's own command holds every NVIDIA package dpkg then has installed and not yet held:
+# the next run finds nothing left to hold (a no-op `up` changes nothing). The names come from
+# that host's dpkg, in that host's shell, so that command also records them (HELD_ON_HOST, one
+# a line): the manifest was written before the install and cannot name them, and `down` must
+# unhold every hold the tool placed before it purges (apt-get purge -y refuses to change a held
+# package, "Held packages were changed and -y was used without --allow-change-held-packages",
+# and then removes nothing of the whole list). One already held (the operator's) is not claimed.
 INSTALLED_NVIDIA = ("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' "
-                    + " ".join(f"'{p}*'" for p in HOLD_PREFIXES) + " 2>/dev/null | awk '/^.i/ {print $2}'")
-HOLD_WHAT_CAME_WITH = f"came=$({INSTALLED_NVIDIA}); [ -z \"$came\" ] || apt-mark hold $came >/dev/null"
+                    + " ".join(f"'{p}*'" for p in HOLD_PREFIXES) + " 2>/dev/null | awk '/^[^h]i/ {print $2}'")
+HELD_ON_HOST = f"{STATE_DIR}/packages-held.txt"
+HOLD_WHAT_CAME_WITH = (f"came=$({INSTALLED_NVIDIA}); [ -z \"$came\" ] || {{ apt-mark hold $came >/dev/null && "
+                       f"mkdir -p {STATE_DIR} && printf '%s\\n' $came >> {HELD_ON_HOST}; }}")
+# dpkg's db:Status-Abbrev: the selection first ('h': on hold), then the state ('i': installed).
+HELD_NOW = "dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' $h 2>/dev/null | awk '/^h/ {print $2}'"
 # The toolkit's dependencies (NVIDIA's packages since 1.17): `down` removes them with it.
 TOOLKIT_DEPENDENCIES = ("nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1")
 
@@ -106,8 +115,11 @@ def plan(draft: Draft, packages: list[str], toolkit_source: str | None, facts: H
         lines += [HOLD_WHAT_CAME_WITH] if brings_nvidia else []
         what = " and ".join(filter(None, [", ".join(to_hold), "the NVIDIA packages the install brings" if brings_nvidia else ""]))
         draft.add(Action.HOLD_PACKAGES, lines, f"hold {what} against unattended upgrades")
-    if to_hold:
-        draft.manifest["packages_held"] = sorted(set(draft.manifest.get("packages_held", [])) | set(to_hold))
+    # Every hold placed that the plan can name: the driver an install brings (gpu.driver: host)
+    # is held by HOLD_WHAT_CAME_WITH once installed, and must be unheld before `down` purges it.
+    placed = set(to_hold) | {p for p in to_install if p.startswith(HOLD_PREFIXES)}
+    if placed:
+        draft.manifest["packages_held"] = sorted(set(draft.manifest.get("packages_held", [])) | placed)
 
 
 def apt_lists_prefix(source_line: str) -> str | None:
@@ -119,17 +131,31 @@ def apt_lists_prefix(source_line: str) -> str | None:
     return (uri.rstrip("/") + "/" + suite).rstrip("/").replace("/", "_")
 
 
+def unhold_recorded_on_host() -> str:
+    """The line that unholds what the installs held and recorded on the host (HELD_ON_HOST),
+    where dpkg still has it on hold. Only names of a package's form are read from that file,
+    and nothing runs without one: dpkg-query without names would list every package."""
+    return (f"if [ -f {HELD_ON_HOST} ]; then h=$(awk '/^[a-z0-9][a-z0-9.+-]*$/' {HELD_ON_HOST} | sort -u); "
+            f"[ -z \"$h\" ] || h=$({HELD_NOW}); [ -z \"$h\" ] || apt-mark unhold $h >/dev/null 2>&1 || true; fi")
+
+
 def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) -> tuple[list[str], dict]:
     """The lines that remove what the tool installed, and what of it stays the tool's
     (drivers kept without --purge-drivers, with their holds) for the manifest to keep."""
     held = manifest.get("packages_held", [])
     installed = manifest.get("packages_installed", [])
     remove = [p for p in installed if purge_drivers or not is_driver_package(p)]
-    unhold = [p for p in held if p in remove or p not in installed]  # keep holds on drivers we keep
+    keep = [p for p in installed if p not in remove]
+    # Keep holds on drivers we keep; a package purged is unheld first whoever held it (a
+    # manifest from before the driver's hold was recorded does not list it).
+    unhold = [p for p in held if p in remove or p not in installed]
+    unhold += [p for p in remove if p not in unhold]
     lines = []
+    if not keep:
+        lines.append(unhold_recorded_on_host())
     # The names were read back from the host: quoted like any host string.
     if unhold:
-        lines.append(f"apt-mark unhold {' '.join(shlex.quote(p) for p in unhold)} >/dev/null")
+        lines.append(f"apt-mark unhold {' '.join(shlex.quote(p) for p in unhold)} >/dev/null 2>&1 || true")
     if remove:
         lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(shlex.quote(p) for p in remove)} >/dev/null")
     prefix = apt_lists_prefix(toolkit_source) if toolkit_source else None
@@ -142,6 +168,5 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
         lines.append(f"rm -f /var/lib/apt/lists/{shlex.quote(prefix)}_*")
     if TOOLKIT in remove:
         lines.append(f"rm -f {TOOLKIT_KEYRING}")  # fetched by curl when NVIDIA's repository is used
-    keep = [p for p in installed if p not in remove]
     kept = {"packages_installed": keep, "packages_held": [p for p in held if p in keep]} if keep else {}
     return lines, kept

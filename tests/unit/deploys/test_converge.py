@@ -13,6 +13,7 @@ from bootstrap.host.parts.k3s_binary import download as download_k3s
 from bootstrap.host.parts.k3s_service import CONFIG
 from bootstrap.host.parts.kernel import SYSCTL_FILE
 from bootstrap.host.parts.manifest import MANIFEST
+from bootstrap.host.parts import packages
 from bootstrap.host.parts.packages import apt_lists_prefix
 from bootstrap.host.plan.host_plan import HostPlan
 from bootstrap.inventory.loader import parse_inventory
@@ -128,12 +129,16 @@ def test_teardown_undoes_what_the_manifest_records():
     assert "sysctl -q -w net.ipv4.ip_forward=0" in keep
     assert "swapon -a" in keep and "bootstrap-swapoff" in keep
     assert "apt-get purge -y -q nvidia-container-toolkit >" in keep  # the driver stays
-    assert "apt-mark unhold nvidia-container-toolkit libnvidia-compute-580" in keep
+    assert "apt-mark unhold nvidia-container-toolkit libnvidia-compute-580 >" in keep
+    assert packages.HELD_ON_HOST not in keep  # the driver stays, and with it the holds its install placed
     assert "rm -f /var/lib/apt/lists/10.200.0.1:8000_._*" in keep
     assert "nvidia-driver-580-server-open" in keep.split("printf")[1]  # still recorded as ours
     purge = teardown_script(manifest, purge_drivers=True)
     assert "apt-get purge -y -q nvidia-container-toolkit nvidia-driver-580-server-open" in purge
     assert "rm -rf /var/lib/bootstrap" in purge
+    # every hold is lifted before the purge: the recorded ones and those the installs recorded on the host
+    assert purge.index("apt-mark unhold nvidia-container-toolkit nvidia-driver-580-server-open") < purge.index("apt-get purge")
+    assert purge.index(packages.HELD_ON_HOST) < purge.index("apt-get purge")
     bare = teardown_script({}, purge_drivers=False)
     assert "apt-get" not in bare and "swapon" not in bare
     assert "for d in /etc/rancher/k3s /etc/rancher/node" in bare and "$t-save | grep -viE" in bare

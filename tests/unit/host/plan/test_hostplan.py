@@ -16,7 +16,7 @@ from bootstrap.host.facts.probe import parse_host_facts
 from bootstrap.host.parts.k3s_binary import PATH as K3S_BINARY
 from bootstrap.host.parts.k3s_service import CONFIG
 from bootstrap.host.parts.kernel import MODULES, SYSCTLS
-from bootstrap.host.parts.manifest import MANIFEST
+from bootstrap.host.parts.manifest import MANIFEST, STATE_DIR
 from bootstrap.host.parts.packages import HOLD_WHAT_CAME_WITH
 from bootstrap.host.plan import desired as d
 from bootstrap.host.plan import k3sconfig
@@ -148,9 +148,12 @@ def test_the_hold_line_holds_only_what_dpkg_has_installed(tmp_path):
     (fake / "apt-mark").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/held\n")
     for tool in ("dpkg-query", "apt-mark"):
         (fake / tool).chmod(0o755)
-    subprocess.run(["sh", "-ec", HOLD_WHAT_CAME_WITH], check=True, env={"PATH": f"{fake}:/usr/bin:/bin"})
-    assert (tmp_path / "held").read_text().split() == ["hold", "nvidia-container-toolkit-base",
-                                                       "libnvidia-container-tools"]
+    line = HOLD_WHAT_CAME_WITH.replace(STATE_DIR, str(tmp_path / "state"))  # the host's state folder, here
+    subprocess.run(["sh", "-ec", line], check=True, env={"PATH": f"{fake}:/usr/bin:/bin"})
+    # libnvidia-container-tools was held already (by the host's operator): not claimed as the tool's
+    assert (tmp_path / "held").read_text().split() == ["hold", "nvidia-container-toolkit-base"]
+    # and what it held is recorded on the host for `down` (bootstrap.host.parts.packages.HELD_ON_HOST)
+    assert (tmp_path / "state" / "packages-held.txt").read_text() == "nvidia-container-toolkit-base\n"
 
 
 def test_config_change_restarts_only_that_host(tmp_path):
