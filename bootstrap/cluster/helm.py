@@ -13,10 +13,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 from bootstrap.cluster.components.release import Release
+from bootstrap.cluster.helm_pending import (HISTORY_MAX, PENDING_ERROR, REFUSE, UNINSTALL, Recovery, parse_history,
+                                            recovery)
 from bootstrap.errors import BootstrapError
+from bootstrap.remote_data import RemoteDataError
 
 HELM_ENV = "BOOTSTRAP_HELM"
 MIN_VERSION = (3, 8, 0)  # the oldest Helm this tool supports (OCI registries GA, current flag set)
@@ -40,9 +44,10 @@ def helm_binary() -> str:
     return found
 
 
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+def _run(argv: list[str], timeout: float, text: bool = True) -> subprocess.CompletedProcess:
+    """`text=False` for output that is cluster text, which remote_data decodes (never assumed UTF-8)."""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(argv, capture_output=True, text=text, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         raise HelmError(f"helm was not found at {argv[0]}",
                         f"install Helm 3.8 or newer, or point {HELM_ENV} at it") from None
@@ -89,8 +94,14 @@ def chart_argv(release: Release) -> list[str]:
 
 
 def upgrade_install_argv(helm: str, release: Release, values_file: str | Path, kubeconfig_path: str | Path,
-                         timeout_s: int) -> list[str]:
-    return [helm, "upgrade", "--install", release.name, *_rest_argv(release, values_file, kubeconfig_path, timeout_s)]
+                         timeout_s: int, version: tuple[int, int, int] | None = None) -> list[str]:
+    """`version`: Helm's; a chart that upgrades its own CRDs in a pre-upgrade hook has Helm 3's
+    OpenAPI check left out (it runs before the hook, against the old CRDs, and refuses the
+    new fields: gpu-operator values.yaml v26.7.0, operator.upgradeCRD). Helm 4 has the API
+    server validate at apply time, after the hook (install_argv), so it keeps its default."""
+    skip = ["--disable-openapi-validation"] if release.upgrades_own_crds and version and version < (4, 0, 0) else []
+    return [helm, "upgrade", "--install", release.name, *_rest_argv(release, values_file, kubeconfig_path, timeout_s),
+            *skip]
 
 
 def install_argv(helm: str, release: Release, values_file: str | Path, kubeconfig_path: str | Path,
@@ -127,25 +138,73 @@ def write_values(folder: Path, values: dict) -> Path:
 
 
 def upgrade_install(release: Release, kubeconfig_path: str | Path, timeout: int = 600, *,
-                    helm: str | None = None, new_with: tuple[int, int, int] | None = None) -> None:
+                    helm: str | None = None, new_with: tuple[int, int, int] | None = None,
+                    version: tuple[int, int, int] | None = None, say=None) -> None:
     """`helm upgrade --install` one release and wait for it; raises HelmError with Helm's stderr.
     `new_with`: the release was never applied by the tool (its record says so), and this is
     Helm's version: `helm install` then (install_argv), and `upgrade --install` only when Helm
-    has the release after all (a record lost, a release someone else installed)."""
+    has the release after all (a record lost, a release someone else installed). `version`:
+    Helm's, for the upgrade's flags. A release a killed Helm left pending is recovered when
+    that loses nothing (recover_pending, which `say`s what it does) and tried once more."""
     helm = helm or helm_binary()
+    version = version or new_with or (check_version(helm) if release.upgrades_own_crds else None)
     with tempfile.TemporaryDirectory(prefix="bootstrap-helm-") as folder:  # mode 0700
         values_file = write_values(Path(folder), release.values)
+        upgrade = upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout, version)
         result, how = None, "install"
         if new_with is not None:
             result = _run(install_argv(helm, release, values_file, kubeconfig_path, timeout, new_with),
                           timeout + EXIT_MARGIN_S)
         if result is None or result.returncode != 0 and NAME_IN_USE.search(result.stderr or ""):
-            result, how = _run(upgrade_install_argv(helm, release, values_file, kubeconfig_path, timeout),
-                               timeout + EXIT_MARGIN_S), "upgrade --install"
+            result, how = _run(upgrade, timeout + EXIT_MARGIN_S), "upgrade --install"
+        if result.returncode != 0 and PENDING_ERROR.search(result.stderr or ""):
+            recover_pending(helm, release, kubeconfig_path, timeout, say or (lambda _line: None))
+            result, how = _run(upgrade, timeout + EXIT_MARGIN_S), "upgrade --install"
     if result.returncode != 0:
         raise HelmError(f"helm {how} {release.name} ({release.chart} {release.version}) failed:\n"
                         f"{_helm_said(result)}",
                         f"re-run to retry; inspect with `helm status {release.name} -n {release.namespace}`")
+
+
+def _ns_argv(release: Release, kubeconfig_path: str | Path) -> list[str]:
+    return ["--namespace", release.namespace, "--kubeconfig", str(kubeconfig_path)]
+
+
+def recover_pending(helm: str, release: Release, kubeconfig_path: str | Path, timeout: int, say) -> None:
+    """Helm refused the release as held by another operation: read its history and, where
+    that loses nothing (helm_pending.recovery), uninstall a never-deployed pending install or
+    roll a pending upgrade back to its deployed revision; else HelmError with the command."""
+    where = _ns_argv(release, kubeconfig_path)
+    result = _run([helm, "history", release.name, "--max", str(HISTORY_MAX), "--output", "json", *where],
+                  VERSION_TIMEOUT_S + EXIT_MARGIN_S, text=False)
+    look = f"inspect it with `helm history {release.name} -n {release.namespace}`"
+    if result.returncode != 0:
+        said = (result.stderr or b"")[-4096:].decode("utf-8", "replace").strip() or f"exit status {result.returncode}"
+        raise HelmError(f"helm history {release.name} failed:\n{said}", look)
+    try:
+        history = parse_history(result.stdout)
+    except RemoteDataError as exc:
+        raise HelmError(f"helm history {release.name}: {exc}", look) from None
+    found = recovery(release.name, history, datetime.now(timezone.utc), timeout + EXIT_MARGIN_S)
+    if found is None or found.action == REFUSE:
+        raise HelmError(found.said if found else f"helm says another operation holds release {release.name}, "
+                        "but its history shows none pending", _pending_hint(release, found))
+    say(f"  {found.said}")
+    wait = ["--wait", "--timeout", f"{int(timeout)}s"]
+    argv = ([helm, "uninstall", release.name, *wait, *where] if found.action == UNINSTALL else
+            [helm, "rollback", release.name, str(found.to_revision), *wait, *where])
+    done = _run(argv, timeout + EXIT_MARGIN_S)
+    if done.returncode != 0:
+        raise HelmError(f"helm {found.action} {release.name} failed:\n{_helm_said(done)}", _pending_hint(release, found))
+
+
+def _pending_hint(release: Release, found: Recovery | None) -> str:
+    name, ns = release.name, release.namespace
+    if found is not None and found.wait_s:
+        return (f"re-run in {found.wait_s}s; if no Helm is working on it, `helm rollback {name} -n {ns}` (to the "
+                f"deployed revision) or, never deployed, `helm uninstall {name} -n {ns}`, then re-run")
+    return (f"see `helm history {name} -n {ns}`; `helm rollback {name} REVISION -n {ns}` to a deployed revision, "
+            f"or `helm uninstall {name} -n {ns}` (which removes what it runs), then re-run")
 
 
 APPLIED, PENDING, NOT_INSTALLED = "applied", "changes pending", "not installed"

@@ -100,5 +100,8 @@ def _config_map(name: str, data: dict) -> dict:
 
 def release(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> Release:
     src = versions.source(inventory, Component.GPU_OPERATOR)
+    # operator.upgradeCRD is left at the chart's default, true: "requires
+    # --disable-openapi-validation flag to be passed during helm upgrade" (values.yaml v26.7.0;
+    # templates/upgrade_crd.yaml, a pre-upgrade hook Job that applies the new CRDs).
     return Release(RELEASE, NAMESPACE, src.chart, src.repo, src.version,
-                   values(inventory, facts_by_node, gpu), src.archive)
+                   values(inventory, facts_by_node, gpu), src.archive, upgrades_own_crds=True)

@@ -27,6 +27,10 @@ class Release:
     version: str
     values: dict = field(default_factory=dict)
     archive: str | None = None  # a local chart archive: installed from it, not from `repo`
+    # The chart upgrades its own CRDs in a pre-upgrade hook (the GPU Operator's
+    # operator.upgradeCRD): Helm 3 checks the new objects against the CRDs still in the
+    # cluster before the hook runs, so its upgrades skip that check (helm.upgrade_install_argv).
+    upgrades_own_crds: bool = False
 
     def digest(self) -> str:
         """Changes exactly when `helm upgrade` would be asked for something different, so an

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,88 @@ def test_a_failed_install_is_said_as_the_install_it_was(recorder, tmp_path, monk
         helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, new_with=(4, 1, 4))
     assert caught.value.message.startswith("helm install gpu-operator (gpu-operator v26.7.0) failed")
     assert [c["argv"][0] for c in recorder()] == ["install"]  # a failure that is not "name in use": no retry
+
+
+# --- a release a killed Helm left pending -------------------------------------------------
+
+def left_pending(tmp_path, *statuses, age_s=3600):
+    """The recorder's history of RELEASE, as `helm history -o json` prints it."""
+    stamp = (datetime.now(timezone.utc) - timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    folder = tmp_path / "record.jsonl.history"
+    folder.mkdir(exist_ok=True)
+    (folder / "gpu-operator.json").write_text(json.dumps(
+        [{"revision": i + 1, "updated": stamp, "status": s, "chart": "gpu-operator-v26.7.0"}
+         for i, s in enumerate(statuses)]))
+
+
+def verbs(recorder):
+    return [c["argv"][0] if c["argv"][0] != "upgrade" else "upgrade --install" for c in recorder()]
+
+
+def test_a_never_deployed_pending_install_is_uninstalled_and_installed_again(recorder, tmp_path):
+    left_pending(tmp_path, "pending-install")
+    said = []
+    helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, new_with=(3, 14, 4), say=said.append)
+    assert verbs(recorder) == ["install", "upgrade --install", "history", "uninstall", "upgrade --install"]
+    history, uninstall = recorder()[2]["argv"], recorder()[3]["argv"]
+    assert history[:6] == ["history", "gpu-operator", "--max", "16", "--output", "json"]
+    assert uninstall[:2] == ["uninstall", "gpu-operator"] and "--wait" in uninstall
+    assert uninstall[uninstall.index("--namespace") + 1] == "gpu-operator"
+    assert said == ["  release gpu-operator was left pending-install at revision 1 (a Helm stopped before it "
+                    "finished); it was never deployed, so it is uninstalled and installed again"]
+
+
+def test_a_pending_upgrade_is_rolled_back_then_upgraded(recorder, tmp_path):
+    left_pending(tmp_path, "superseded", "deployed", "pending-upgrade")
+    said = []
+    helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, version=(4, 1, 4), say=said.append)
+    assert verbs(recorder) == ["upgrade --install", "history", "rollback", "upgrade --install"]
+    assert recorder()[2]["argv"][:3] == ["rollback", "gpu-operator", "2"]
+    assert "rolled back to revision 2" in said[0]
+
+
+@pytest.mark.parametrize("statuses, age_s, says", [
+    (("deployed", "pending-rollback"), 3600, "no recovery that loses nothing"),
+    (("superseded", "failed", "pending-upgrade"), 3600, "no recovery that loses nothing"),
+    (("deployed", "pending-upgrade"), 30, "a Helm may still be running it"),
+])
+def test_a_pending_release_that_cannot_be_recovered_safely_is_refused(recorder, tmp_path, statuses, age_s, says):
+    left_pending(tmp_path, *statuses, age_s=age_s)
+    with pytest.raises(helm.HelmError) as caught:
+        helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, version=(3, 14, 4))
+    assert says in caught.value.message and "helm rollback gpu-operator" in caught.value.hint
+    assert verbs(recorder) == ["upgrade --install", "history"]  # nothing uninstalled, nothing rolled back
+
+
+def test_a_hostile_history_is_a_clear_helm_error(recorder, tmp_path):
+    left_pending(tmp_path, "pending-install")
+    (tmp_path / "record.jsonl.history" / "gpu-operator.json").write_text("[" * 10_000)
+    with pytest.raises(helm.HelmError, match="nests deeper"):
+        helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, version=(3, 14, 4))
+    assert "uninstall" not in verbs(recorder)
+
+
+@pytest.mark.parametrize("version, skips_openapi", [((3, 14, 4), True), ((4, 1, 4), False)])
+def test_the_gpu_operator_upgrade_skips_helm3s_openapi_check_for_its_crd_hook(recorder, tmp_path, version,
+                                                                              skips_openapi):
+    """operator.upgradeCRD (true by default) "requires --disable-openapi-validation flag to be
+    passed during helm upgrade" (values.yaml v26.7.0): Helm 3 checks against the old CRDs
+    before the pre-upgrade hook replaces them. Other charts keep the check."""
+    inv, facts = mixed()
+    operator = next(r for r in desired_releases(inv, facts, gpu_nodes(inv, facts)) if r.name == "gpu-operator")
+    assert operator.upgrades_own_crds
+    if UPSTREAM.exists():
+        values = yaml.safe_load((UPSTREAM / "gpu-operator" / "v26.7.0" / "values.yaml").read_text())
+        assert values["operator"]["upgradeCRD"] is True and "upgradeCRD" not in operator.values.get("operator", {})
+    helm.upgrade_install(operator, tmp_path / "kubeconfig", timeout=60, version=version)
+    helm.upgrade_install(RELEASE, tmp_path / "kubeconfig", timeout=60, version=version)  # not upgrades_own_crds
+    first, second = recorder()
+    assert ("--disable-openapi-validation" in first["argv"]) is skips_openapi
+    assert "--disable-openapi-validation" not in second["argv"]
+
+
+def test_helms_version_is_asked_when_the_caller_did_not_say(recorder, tmp_path):
+    operator = Release(**{**RELEASE.__dict__, "upgrades_own_crds": True})
+    helm.upgrade_install(operator, tmp_path / "kubeconfig", timeout=60)  # the recorder says v3.14.4
+    version, upgrade = recorder()
+    assert version["argv"] == ["version", "--short"] and "--disable-openapi-validation" in upgrade["argv"]
