@@ -28,7 +28,7 @@ import re
 import statistics
 
 from bootstrap.cluster.checks import NAMESPACE, _create, _pod, _pod_outcome, cleanup
-from bootstrap.cluster.client import Cluster, object_path, request
+from bootstrap.cluster.client import Cluster, object_path, pod_log, request
 from bootstrap.inventory.kube import derived_name
 
 BURN_IN_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:nbody-cuda11.7.1"
@@ -115,10 +115,10 @@ def judge(measured: dict[str, dict[int, float]], expected_gpus: dict[str, int],
 
 
 def _container_logs(cluster: Cluster, node: str, gpus: int) -> dict[int, str]:
-    path = object_path("v1", "Pod", pod_name(node), NAMESPACE) + "/log"
+    path = object_path("v1", "Pod", pod_name(node), NAMESPACE)
     logs = {}
     for slot in range(gpus):
-        code, log = request(cluster, "GET", path, query=[("container", container_name(slot))], raw=True)
+        code, log = pod_log(cluster, path, container=container_name(slot))
         logs[slot] = log if code < 300 and isinstance(log, str) else ""
     return logs
 

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, request, wait_for
+from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, pod_log, request, wait_for
 from bootstrap.cluster.components import gpu_sharing
 from bootstrap.console_text import printable
 from bootstrap.cluster.components.rdma import resource_key
@@ -119,7 +119,7 @@ def _pod_outcome(cluster: Cluster, name: str, timeout_s: float) -> tuple[str, st
         status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
         phase = status.get("phase") if isinstance(status.get("phase"), str) else "Pending"
         if phase in ("Succeeded", "Failed"):
-            code, log = request(cluster, "GET", path + "/log", raw=True)
+            code, log = pod_log(cluster, path)  # its end, capped (a node may send more than asked)
             return phase, log if code < 300 and isinstance(log, str) else "", str(status.get("message", ""))
         reason, message = _waiting(status)
         if reason and reason not in STARTING:  # kept while the kubelet retries (ContainerCreating again)

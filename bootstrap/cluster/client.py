@@ -156,18 +156,26 @@ def connection_trouble(exc: Exception) -> str:
 
 
 def request(cluster: Cluster, method: str, path: str, body=None, *, query: list | None = None,
-            content_type: str = "application/json", raw: bool = False):
-    """(status, parsed body or text). 404 and other API errors come back as statuses."""
+            content_type: str = "application/json", raw: bool = False, max_bytes: int | None = None,
+            read_s: float | None = None):
+    """(status, parsed body or text). 404 and other API errors come back as statuses. At most
+    `max_bytes` of the answer are read (MAX_BODY_BYTES unless given), as it arrives: a JSON
+    body over it is a message, a text one (`raw`) is cut with a note; `read_s`: how long the
+    whole answer may take to arrive (else each read waits up to 30 s)."""
     # imported here: startup time (kubernetes takes ~0.3 s to import: only on reaching the API)
     from kubernetes.client.exceptions import ApiException
 
+    limit = MAX_BODY_BYTES if max_bytes is None else max_bytes
     try:
         response = cluster.api_client.call_api(
             path, method, query_params=query or [], header_params={"Content-Type": content_type,
                                                                    "Accept": "application/json"},
             body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30)
-        data = response[0].data if isinstance(response, tuple) else response.data
-        status = response[1] if isinstance(response, tuple) else response.status
+        answer, status = response[:2] if isinstance(response, tuple) else (response, response.status)
+        data, cut = read_capped(answer, limit, read_s)
+    # An error status's body the client reads whole: the API server's own, or a kubelet's
+    # error for a log, which the API server reads at most 50000 bytes of (kubernetes
+    # staging/src/k8s.io/apiserver/pkg/registry/generic/rest/response_checker.go).
     except ApiException as exc:
         return exc.status, _parse(exc.body)
     except Exception as exc:  # connection trouble through the tunnel
@@ -176,13 +184,67 @@ def request(cluster: Cluster, method: str, path: str, body=None, *, query: list 
                            "or the server is gone, run the command again (a lost server: `bootstrap rebuild`)") from None
     # What the API serves was written by nodes too (a kubelet's status, a pod's log): bytes
     # that are not UTF-8 are replaced, never fatal.
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = data.decode("utf-8", "replace")
+    if cut:
+        return status, text + f"\n[bootstrap cut this answer here: {cut}]" if raw else {
+            "message": f"the API's answer was not read whole: {cut}"}
     return status, text if raw else _parse(text)
 
 
 # An API list of every pod of a large cluster is tens of MiB; objects nest a few dozen deep.
-MAX_BODY_CHARS = 256 * 1024 * 1024
+MAX_BODY_BYTES = 256 * 1024 * 1024
 MAX_BODY_DEPTH = 128
+READ_CHUNK = 64 * 1024
+
+
+def read_capped(response, max_bytes: int, read_s: float | None = None) -> tuple[bytearray, str]:
+    """At most `max_bytes` of a streamed (urllib3) answer, read a chunk at a time as it
+    arrives, and why it stopped short ('' when it is whole): more than `max_bytes` came, or
+    it was still coming after `read_s` seconds. The rest is never read: the connection that
+    holds it is closed (the client's pool opens another)."""
+    # read1: what has arrived, up to a chunk (read() waits for the whole chunk: a trickle
+    # of a byte each 29 s would never end).
+    read = getattr(response, "read1", None) or response.read
+    deadline = None if read_s is None else time.monotonic() + read_s
+    body = bytearray()
+    why = ""
+    while not why:
+        chunk = read(min(READ_CHUNK, max_bytes + 1 - len(body)))
+        if not chunk:
+            return body, ""
+        body += chunk
+        if len(body) > max_bytes:
+            why = f"more than {max_bytes} bytes came"
+        elif deadline is not None and time.monotonic() > deadline:
+            why = f"it was still coming after {read_s:.0f} s"
+    del body[max_bytes:]
+    response.close()
+    response.release_conn()
+    return body, why
+
+
+# A pod's log is what its node's kubelet sends, and the API server passes it on as it comes,
+# however long (kubernetes staging/src/k8s.io/apiserver/pkg/registry/generic/rest/streamer.go,
+# LocationStreamer). So limitBytes and tailLines are asked for (the checks read a log's end),
+# and the cap is kept while reading too: a kubelet that ignores them sent 768 MiB, which
+# read whole took the tool from 89 to 1626 MiB (issue 32).
+LOG_MAX_BYTES = 1024 * 1024
+LOG_TAIL_LINES = 2000
+# limitBytes "may return slightly more or slightly less than the specified limit" (kubernetes
+# staging/src/k8s.io/api/core/v1/types.go, PodLogOptions): an honest node's answer is not cut.
+LOG_SLACK_BYTES = 64 * 1024
+LOG_READ_S = 60.0  # a megabyte through the tunnel takes seconds; a node that trickles is cut off
+
+
+def pod_log(cluster: Cluster, pod_path: str, *, container: str | None = None, max_bytes: int = LOG_MAX_BYTES,
+            tail_lines: int = LOG_TAIL_LINES, read_s: float = LOG_READ_S) -> tuple[int, str]:
+    """(status, text) of the log of the pod at `pod_path` (object_path of the Pod): its last
+    `tail_lines` lines, at most `max_bytes` of them. A node that sends more, or takes
+    longer than `read_s` seconds, is cut off there and the text ends with a note saying so."""
+    query = ([("container", container)] if container else []) + [
+        ("tailLines", str(tail_lines)), ("limitBytes", str(max_bytes))]
+    return request(cluster, "GET", pod_path + "/log", query=query, raw=True,
+                   max_bytes=max_bytes + LOG_SLACK_BYTES, read_s=read_s)
 
 
 def _parse(text):
@@ -190,7 +252,7 @@ def _parse(text):
     if not text:
         return {}
     try:
-        body = loads(text, what="the API's answer", max_chars=MAX_BODY_CHARS, max_depth=MAX_BODY_DEPTH)
+        body = loads(text, what="the API's answer", max_chars=MAX_BODY_BYTES, max_depth=MAX_BODY_DEPTH)
     except RemoteDataError as exc:
         return {"message": str(exc) if str(text).lstrip()[:1] in ("[", "{") else str(text)[:300]}
     # Every Kubernetes API body is an object (an item, a list, a Status): callers .get() it.

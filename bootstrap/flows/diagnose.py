@@ -29,7 +29,7 @@ import yaml
 
 from bootstrap import __version__
 from bootstrap import diagnosis as d
-from bootstrap.cluster.client import connect as connect_to_cluster, get, request, reusing_ssh
+from bootstrap.cluster.client import connect as connect_to_cluster, get, pod_log, reusing_ssh
 from bootstrap.errors import BootstrapError
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
@@ -275,9 +275,8 @@ def describe_pod(cluster, pod: dict, events: list[dict]) -> str:
             parts.append("(a name the API should not have accepted: not read)\n")
             continue
         try:
-            status, text = request(cluster, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log",
-                                   query=[("container", container), ("tailLines", str(d.LOG_TAIL_LINES)),
-                                          ("limitBytes", str(d.LOG_LIMIT_BYTES))], raw=True)
+            status, text = pod_log(cluster, f"/api/v1/namespaces/{namespace}/pods/{name}", container=container,
+                                   max_bytes=d.LOG_LIMIT_BYTES, tail_lines=d.LOG_TAIL_LINES)
         except BootstrapError as exc:
             parts.append(f"(not read: {exc.message})\n")
             continue

@@ -164,10 +164,10 @@ class FakeApi:
     def call_api(self, path, method, query_params=(), **_):
         self.asked.append((path, dict(query_params)))
         body = self.answers.get(path)
-        if body is None:
-            return SimpleNamespace(data=b'{"message": "not found"}'), 404
+        if body is None:  # an answer is read as it streams (urllib3's read1), as the client's is
+            return io.BytesIO(b'{"message": "not found"}'), 404
         data = body if isinstance(body, str) else json.dumps(body)
-        return SimpleNamespace(data=data.encode()), 200
+        return io.BytesIO(data.encode()), 200
 
 
 @pytest.fixture
