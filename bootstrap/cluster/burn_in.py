@@ -1,6 +1,17 @@
-"""GPU burn-in (`bootstrap health --burn-in SECONDS`): a pod per GPU node that runs CUDA's
-n-body benchmark on each of its GPUs for about SECONDS, judged by its output: every GPU's
-throughput against its siblings' (the same model, on any node), so a slow GPU stands out.
+"""GPU burn-in (`bootstrap health --burn-in SECONDS`, the gate's `burn-in`): a pod per GPU node
+that runs CUDA's n-body benchmark on each of its GPUs for about SECONDS, judged by its output.
+A node is judged by what the operator wrote and by its own answers only: a GPU slot fails
+below gpu.gate.burn_in_min_gflops, or below SLOW of its own node's median for its model (a
+slow GPU beside its fast siblings); below SLOW of the other nodes' median it is only a
+warning, since their figures are their own claims (a host may print a billion GFLOP/s).
+
+The pod asks for the GPU resource the node advertises (its allocatable: nvidia.com/gpu,
+nvidia.com/gpu.shared under time-slicing's renameByDefault, nvidia.com/mig-<profile> under
+MIG mixed), else for what the inventory's sharing implies (checks.expected_gpu_resources).
+One container per physical GPU, or per MIG device under MIG. Under time-slicing each container
+takes one replica, and the device plugin's default allocation policy (distributed) takes it
+from the GPU with the fewest replicas allocated, so the containers land on distinct GPUs
+(NVIDIA/k8s-device-plugin internal/rm/allocate.go, allocationComparators).
 
 The image is NVIDIA's k8s-samples n-body image, run the way it is built to run: its own
 ENTRYPOINT with arguments only. The image has no shell loop to run: the binary is
@@ -26,10 +37,13 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
 
-from bootstrap.cluster.checks import NAMESPACE, _create, _pod, _pod_outcome, cleanup
-from bootstrap.cluster.client import Cluster, object_path, pod_log, request
+from bootstrap.cluster.checks import NAMESPACE, _create, _pod, _pod_outcome, cleanup, expected_gpu_resources
+from bootstrap.cluster.client import Cluster, get, object_path, pod_log, request
+from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import derived_name
+from bootstrap.inventory.model import Inventory, Node
 
 BURN_IN_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:nbody-cuda11.7.1"
 SLOW = 0.85  # below this share of its siblings' median throughput, a GPU is slow
@@ -45,6 +59,45 @@ START_UP_S = 300
 _GFLOPS = re.compile(r"^= ([0-9]{1,12}(?:\.[0-9]{1,12})?) single-precision GFLOP/s at [0-9]{1,3} flops per "
                      r"interaction\s*$", re.M)
 _DEVICE = re.compile(r"^> Compute [0-9]{1,3}\.[0-9]{1,3} CUDA device: \[([ -~]{1,64})\]\s*$", re.M)
+# What a node's kubelet reports allocatable is that node's answer: GPU resource names as the
+# device plugin makes them, counts as plain whole numbers (anything else is not counted).
+_GPU_RESOURCE = re.compile(r"nvidia\.com/(?:gpu|gpu\.shared|mig-[0-9a-z][0-9a-z.+-]{0,39})")
+_COUNT = re.compile(r"[0-9]{1,4}")
+MAX_SLOTS = 64  # containers in one burn-in pod, whatever a node advertises
+
+
+@dataclass(frozen=True)
+class Slots:
+    """What a node's burn-in pod asks for: `count` containers, each one `resource`."""
+
+    resource: str
+    count: int
+
+
+def advertised(node_object: dict | None) -> dict[str, int]:
+    """The GPU resources a Node reports allocatable, name -> count (only counts above 0)."""
+    status = (node_object or {}).get("status")
+    allocatable = status.get("allocatable") if isinstance(status, dict) else None
+    if not isinstance(allocatable, dict):
+        return {}
+    return {name: int(value) for name, value in allocatable.items()
+            if isinstance(name, str) and _GPU_RESOURCE.fullmatch(name) and isinstance(value, str)
+            and _COUNT.fullmatch(value) and int(value) > 0}
+
+
+def burn_in_slots(inventory: Inventory, node: Node, host: HostFacts, node_object: dict | None) -> Slots:
+    """The resource the node advertises (the inventory's first where it advertises several),
+    else the one the inventory's sharing implies; one slot per GPU, or per MIG device."""
+    wanted = expected_gpu_resources(inventory, node, host)
+    have = advertised(node_object)
+    resource = next((r for r in sorted(wanted) if r in have), None) or min(have, default=None) \
+        or min(wanted, default="nvidia.com/gpu")
+    gpus = len(host.gpus) or 1
+    if inventory.sharing_for(node).mig:
+        count = min(have.get(resource) or wanted.get(resource) or gpus, wanted.get(resource) or MAX_SLOTS)
+    else:
+        count = min(gpus, have.get(resource, gpus))
+    return Slots(resource, max(1, min(count, MAX_SLOTS)))
 
 
 def pod_name(node: str) -> str:
@@ -60,12 +113,12 @@ def iterations(seconds: int) -> int:
     return max(10, int(seconds) * ITERATIONS_PER_SECOND)  # n-body's own default is 10
 
 
-def burn_in_pod(node: str, gpus: int, seconds: int) -> dict:
-    """One pod on `node`, one container per GPU, each n-body's benchmark on its own GPU."""
-    pod = _pod(pod_name(node), node, BURN_IN_IMAGE, {"nvidia.com/gpu": 1})
+def burn_in_pod(node: str, slots: Slots, seconds: int) -> dict:
+    """One pod on `node`, one container per slot, each n-body's benchmark on its own GPU."""
+    pod = _pod(pod_name(node), node, BURN_IN_IMAGE, {slots.resource: 1})
     template = pod["spec"]["containers"][0]
     args = ["-benchmark", f"-numbodies={BODIES}", f"-i={iterations(seconds)}"]
-    pod["spec"]["containers"] = [dict(template, name=container_name(slot), args=args) for slot in range(int(gpus))]
+    pod["spec"]["containers"] = [dict(template, name=container_name(slot), args=args) for slot in range(slots.count)]
     return pod
 
 
@@ -87,31 +140,48 @@ def throughputs(logs: dict[int, str]) -> dict[int, float]:
     return {slot: value for slot, value in measured.items() if value is not None}
 
 
-def judge(measured: dict[str, dict[int, float]], expected_gpus: dict[str, int],
-          models: dict[str, dict[int, str]] | None = None) -> dict:
-    """{"gpus": {node: {slot: GFLOP/s}}, "slow": [(node, slot, value, median)], "failed": [why]}.
-    With `models`, each GPU is held against the median of its own model."""
+def judge(measured: dict[str, dict[int, float]], expected_slots: dict[str, int],
+          models: dict[str, dict[int, str]] | None = None, floor: float | None = None) -> dict:
+    """{"gpus": {node: {slot: GFLOP/s}}, "slow": [(node, slot, value, what it was held to)],
+    "failed": [why], "warnings": [why]}. A slot fails below `floor` (the operator's figure) or
+    below SLOW of its own node's median for its model; below SLOW of the other nodes' median
+    (each node's own median, per model) it is only a warning: their figures are their claims."""
     models = models or {}
-    by_model: dict[str | None, list[float]] = {}
-    for node, per_node in measured.items():
-        for slot, value in per_node.items():
-            by_model.setdefault(models.get(node, {}).get(slot), []).append(value)
-    medians = {model: statistics.median(values) for model, values in by_model.items()}
+    own = {node: _medians(node, per_node, models) for node, per_node in measured.items()}
     values = [v for per_node in measured.values() for v in per_node.values()]
-    slow, failed = [], []
-    for node, want in expected_gpus.items():
+    slow, failed, warnings = [], [], []
+    for node, want in expected_slots.items():
         got = measured.get(node, {})
         missing = sorted(set(range(want)) - set(got))
         if missing:
             failed.append(f"{node}: no n-body result from GPU slot {', '.join(map(str, missing))}")
         for slot, value in sorted(got.items()):
-            median = medians.get(models.get(node, {}).get(slot))
-            if median and value < SLOW * median:
-                slow.append((node, slot, value, median))
-                failed.append(f"{node}: GPU slot {slot} ran at {value:.0f} GFLOP/s, {value / median:.0%} of its "
-                              f"siblings' median {median:.0f}: ask the provider for another machine")
+            model = models.get(node, {}).get(slot)
+            mine = own[node].get(model)
+            others = [medians[model] for peer, medians in own.items() if peer != node and model in medians]
+            if floor is not None and value < floor:
+                slow.append((node, slot, value, floor))
+                failed.append(f"{node}: GPU slot {slot} ran at {value:.0f} GFLOP/s, below gpu.gate.burn_in_min_gflops "
+                              f"{floor:g}: ask the provider for another machine")
+            elif mine and value < SLOW * mine:
+                slow.append((node, slot, value, mine))
+                failed.append(f"{node}: GPU slot {slot} ran at {value:.0f} GFLOP/s, {value / mine:.0%} of its "
+                              f"siblings' median {mine:.0f} on this node: ask the provider for another machine")
+            elif others and value < SLOW * statistics.median(others):
+                median = statistics.median(others)
+                warnings.append(f"{node}: GPU slot {slot} ran at {value:.0f} GFLOP/s, {value / median:.0%} of the "
+                                f"other nodes' median {median:.0f} (their own figures: not failed; "
+                                "gpu.gate.burn_in_min_gflops sets a floor)")
     return {"gpus": measured, "median": statistics.median(values) if values else None, "slow": slow,
-            "failed": failed}
+            "failed": failed, "warnings": warnings}
+
+
+def _medians(node: str, per_node: dict[int, float], models: dict[str, dict[int, str]]) -> dict[str | None, float]:
+    """The node's own median throughput per GPU model (None: the model n-body did not print)."""
+    by_model: dict[str | None, list[float]] = {}
+    for slot, value in per_node.items():
+        by_model.setdefault(models.get(node, {}).get(slot), []).append(value)
+    return {model: statistics.median(values) for model, values in by_model.items()}
 
 
 def _container_logs(cluster: Cluster, node: str, gpus: int) -> dict[int, str]:
@@ -123,17 +193,24 @@ def _container_logs(cluster: Cluster, node: str, gpus: int) -> dict[int, str]:
     return logs
 
 
-def run_burn_in(cluster: Cluster, nodes: dict[str, int], seconds: int) -> dict:
-    """`nodes`: node -> its GPU count. Every pod starts at once; each is waited for."""
+def slots_of(cluster: Cluster, inventory: Inventory, hosts: dict[str, HostFacts]) -> dict[str, Slots]:
+    """Each node's burn-in slots, from its Node as it is now (the device plugin's resources)."""
+    return {name: burn_in_slots(inventory, inventory.node(name), host, get(cluster, f"/api/v1/nodes/{name}"))
+            for name, host in hosts.items()}
+
+
+def run_burn_in(cluster: Cluster, nodes: dict[str, Slots], seconds: int, floor: float | None = None) -> dict:
+    """`nodes`: node -> what its pod asks for (slots_of); `floor`: gpu.gate.burn_in_min_gflops.
+    Every pod starts at once; each is waited for."""
     request(cluster, "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                      "metadata": {"name": NAMESPACE}})
     measured, models, errors = {}, {}, []
     try:
-        for node, gpus in nodes.items():
-            _create(cluster, burn_in_pod(node, gpus, seconds))
-        for node, gpus in nodes.items():
+        for node, slots in nodes.items():
+            _create(cluster, burn_in_pod(node, slots, seconds))
+        for node, slots in nodes.items():
             phase, _, why = _pod_outcome(cluster, pod_name(node), seconds * SLOWEST_SHARE + START_UP_S)
-            logs = _container_logs(cluster, node, gpus)
+            logs = _container_logs(cluster, node, slots.count)
             if phase != "Succeeded":
                 said = next((log for log in logs.values() if log.strip() and gflops(log) is None), "")
                 errors.append(f"{node}: the burn-in pod {phase.lower()}: {why or said[-200:]}")
@@ -141,7 +218,7 @@ def run_burn_in(cluster: Cluster, nodes: dict[str, int], seconds: int) -> dict:
             models[node] = {slot: model for slot, log in logs.items() if (model := device(log))}
     finally:
         cleanup(cluster)
-    verdict = judge(measured, {n: g for n, g in nodes.items() if not any(e.startswith(f"{n}:") for e in errors)},
-                    models)
+    verdict = judge(measured, {n: s.count for n, s in nodes.items() if not any(e.startswith(f"{n}:") for e in errors)},
+                    models, floor)
     verdict["failed"] = errors + verdict["failed"]
     return verdict

@@ -127,13 +127,16 @@ def pod_results(cluster: Cluster, inventory: Inventory, facts, nodes, checks) ->
 
 
 def burn_in_results(cluster: Cluster, inventory: Inventory, facts, nodes) -> list[CheckResult]:
-    verdict = burn_in.run_burn_in(cluster, {n.name: len(facts[n.name].gpus) or 1 for n in nodes},
-                                  inventory.gpu.gate.burn_in_s)
+    """Each node against the inventory's floor and its own GPUs; a peer's figures only warn."""
+    gate = inventory.gpu.gate
+    slots = burn_in.slots_of(cluster, inventory, {n.name: facts[n.name] for n in nodes})
+    verdict = burn_in.run_burn_in(cluster, slots, gate.burn_in_s, gate.burn_in_min_gflops)
     results = []
     for node in nodes:
-        failed = [why for why in verdict["failed"] if why.startswith(f"{node.name}:")]
-        results.append(CheckResult("burn-in", "FAIL" if failed else "PASS",
-                                   "; ".join(failed) or "every GPU within its siblings' range", node.name))
+        failed, warned = ([why for why in verdict[key] if why.startswith(f"{node.name}:")]
+                          for key in ("failed", "warnings"))
+        passed = "; ".join(["every GPU slot within its own node's range", *warned])
+        results.append(CheckResult("burn-in", "FAIL" if failed else "PASS", "; ".join(failed) or passed, node.name))
     return results
 
 

@@ -38,7 +38,7 @@ def run(args, console) -> int:
     results = check_health(inventory, state, console, cordon=args.cordon)
     burn = None
     if args.burn_in:
-        burn = burn_in(inventory, state, {r.node: r.gpus for r in results if r.verdict != "error"}, args.burn_in,
+        burn = burn_in(inventory, state, {r.node: r.host for r in results if r.verdict != "error"}, args.burn_in,
                        console)
     if args.json:
         console.document({"nodes": {r.node: {

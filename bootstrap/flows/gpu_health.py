@@ -19,6 +19,7 @@ from bootstrap.flows.run import Run
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
 from bootstrap.progress import report_host_failures
+from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.facts.pyinfra_fact import HostFactsFact
 from bootstrap.checks.preflight import gpu_health_findings
 from bootstrap.cluster.drain import cordon
@@ -35,6 +36,7 @@ class NodeHealth:
     findings: list  # preflight Findings (check gpu-health:*)
     new_xids: list  # XidEvents not seen by the last check
     gpus: int = 0
+    host: HostFacts | None = None  # as probed (what a burn-in of it asks for)
 
     @property
     def verdict(self) -> str:
@@ -71,7 +73,7 @@ def check_health(inventory, state, console, *, cordon: bool = False, open_sessio
                 continue
             host = facts[node.name]
             results.append(NodeHealth(node.name, findings.get(node.name, []),
-                                      new_since(records.get(node.name, {}), host), len(host.gpus)))
+                                      new_since(records.get(node.name, {}), host), len(host.gpus), host))
         for result in results:
             host = facts[result.node]
             uptimes = [x.uptime_s for x in host.xids or [] if x.uptime_s is not None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 
-from bootstrap.cluster.burn_in import BURN_IN_IMAGE, run_burn_in
+from bootstrap.cluster.burn_in import BURN_IN_IMAGE, Slots, run_burn_in
 from bootstrap.cluster.client import Cluster as ApiCluster
 
 
@@ -23,7 +23,7 @@ def lab(k3s, tmp_path):  # noqa: F811
 
 
 def test_burn_in_gets_a_number_from_every_gpu_and_the_image_refuses_nbody_by_name(lab, tmp_path):
-    verdict = run_burn_in(ApiCluster(lab.api, tmp_path / "kubeconfig"), {"gpu-1": 2}, 10)
+    verdict = run_burn_in(ApiCluster(lab.api, tmp_path / "kubeconfig"), {"gpu-1": Slots("nvidia.com/gpu", 2)}, 10)
     assert verdict["failed"] == [] and verdict["slow"] == []
     assert verdict["gpus"] == {"gpu-1": {0: 27000.0, 1: 27000.0}}  # the stand-in's H200 rate
     # What the burn-in ran before: a shell calling `nbody`, which the image does not have on PATH.
