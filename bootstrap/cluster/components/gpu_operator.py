@@ -18,17 +18,42 @@ DEVICE_PLUGIN_CONFIGMAP = "bootstrap-device-plugin-config"
 MIG_PARTED_CONFIGMAP = "bootstrap-mig-parted-config"
 
 
+# The toolkit's containerd config source: the file only, never `containerd config dump`.
+RUNTIME_CONFIG_SOURCE = "file"
+
+
 def toolkit_env() -> list[dict]:
-    """Only k3s's socket, for every operator version. The toolkit signals containerd
-    through it; it must not rewrite k3s's containerd config: pointing older toolkits
-    (< v25.10) at k3s's config.toml.tmpl replaces the template k3s renders its CNI and
-    registry settings from (NVIDIA/gpu-operator issue 473). k3s finds the runtime the
-    toolkit installs by itself when it renders containerd's config
-    (k3s-io/k3s pkg/agent/containerd/nvidia.go, findNvidiaContainerRuntimes:
+    """k3s's socket and the file config source, for every operator version and k3s line.
+
+    The socket: the toolkit signals containerd through it. It must not rewrite k3s's
+    containerd config: pointing older toolkits (< v25.10) at k3s's config.toml.tmpl replaces
+    the template k3s renders its CNI and registry settings from (NVIDIA/gpu-operator issue
+    473). k3s finds the runtime the toolkit installs by itself when it renders containerd's
+    config (k3s-io/k3s pkg/agent/containerd/nvidia.go, findNvidiaContainerRuntimes:
     /usr/local/nvidia/toolkit/nvidia-container-runtime) and registers the `nvidia`
-    RuntimeClass; from v25.10 the toolkit also writes a drop-in and GPUs reach pods
-    through CDI (the RKE2 docs' recipe, used in k3s PR #11065)."""
-    return [{"name": "CONTAINERD_SOCKET", "value": CONTAINERD_SOCKET}]
+    RuntimeClass; from v25.10 GPUs reach pods through CDI (the RKE2 docs' recipe, used in k3s
+    PR #11065).
+
+    RUNTIME_CONFIG_SOURCE=file: with no CONTAINERD_CONFIG the operator mounts the host's
+    /etc/containerd as the toolkit's config folder (NVIDIA/gpu-operator v26.7.0
+    controllers/object_controls.go, transformRuntimeConfigAndSocketMounts), and toolkit
+    v1.20.0 reads the config it extends from `chroot /host containerd config dump` first, the
+    file second (NVIDIA/nvidia-container-toolkit v1.20.0
+    cmd/nvidia-ctk-installer/container/runtime/runtime.go, config-source default
+    [command, file]; pkg/config/engine/containerd/containerd.go, CommandLineSource). That
+    runs whatever `containerd` is on the host's PATH, never k3s's (k3s keeps its own under
+    /var/lib/rancher/k3s/data/, with its config in agent/etc/containerd/), so on every k3s
+    line alike (containerd 1.7 to v1.31.5, 2.0 from v1.31.6 and v1.32.2, 2.1 to 2.3 later)
+    nothing the toolkit reads or writes there is k3s's. A k3s-only host has no such binary:
+    the dump fails and the file is read, as with this setting. A host with its own
+    containerd 2.x (a Docker install's containerd.io) dumps its config migrated to version
+    3 or 4; the toolkit writes /etc/containerd/conf.d/99-nvidia.toml at that version, and
+    that containerd then refuses to start ("drop-in config version 4 higher than root
+    config version 2", NVIDIA/aicr#1688, fixed there by this setting). With the file as the
+    only source the drop-in has the root config's own version (2 when there is none:
+    parseVersion). Toolkits before v1.18.0 do not know the variable and ignore it."""
+    return [{"name": "CONTAINERD_SOCKET", "value": CONTAINERD_SOCKET},
+            {"name": "RUNTIME_CONFIG_SOURCE", "value": RUNTIME_CONFIG_SOURCE}]
 
 
 DRIVER_UPGRADE_POLICY = {

@@ -429,15 +429,26 @@ def test_an_operator_driver_upgrade_goes_one_drained_node_at_a_time():
     assert "upgradePolicy" not in operator_values(inventory("gpu: {driver: preinstalled}\n"))["driver"]
 
 
+# One k3s release per containerd k3s embeds (k3s's release notes, Embedded Component Versions):
+# 1.7.27 (v1.30.14+k3s2), 2.0.2 (v1.31.6+k3s1, the first 2.x), 2.2.4 (v1.33.13+k3s1), 2.3.2 (v1.36.2+k3s1).
+K3S_LINES = ["v1.30.14+k3s2", "v1.31.6+k3s1", "v1.33.13+k3s1", "v1.36.2+k3s1"]
+
+
+@pytest.mark.parametrize("k3s", K3S_LINES)
 @pytest.mark.parametrize("version", ["v26.7.0", "v25.10.0", "v25.3.4", "v24.9.2"])
-def test_toolkit_env_is_socket_only_for_old_and_new_operators(version):
-    # Older operators used to get CONTAINERD_CONFIG pointed at k3s's config.toml.tmpl, which
-    # replaces the template k3s renders its CNI settings from (gpu-operator issue 473).
-    inv = inventory(f"gpu: {{driver: operator}}\ncharts: {{gpu_operator: {version}}}\n")
+def test_toolkit_env_is_the_socket_and_the_file_source_on_every_k3s_line(version, k3s):
+    """No CONTAINERD_CONFIG: older operators pointed it at k3s's config.toml.tmpl, which
+    replaces the template k3s renders its CNI settings from (gpu-operator issue 473).
+    RUNTIME_CONFIG_SOURCE=file: toolkit v1.20.0 (operator v26.7.0's) would otherwise read
+    `containerd config dump` of whatever containerd the host has on its PATH (never k3s's,
+    whatever its line), and a containerd 2.x there reports config version 3 or 4, which the
+    drop-in it writes then carries, and that containerd refuses to start (NVIDIA/aicr#1688)."""
+    inv = inventory(f"gpu: {{driver: operator}}\ncharts: {{gpu_operator: {version}}}\nk3s: {{version: {k3s}}}\n")
+    assert inv.k3s.version == k3s
     release = releases_by_name(inv)["gpu-operator"]
     assert release.version == version
     env = {e["name"]: e["value"] for e in release.values["toolkit"]["env"]}
-    assert env == {"CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock"}
+    assert env == {"CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock", "RUNTIME_CONFIG_SOURCE": "file"}
     assert all(isinstance(v, str) for v in env.values())  # env values must be strings
 
 
