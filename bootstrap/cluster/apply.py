@@ -16,6 +16,7 @@ from bootstrap.cluster.client import (UNREAD, Cluster, ClusterError, apply_objec
                                       request, wait_for)
 from bootstrap.cluster.drain import CORDONED_FOR_UPGRADE, cordoned_for_upgrade, uncordon
 from bootstrap.cluster.components import gpu_operator, gpu_sharing
+from bootstrap.cluster.gate_rules import may_hold, without_gate
 from bootstrap.inventory.model import Inventory
 
 DIGESTS = ("kube-system", "bootstrap-releases")
@@ -58,6 +59,10 @@ def label_and_taint(cluster: Cluster, inventory: Inventory, nodes: dict[str, dic
         have = current["metadata"].get("labels", {})
         want = {k: v for k, v in labels.get(node.name, {}).items() if have.get(k) != v}
         taints = list(current.get("spec", {}).get("taints", []) or [])
+        if not may_hold(node):
+            # A server registered gated by an earlier version (or gated by `health --cordon`):
+            # opened before the releases, whose Deployments may have nowhere else to run.
+            taints = without_gate(taints)
         for taint in map(taint_dict, node.taints):
             if not any(t.get("key") == taint["key"] and t.get("effect") == taint["effect"] for t in taints):
                 taints.append(taint)

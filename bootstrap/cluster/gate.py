@@ -13,7 +13,8 @@ from bootstrap.cluster import burn_in
 from bootstrap.cluster.checks import (NAMESPACE, CheckResult, check_capacity, check_gpu_pods, check_nccl, check_rdma,
                                       cleanup, nccl_group)
 from bootstrap.cluster.client import Cluster, ClusterError, get, merge_patch, request
-from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has_gate, with_gate, without_gate)
+from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has_gate, may_hold, with_gate,
+                                          without_gate)
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 
@@ -27,9 +28,10 @@ def node_path(name: str) -> str:
 
 def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
                    gpu: list) -> tuple[list, list]:
-    """(gated, pre-gate): the GPU nodes that answered and hold the gate's taint, and those
-    that registered before the gate existed (no taint, never passed): the tool gates those
-    through the API, since k3s sets node-taint only when a node registers."""
+    """(to judge, to gate first): the GPU nodes that answered and hold the gate's taint, or are
+    servers that never passed (judged open: gate_rules.may_hold); and the agents that registered
+    before the gate existed (no taint, never passed): the tool gates those through the API,
+    since k3s sets node-taint only when a node registers."""
     if not inventory.gpu.gate.enabled:
         return [], []
     gated, legacy = [], []
@@ -41,7 +43,7 @@ def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objec
         if has_gate(obj):
             gated.append(node)
         elif GATE_PASSED not in annotations:
-            legacy.append(node)
+            (legacy if may_hold(node) else gated).append(node)
     return gated, legacy
 
 
@@ -75,11 +77,14 @@ def close_gate(cluster: Cluster, name: str, reason: str | None = None) -> None:
 
 def apply_decision(cluster: Cluster, decision: GateDecision) -> None:
     """A node that passed loses the taint (and any old reason); one that failed keeps it and
-    carries why."""
-    if decision.passed:
+    carries why; a server that failed carries why, and loses a taint an older run gave it."""
+    if not decision.held:
+        annotations = {GATE_REASON: decision.annotation}
+        if decision.passed:
+            annotations[GATE_PASSED] = str(int(time.time()))
         _patch_node(cluster, decision.node, lambda node: {
             "spec": {"taints": without_gate((node.get("spec") or {}).get("taints")) or None},
-            "metadata": {"annotations": {GATE_REASON: None, GATE_PASSED: str(int(time.time()))}}})
+            "metadata": {"annotations": annotations}})
     else:
         merge_patch(cluster, node_path(decision.node), {"metadata": {"annotations": {GATE_REASON: decision.annotation}}})
 
@@ -188,7 +193,7 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
         results = gate_checks(cluster, inventory, facts, nodes, peers, gpu)
     except ClusterError as exc:  # the checks could not run: every node stays gated, saying why
         results = [CheckResult("gate", "FAIL", f"its checks could not run: {exc}", n.name) for n in nodes]
-    decisions = [decide(n.name, results) for n in nodes]
+    decisions = [decide(n.name, results, holds=may_hold(n)) for n in nodes]
     for decision in decisions:
         apply_decision(cluster, decision)
     return decisions, [n.name for n in legacy]

@@ -1,6 +1,7 @@
-"""The acceptance gate, its pure half: a GPU node joins tainted, so the scheduler places no
-workload pod on it until its own checks pass; the tool then removes the taint. A node that
-fails keeps it, with the reason in an annotation.
+"""The acceptance gate, its pure half: a GPU agent joins tainted, so the scheduler places no
+workload pod on it until its own checks pass; the tool then removes the taint. An agent that
+fails keeps it, with the reason in an annotation. A server is judged too but never held
+(may_hold).
 
 The taint is set by k3s when the node registers (`node-taint` in config.yaml): k3s applies
 node-taint only at registration, never to a Node that exists (k3s-io/docs docs/cli/agent.md,
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bootstrap.console_text import printable
+from bootstrap.inventory.model import Node, Role
 
 GATE_KEY = "bootstrap.k3s/gate"  # the taint's key, beside the tool's other bootstrap.k3s/* marks
 GATE_VALUE = "pending"
@@ -35,6 +37,19 @@ GATE_TOLERATION = {"key": GATE_KEY, "operator": "Exists", "effect": GATE_EFFECT}
 GATE_TOLERATION_LONGHORN = f"{GATE_KEY}:{GATE_EFFECT}"
 
 PASSED, FAILED, PENDING, OPEN = "passed", "failed", "pending", "open"
+
+
+def may_hold(node: Node) -> bool:
+    """Whether the gate may keep `node` out of work: an agent, never a server. A server runs the
+    cluster's own add-ons, which tolerate only CriticalAddonsOnly and the control-plane role
+    (k3s-io/k3s manifests/coredns.yaml, metrics-server/metrics-server-deployment.yaml,
+    local-storage.yaml, traefik.yaml), and every Deployment the tool installs: the GPU
+    Operator's and NFD's master (values.yaml v26.7.0 operator.tolerations,
+    node-feature-discovery master.tolerations: the control-plane taint only), NFD's gc and
+    Volcano's three (none), the CSI controllers. On a cluster of GPU machines only, a gated
+    server leaves them nowhere to run: `helm install --wait` times out before the gate's own
+    checks can open any node. Kept off the servers, the gate deadlocks nothing."""
+    return node.role != Role.SERVER
 
 
 def taint_flag() -> str:
@@ -69,6 +84,12 @@ class GateDecision:
     node: str
     passed: bool
     reason: str  # the failed checks, or what passed
+    holds: bool = True  # whether a failure keeps the node gated (never a server's: may_hold)
+
+    @property
+    def held(self) -> bool:
+        """Kept out of work: failed, and a node the gate may hold."""
+        return self.holds and not self.passed
 
     @property
     def annotation(self) -> str | None:
@@ -81,13 +102,13 @@ def cap_reason(text: str) -> str:
     return line if len(line) <= REASON_MAX else line[:REASON_MAX - 3] + "..."
 
 
-def decide(node: str, results: list) -> GateDecision:
+def decide(node: str, results: list, holds: bool = True) -> GateDecision:
     """Whether `node` passes, from its checks' results (bootstrap.cluster.checks.CheckResult:
     check, status PASS|FAIL|SKIP, reason, node). A node passes when none of its own checks
-    failed; a SKIP (not configured, not measurable) does not hold it."""
+    failed; a SKIP (not configured, not measurable) does not hold it. `holds`: may_hold(node)."""
     mine = [r for r in results if r.node == node]
     failed = [r for r in mine if r.status == "FAIL"]
     if failed:
-        return GateDecision(node, False, "; ".join(f"{r.check}: {r.reason}" for r in failed))
+        return GateDecision(node, False, "; ".join(f"{r.check}: {r.reason}" for r in failed), holds)
     passed = [r.check for r in mine if r.status == "PASS"]
-    return GateDecision(node, True, "passed " + (", ".join(passed) if passed else "(no check applied)"))
+    return GateDecision(node, True, "passed " + (", ".join(passed) if passed else "(no check applied)"), holds)

@@ -14,7 +14,7 @@ from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.read_ahead import remember
 from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
-from bootstrap.flows.gate import failed_nodes, gate_phase
+from bootstrap.flows.gate import failure, gate_phase
 from bootstrap.flows.run import Run
 from bootstrap.host.images import download_lines
 from bootstrap.cluster.checks import render_table, run_checks
@@ -41,7 +41,7 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
         summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
                                 trace=run.console.phase, prefetched=None if hosts_changed else cluster.prefetched)
         remember(run.state, summary.pop("compared"))
-        held = failed_nodes(gate_phase(run, cluster, summary.pop("nodes", None)))
+        gate_failed = failure(gate_phase(run, cluster, summary.pop("nodes", None)))
     for line in download_lines(run.inventory, run.settled_facts(), run.topology.gpu_nodes_of(run.inventory)):  # k3s pulls them in the background
         run.console.say(line)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
@@ -51,8 +51,8 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
     elif validate and validate_cluster(run.inventory, run.state, run.settled_facts(), run.console,
                                        gpu=run.topology.gpu_nodes_of(run.inventory), connect=run.connect) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
-    if held:
-        raise HostsFailed(f"{len(held)} GPU node(s) failed the acceptance gate and stay gated: {', '.join(held)}",
+    if gate_failed:
+        raise HostsFailed(gate_failed,
                           "see the gate: lines above (the reason is also on the node, annotation "
                           "bootstrap.k3s/gate-reason); fix or replace the machine (`bootstrap rebuild`), then `bootstrap up`")
     return bool(changes)

@@ -27,11 +27,20 @@ def gate_phase(run: Run, cluster, node_objects: dict | None = None) -> list[Gate
 def say_decisions(console, decisions: list[GateDecision]) -> None:
     if not decisions:
         return
-    console.event("gate", nodes=[{"node": d.node, "passed": d.passed, "reason": d.reason} for d in decisions])
+    console.event("gate", nodes=[{"node": d.node, "passed": d.passed, "held": d.held, "reason": d.reason}
+                                 for d in decisions])
     for decision in decisions:
-        verdict = "passed, takes workloads" if decision.passed else "not passed, stays gated"
+        verdict = "passed, takes workloads" if decision.passed else "not passed, stays gated" if decision.held \
+            else "not passed, takes workloads all the same (a server is never gated)"
         console.say(f"gate: {decision.node}: {verdict}: {printable(decision.reason)}")
 
 
-def failed_nodes(decisions: list[GateDecision]) -> list[str]:
-    return [d.node for d in decisions if not d.passed]
+def failure(decisions: list[GateDecision]) -> str | None:
+    """What `up` stops with (exit 1), or None: every node that failed, gated or, a server, not."""
+    held = [d.node for d in decisions if d.held]
+    open_failed = [d.node for d in decisions if not d.passed and not d.held]
+    parts = [f"{len(held)} GPU node(s) failed the acceptance gate and stay gated: {', '.join(held)}"] if held else []
+    if open_failed:
+        parts.append(f"{len(open_failed)} GPU server(s) failed the acceptance gate and take workloads all the same "
+                     f"(a server is never gated): {', '.join(open_failed)}")
+    return "; ".join(parts) or None

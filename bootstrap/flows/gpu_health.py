@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from bootstrap.cluster.client import connect as connect_to_cluster, merge_patch
 from bootstrap.cluster.gate import close_gate
-from bootstrap.cluster.gate_rules import GATE_KEY, cap_reason
+from bootstrap.cluster.gate_rules import GATE_KEY, cap_reason, may_hold
 from bootstrap.flows.run import Run
 from bootstrap.remote.connections import open_hosts
 from bootstrap.state.lock import cluster_lock
@@ -100,9 +100,12 @@ def cordon_unhealthy(inventory, state, unhealthy: list[NodeHealth], console, con
                 "annotations": {HEALTH_REASON: first.message[:1000]}}})
             # Gated again as well: the cordon is what an operator lifts by hand; the gate is
             # lifted only by the node's own checks at the next `up` (bootstrap.cluster.gate).
-            close_gate(cluster, result.node, cap_reason(f"gpu-health: {first.message}"))
-            console.say_lines([f"{result.node}: cordoned (label {HEALTH_LABEL}=error) and gated ({GATE_KEY}): "
-                               f"{first.message}"])
+            # A server is never gated (gate_rules.may_hold): the cordon alone.
+            gated = may_hold(inventory.node(result.node))
+            if gated:
+                close_gate(cluster, result.node, cap_reason(f"gpu-health: {first.message}"))
+            console.say_lines([f"{result.node}: cordoned (label {HEALTH_LABEL}=error)"
+                               f"{f' and gated ({GATE_KEY})' if gated else ''}: {first.message}"])
 
 
 def render(results: list[NodeHealth]) -> list[str]:

@@ -10,6 +10,7 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 
+from bootstrap.cluster.gate_rules import may_hold
 from bootstrap.host.release import K3sArtifacts
 from bootstrap.host.parts import k3s_binary, k3s_images, k3s_service, kernel, packages, registries
 from bootstrap.host.parts.base import FileSpec, text_file
@@ -44,7 +45,7 @@ def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifact
                       k3s_version=artifacts.version)
     host_toolkit = gpu and packages.needs_host_toolkit(inventory)
     config = gated_config(inventory, node, tokens, join_via, embedded_mirror, host_toolkit,
-                          gpu and inventory.gpu.gate.enabled, current_config_sha)
+                          gpu and inventory.gpu.gate.enabled and may_hold(node), current_config_sha)
     desired.files += kernel.files(desired.sysctls) + k3s_service.files(inventory, node, config)
     desired.files += [f for f in [registries.file(inventory, embedded_mirror), k3s_binary.file(artifacts)] if f]
     desired.files += k3s_images.files(artifacts)
@@ -62,10 +63,11 @@ def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifact
 
 def gated_config(inventory: Inventory, node: Node, tokens: JoinTokens, join_via, embedded_mirror: bool,
                  host_toolkit: bool, gate: bool, current_config_sha: str | None) -> str:
-    """The node's config.yaml, with the acceptance gate's node-taint on a GPU node. A node whose
-    config.yaml is exactly the one it would get without the gate (built before the gate) keeps
-    it: a new config.yaml restarts k3s, and k3s would not taint a registered node anyway; the
-    cluster side taints that node through the API (bootstrap.cluster.gate.gate_legacy_nodes)."""
+    """The node's config.yaml, with the acceptance gate's node-taint when `gate` (a GPU agent:
+    bootstrap.cluster.gate_rules.may_hold). A node whose config.yaml is exactly the one it
+    would get without the gate (built before the gate) keeps it: a new config.yaml restarts
+    k3s, and k3s would not taint a registered node anyway; the cluster side taints that node
+    through the API (bootstrap.cluster.gate.nodes_to_judge, run_gate)."""
     def render(gated: bool) -> str:
         return k3sconfig.render(k3sconfig.node_config(inventory, node, tokens, join_via, embedded_mirror,
                                                       nvidia_default_runtime=host_toolkit, gated=gated))
