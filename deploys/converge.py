@@ -15,6 +15,7 @@ from bootstrap.host.parts import k3s_binary, placing
 from bootstrap.remote import archive
 from bootstrap.host.parts.k3s_service import CONTAINERD_CONFIG
 from bootstrap.host.plan import restore
+from bootstrap.host.plan.join_tokens import CA_HASH_REFUSED
 from bootstrap.host.plan.host_plan import HostPlan
 
 SERVICE_TIMEOUT_S = 300
@@ -73,9 +74,16 @@ def wait_for_service_script(unit: str, action: str, timeout: int = SERVICE_TIMEO
         done = "started"
         head = "started() {\n  { " + "\n".join(then) + \
             "\n  } || echo \"$u is active, but starting its image pulls failed\" >&2\n  exit 0\n}\n"
+    # A join refused for the CA hash its token names: an agent asks again every 2 s and never
+    # becomes active, so the wait ends when k3s says so (looked for every 5 s), and that line
+    # (a hash, no secret) comes last: it is the failure's reason (bootstrap.flows.ca_hash).
+    log = 'journalctl -u $u --since "@$t0" -o cat --no-pager 2>/dev/null'
+    said = f"grep -F {shlex.quote(CA_HASH_REFUSED)}"
+    says = f"grep -qF {shlex.quote(CA_HASH_REFUSED)}"
     script = f"""
 u={unit}
 {head}show() {{ systemctl show -p "$1" --value $u 2>/dev/null; }}
+t0=$(date +%s)
 old=$(show InvocationID)
 state=$(show ActiveState)
 was_active=no; [ "$state" = active ] && was_active=yes
@@ -93,10 +101,12 @@ while [ $i -lt {timeout} ]; do
   fi
   if [ "$state" = failed ] || [ "$sub" = auto-restart ]; then break; fi
   if [ -n "$first" ] && [ -n "$id" ] && [ "$id" != "$first" ]; then break; fi
+  if [ $((i % 5)) = 4 ] && {log} | {says}; then break; fi
   sleep 1; i=$((i+1))
 done
 echo "$u did not become active ($state after ${{i}}s); its last log lines:" >&2
 journalctl -u $u -n 8 --no-pager -o cat 2>/dev/null | grep -iv token | tail -n 5 >&2
+{log} | {said} | tail -n 1 | cut -c 1-400 >&2
 exit 1
 """
     return script.strip()

@@ -32,7 +32,9 @@ from bootstrap.host.parts.k3s_service import CONFIG, K3S_DATA_DIR, KUBECONFIG
 from bootstrap.host.parts.paths import managed_paths
 from bootstrap.host.plan.all_hosts import Plans, make_plans
 from bootstrap.host.plan.host_plan import after_the_ca, before_the_ca
-from bootstrap.host.plan.join_tokens import (LEGACY_NOTE, PLACEHOLDER, SERVER_TOKEN_FILE, JoinTokens, ca_hash_from_server_token, is_secret)
+from bootstrap.host.plan.join_tokens import LEGACY_NOTE, PLACEHOLDER, JoinTokens, is_secret
+from bootstrap.flows.ca_hash import (CA_HASH, after_a_refused_join, joining, k3s_server_runs, learn_ca_hash, read_ca_hash,
+                                     recheck_kept_ca_hash, refused_for_the_ca_hash)
 from bootstrap.host.plan.rollout import plan_rollout
 from bootstrap.host.plan.steps import converge_steps, first_server_step
 from bootstrap.remote.connections import open_hosts
@@ -43,7 +45,6 @@ from bootstrap.progress import end_run
 from bootstrap.state.folder import StateDir
 
 
-CA_HASH = "ca-hash"  # the state folder's copy of the cluster CA's sha256 (bootstrap.host.plan.join_tokens)
 # The state folder's mark of a cluster built before agent tokens (join_tokens.LEGACY_NOTE).
 NO_AGENT_TOKEN = "no-agent-token"
 
@@ -113,36 +114,6 @@ def legacy_tokens(state: StateDir, server: str, ca_hash: str | None, keep: bool)
     return JoinTokens(server, None, ca_hash)
 
 
-def learn_ca_hash(session, inventory: Inventory, state: StateDir, tokens: JoinTokens, facts, join_via=None,
-                  keep: bool = True) -> JoinTokens:
-    """`tokens` with the cluster CA's hash, read from the server nodes join (`join_via`, else
-    the first server) when its k3s runs and the state folder does not hold it yet; kept
-    there (`keep`) so later runs need no round trip. Unchanged while no server runs."""
-    if tokens.ca_hash or tokens is PLACEHOLDER:
-        return tokens
-    target = join_via or inventory.servers[0]
-    install = getattr(facts.get(target.name), "k3s", None)
-    unit = install.unit("k3s") if install else None
-    if unit is None or not unit.active:
-        return tokens
-    return read_ca_hash(session, target, state, tokens, keep)
-
-
-def read_ca_hash(session, server, state: StateDir, tokens: JoinTokens, keep: bool = True) -> JoinTokens:
-    """The hash from `server`'s own server/token file, checked strictly (its format, and
-    that it holds this cluster's server token); an error before any join uses it."""
-    text = session.read_root_file(server.name, SERVER_TOKEN_FILE)
-    try:
-        ca_hash = ca_hash_from_server_token(text, tokens.server)
-    except ValueError as problem:
-        raise BootstrapError(f"cannot learn the cluster CA's hash from {server.name}: {problem}; "
-                             "no node joins without it",
-                             f"check k3s on {server.name} (journalctl -u k3s), then run the command again") from None
-    if keep:
-        state.write_secret(CA_HASH, ca_hash + "\n")
-    return tokens.with_ca_hash(ca_hash)
-
-
 def fetch_kubeconfig(session, inventory: Inventory, state: StateDir) -> None:
     """Read k3s.yaml from the first server (never printed), point it at that server's
     address, name it bootstrap-<cluster>, keep it 0600 in the state folder."""
@@ -198,6 +169,7 @@ def plan_hosts(run: Run, *, create_token: bool, join_via, converging: bool) -> P
     """The join tokens, the inventory resolved (node-ips, secrets: once), each host's plan."""
     tokens = load_or_create_tokens(run.state, run.facts, run.inventory, create=create_token,
                                    create_agent=converging)
+    kept = tokens.ca_hash is not None  # from the state folder, not read in this run
     tokens = learn_ca_hash(run.session, run.inventory, run.state, tokens, run.facts, join_via, keep=converging)
     if converging and tokens.agent is None:
         run.console.warn(f"warning: {LEGACY_NOTE}")
@@ -205,6 +177,13 @@ def plan_hosts(run: Run, *, create_token: bool, join_via, converging: bool) -> P
                                    artifacts=run.topology.releases, cluster_id=run.state.cluster_id,
                                    join_via=join_via, topology=run.topology)
     plans = run.replan(tokens=tokens)
+    server = join_via or run.inventory.servers[0]
+    joiners = joining(plans.plans, server.name)
+    if converging and kept and joiners and k3s_server_runs(run.facts, server):
+        # A rotated CA refuses every join that names the kept hash: ask the server first.
+        fresh = recheck_kept_ca_hash(run.session, run.console, run.state, tokens, server, joiners)
+        if fresh.ca_hash != tokens.ca_hash:
+            tokens, plans = fresh, run.replan(tokens=fresh)
     for name, reason in plans.failures.items():
         run.fail(name, reason)  # its answers could not be planned from: the others go on
     plans.target_version, plans.tokens, plans.replan = run.topology.target_version, tokens, run.replan
@@ -295,6 +274,10 @@ def converge_or_roll(run: Run, options: UpOptions) -> None:
             run.hosts[name].result["upgrade k3s"] = StepResult("changed")
     else:
         converge(run, rest, not options.hosts_only)
+    refused = refused_for_the_ca_hash(run.failures)
+    if refused and run.tokens is not None and run.tokens.ca_hash and run.tokens is not PLACEHOLDER:
+        server = run.join_via or run.inventory.servers[0]
+        run.tokens = after_a_refused_join(run.session, run.console, run.state, run.tokens, server, refused)
     summarise(run)
     end_run(run.console, run.failures)
     if not options.hosts_only:

@@ -35,6 +35,11 @@ _PASSWORD = r"[A-Za-z0-9._~+/=-]{6,256}"
 SECRET = re.compile(_PASSWORD, re.ASCII)
 _CA_HASH = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _SERVER_TOKEN_LINE = re.compile(r"K10([0-9a-f]{64})::server:(" + _PASSWORD + r")\n?", re.ASCII)
+# What k3s says when a join's token names another CA than the server's /cacerts (k3s-io/k3s
+# pkg/clientaccess/token.go, validateCAHash, commit 0566d457: "token CA hash does not match
+# the Cluster CA certificate hash: %s != %s"): an agent logs it and asks again every 2 s, a
+# joining server exits with it.
+CA_HASH_REFUSED = "token CA hash does not match the Cluster CA certificate hash"
 
 
 # A cluster `up` built before agent tokens keeps joining its agents with the server token:
