@@ -37,6 +37,7 @@ GATE_TOLERATION = {"key": GATE_KEY, "operator": "Exists", "effect": GATE_EFFECT}
 GATE_TOLERATION_LONGHORN = f"{GATE_KEY}:{GATE_EFFECT}"
 
 PASSED, FAILED, PENDING, OPEN = "passed", "failed", "pending", "open"
+FAILED_OPEN = "failed-open"  # failed its checks but not gated: a server (may_hold)
 
 
 def may_hold(node: Node) -> bool:
@@ -72,10 +73,11 @@ def with_gate(taints: list) -> list:
 
 def node_state(node_object: dict) -> tuple[str, str]:
     """(state, reason) of a Node object as `status` shows it: `pending` (gated, not judged
-    yet), `failed` (gated, with the reason the node carries), `open` (no gate)."""
+    yet), `failed` (gated, with the reason the node carries), `open` (no gate), `failed-open`
+    (no gate, with a reason: a server that failed its checks)."""
     reason = ((node_object.get("metadata") or {}).get("annotations") or {}).get(GATE_REASON) or ""
     if not has_gate(node_object):
-        return OPEN, ""
+        return (FAILED_OPEN, printable(str(reason))) if reason else (OPEN, "")
     return (FAILED, printable(reason)) if reason else (PENDING, "")
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from bootstrap.cluster.client import connect as connect_to_cluster, get
-from bootstrap.cluster.gate_rules import FAILED, PENDING, node_state
+from bootstrap.cluster.gate_rules import FAILED, FAILED_OPEN, PENDING, node_state
 from bootstrap.cluster.node_status import ready_word
 from bootstrap.console_text import printable
 from bootstrap.errors import BootstrapError
@@ -119,14 +119,17 @@ def render_status(report: dict) -> list[str]:
 
 
 def gate_lines(rows: list[dict]) -> list[str]:
-    """Each gated node: waiting for its first checks, or why it failed them (the reason is the
-    node's annotation, read from the API: printable)."""
+    """Each gated node (waiting for its first checks, or why it failed them) and each server that
+    failed them (never gated); the reason is the node's annotation, read from the API: printable."""
     lines = []
     for r in rows:
         if r.get("gate") == PENDING:
             lines.append(f"gate {printable(r['node'])}: pending (its checks run at the next `bootstrap up`)")
         elif r.get("gate") == FAILED:
             lines.append(f"gate {printable(r['node'])}: failed, no workload pods: {printable(r.get('gate_reason', ''))}")
+        elif r.get("gate") == FAILED_OPEN:
+            lines.append(f"gate {printable(r['node'])}: failed, takes workloads all the same (a server is never "
+                         f"gated): {printable(r.get('gate_reason', ''))}")
     return lines
 
 

@@ -17,7 +17,7 @@ from test_gate_rules import longhorn_setting_tolerations, lookup, tolerates
 
 from bootstrap.cluster.checks import CheckResult
 from bootstrap.cluster.components import desired_releases
-from bootstrap.cluster.gate_rules import GATE_KEY, decide, may_hold
+from bootstrap.cluster.gate_rules import FAILED_OPEN, GATE_KEY, GATE_REASON, decide, may_hold, node_state
 from bootstrap.host.parts import k3s_service
 from bootstrap.host.plan.all_hosts import make_plans
 from bootstrap.host.plan.join_tokens import JoinTokens
@@ -185,3 +185,20 @@ def test_a_servers_failure_is_reported_but_does_not_hold_it():
     assert not server.passed and not server.held and server.annotation == "gpu-health: Xid 79"
     assert not agent.passed and agent.held
     assert not decide("s2", results, holds=False).held and not decide("a2", results).held  # both passed
+
+
+def test_status_shows_a_server_that_failed_but_takes_workloads():
+    from test_host_phase_flow import healthy_host  # imported here: the flows' fixtures, only this test
+
+    from bootstrap.flows.inspection import node_row, render_status
+
+    inv, _ = all_gpu("3-servers-nfs")
+    failed_open = {"metadata": {"annotations": {GATE_REASON: "gpu-health: Xid 79\x1b[2J"}}, "spec": {},
+                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    state, reason = node_state(failed_open)
+    assert state == FAILED_OPEN and reason.startswith("gpu-health: Xid 79") and "\x1b" not in reason
+    row = node_row(inv.node("s1"), healthy_host("s1"), failed_open)
+    text = "\n".join(render_status({"cluster": "t", "state_dir": "s", "api": True, "nodes": [row], "components": {},
+                                    "inventory_as_applied": None, "newest_snapshot": None}))
+    assert "Ready,gated" not in text and "\x1b" not in text
+    assert "gate s1: failed, takes workloads all the same (a server is never gated): gpu-health: Xid 79" in text
