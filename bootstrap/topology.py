@@ -10,21 +10,40 @@ from dataclasses import dataclass, field, replace
 
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.registries import embedded_mirror_on
-from bootstrap.inventory.model import Inventory, Node
+from bootstrap.inventory.model import Component, GpuSettings, Inventory, Node, NodeGpu
 from bootstrap.checks.node_addresses import NodeAddresses, choose_all
 
 
 def is_gpu_node(inventory: Inventory, node: Node, facts: HostFacts | None) -> bool:
-    """The inventory's gpu.enabled wins; else the host's GPUs decide. A host that does not
-    answer (no facts) is a GPU node only when the inventory says so."""
+    """The node's own setup: the inventory's gpu.enabled wins; else the host's GPUs decide. A
+    host that does not answer (no facts) is a GPU node only when the inventory says so."""
     if node.gpu.enabled is not None:
         return node.gpu.enabled
     return facts is not None and facts.gpu_hardware
 
 
 def gpu_nodes(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Node]:
-    """The cluster's GPU nodes, in inventory order: the one answer every part reads."""
+    """The nodes that are GPU nodes by their own setup, in inventory order. The run's GPU
+    nodes are these in a GPU cluster (gpu_cluster), none otherwise: resolve_topology."""
     return [n for n in inventory.nodes if is_gpu_node(inventory, n, facts.get(n.name))]
+
+
+def _named_gpu_node(node: Node) -> bool:
+    """The inventory names this node a GPU node: gpu.enabled: true, or a GPU setting of its
+    own (sharing, count) without gpu.enabled: false."""
+    return node.gpu.enabled is True or (node.gpu.enabled is None and node.gpu != NodeGpu())
+
+
+def gpu_cluster(inventory: Inventory, facts: dict[str, HostFacts]) -> bool:
+    """Whether the cluster is set up for GPUs: what turns on the cluster-wide settings (the
+    GPU Operator, by default the embedded registry mirror, which restarts the servers and
+    lists the mirrored registries in every node's registries.yaml). Decided by what the
+    operator wrote (a node named a GPU node, cluster-wide `gpu:` settings, a gpu_operator
+    chart pin, an NCCL check) and by the servers' own GPUs (whoever runs a server holds the
+    cluster anyway), never by an agent's claim: one line of PCI output changes no other host."""
+    asked = (inventory.gpu.written or inventory.gpu != GpuSettings() or Component.GPU_OPERATOR in inventory.charts
+             or inventory.validate.nccl is not None or any(_named_gpu_node(n) for n in inventory.nodes))
+    return asked or any(is_gpu_node(inventory, n, facts.get(n.name)) for n in inventory.servers)
 
 
 @dataclass(frozen=True)
@@ -33,6 +52,9 @@ class Topology:
     addresses: dict[str, NodeAddresses]  # per node: node-ip (internal) and node-external-ip
     embedded_mirror: bool  # k3s's embedded registry mirror (hostparts.registries.embedded_mirror_on)
     first_server: str  # the cluster-init server, where snapshots are taken
+    # Agents whose own GPUs go unused: they report GPUs, but the cluster is no GPU cluster
+    # (gpu_cluster: nothing in the inventory asks for GPUs). Preflight says so, with the fix.
+    unused_gpus: tuple[str, ...] = ()
     # The k3s release per architecture ({arch: K3sArtifacts}) and its version: resolved
     # (online for a channel) only once preflight found nothing wrong.
     releases: dict = field(default_factory=dict)
@@ -51,7 +73,10 @@ class Topology:
 
 
 def resolve_topology(inventory: Inventory, facts: dict[str, HostFacts]) -> Topology:
-    gpu = tuple(n.name for n in gpu_nodes(inventory, facts))
-    return Topology(gpu_nodes=gpu, addresses=choose_all(inventory, facts),
-                    embedded_mirror=embedded_mirror_on(inventory, bool(gpu)),
-                    first_server=inventory.servers[0].name)
+    """In a GPU cluster every node that is a GPU node by its own setup is one (an agent's
+    undeclared GPUs then change only that agent); in another, none is."""
+    own = tuple(n.name for n in gpu_nodes(inventory, facts))
+    cluster = gpu_cluster(inventory, facts)
+    return Topology(gpu_nodes=own if cluster else (), addresses=choose_all(inventory, facts),
+                    embedded_mirror=embedded_mirror_on(inventory, cluster),
+                    first_server=inventory.servers[0].name, unused_gpus=() if cluster else own)

@@ -87,7 +87,8 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts], topology: Topol
         host = facts.get(node.name)
         if host is None:
             continue  # unreachable: reported by the session
-        findings += check_host(inventory, node, host, ports)
+        findings += check_host(inventory, node, host, ports, gpu_node=topology.is_gpu(node.name))
+    findings += unused_gpus(topology)
     findings += check_unique_hostnames(inventory, facts)
     findings += check_node_addresses(inventory, facts)
     findings += check_clock_skew(inventory, facts)
@@ -291,7 +292,20 @@ def check_unique_hostnames(inventory: Inventory, facts: dict[str, HostFacts]) ->
     return findings
 
 
-def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | None = None) -> list[Finding]:
+def unused_gpus(topology: Topology) -> list[Finding]:
+    """Agents whose GPUs go unused: nothing in the inventory asks for GPUs and no server has
+    one (bootstrap.topology.gpu_cluster), and an agent's own claim sets up no cluster."""
+    return [Finding(name, "gpu", "reports NVIDIA GPUs, but nothing in the inventory asks for GPUs and no server "
+                                 "has one: the cluster is set up without them (no GPU Operator, no embedded "
+                                 "registry mirror; a host's own claim changes no other host)",
+                    "to use them, name it a GPU node: gpu: {enabled: true} on this node (nodes[].gpu), "
+                    "or write the cluster's gpu: settings", "warning")
+            for name in topology.unused_gpus]
+
+
+def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | None = None,
+               gpu_node: bool | None = None) -> list[Finding]:
+    """`gpu_node`: the run's topology's word (made from this node alone when not given)."""
     out: list[Finding] = []
 
     def fail(check, message, fix=None, severity="error"):
@@ -308,7 +322,7 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
         fail("arch", f"architecture {host.arch or 'unknown'} is not supported", "use an amd64 or arm64 machine")
     for verdict in machine_kind.judge(host):  # a container sold as a "GPU pod" cannot run k3s
         fail("machine", verdict.message, verdict.fix, verdict.severity)
-    gpu_node = is_gpu_node(inventory, node, host)
+    gpu_node = is_gpu_node(inventory, node, host) if gpu_node is None else gpu_node
     need = MIN_FREE_GIB["gpu" if gpu_node else "cpu"]
     free = host.disk_free_gib.get(RANCHER_DIR, host.disk_free_gib.get("/"))
     if free is not None and free < need:

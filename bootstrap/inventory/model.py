@@ -170,6 +170,9 @@ class GpuSettings:
     # The GPUs each GPU node should have (the machine type rented): a node showing fewer is a
     # health error. Unset: each node is held to the GPUs on its own PCI bus, never to a peer's.
     count: int | None = None
+    # The inventory has a `gpu:` section (even one of defaults only): it asks for GPUs, which
+    # makes the cluster a GPU cluster (bootstrap.topology.gpu_cluster). Not compared.
+    written: bool = field(default=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

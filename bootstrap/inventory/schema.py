@@ -340,7 +340,7 @@ GPU = Record(
                                  example='"1.17.8-1"')),
         }, build=m.ContainerToolkit)),
     },
-    build=m.GpuSettings,
+    build=lambda **values: m.GpuSettings(**values, written=True),  # built only where `gpu:` is written
 )
 
 NODE_GPU = Record(

@@ -18,7 +18,8 @@ PATHS = (REGISTRIES,)
 def embedded_mirror_on(inventory: Inventory, gpu_cluster: bool) -> bool:
     """k3s's embedded registry mirror (Spegel): nodes pull images from each other, so a
     multi-gigabyte CUDA image crosses the internet once per cluster. On by default for GPU
-    clusters; `images.embedded_mirror` decides otherwise."""
+    clusters (bootstrap.topology.gpu_cluster: from the inventory and the servers, never from
+    an agent's claim); `images.embedded_mirror` decides otherwise."""
     setting = inventory.images.embedded_mirror
     return gpu_cluster if setting is None else setting
 

@@ -109,7 +109,7 @@ def test_port_owned_by_k3s_is_fine():
 
 def test_preinstalled_mode_without_driver():
     no_driver = replace(H200, gpus=[], mig_profiles=[], driver_version=None, cuda_version=None)
-    (finding,) = errors(inventory(), {"cp-1": CPU, "gpu-1": no_driver})
+    (finding,) = errors(inventory(gpu_node=", gpu: {enabled: true}"), {"cp-1": CPU, "gpu-1": no_driver})
     assert finding.check == "driver" and "gpu.driver: host" in finding.fix
 
 
@@ -124,7 +124,7 @@ def test_duplicate_hostnames():
 
 
 def test_rdma_interfaces_must_have_a_device():
-    inv = inventory("network: {rdma: {interfaces: [ibp26s0]}}")
+    inv = inventory("network: {rdma: {interfaces: [ibp26s0]}}", gpu_node=", gpu: {enabled: true}")
     assert errors(inv)[0].check == "rdma"
     with_ib = replace(H200, rdma=[RdmaDevice("mlx5_0", 1, "InfiniBand", "4: ACTIVE", ["ibp26s0"])])
     assert errors(inv, {"cp-1": CPU, "gpu-1": with_ib}) == []

@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 import yaml
-from test_components import SCENARIOS, chart_defaults, planned
+from test_components import SCENARIOS, chart_defaults
 
 from bootstrap.cluster.checks import CheckResult
 from bootstrap.cluster.components import desired_manifests, desired_releases
@@ -130,7 +130,7 @@ def test_every_daemonset_the_tool_installs_tolerates_the_gate(name):
 
 
 def test_the_gpu_operator_keeps_its_charts_own_tolerations():
-    inv, facts = planned()
+    inv, facts = SCENARIOS["defaults"]()
     gpu = resolve_topology(inv, facts).gpu_nodes_of(inv)
     values = {r.name: r for r in desired_releases(inv, facts, gpu)}["gpu-operator"].values
     defaults = chart_defaults("gpu-operator")

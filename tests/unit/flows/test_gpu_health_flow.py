@@ -220,7 +220,8 @@ def test_health_runs_on_a_run_and_reports_a_host_that_did_not_answer(tmp_path):
     """`bootstrap health` on a `Run` like the other flows: its GPU nodes from the run's
     topology, its FAILED lines through the one reporter."""
     path = tmp_path / "inv.yaml"
-    path.write_text("cluster: h\nstate_dir: state\nnodes:\n  - {name: cp, address: 10.0.0.1, role: server, gpu: {enabled: false}}\n"
+    path.write_text("cluster: h\nstate_dir: state\ngpu: {health: warn}\n"
+                    "nodes:\n  - {name: cp, address: 10.0.0.1, role: server, gpu: {enabled: false}}\n"
                     "  - {name: g1, address: 10.0.0.2}\n  - {name: g2, address: 10.0.0.3}\n")
     inv = load_inventory(path)
     facts = {"cp": replace(parse_host_facts(h200_probe_output()), gpus=[]),

@@ -213,10 +213,10 @@ def planned(extra: str = ""):
 
 SCENARIOS = {
     "mixed": mixed,
-    "defaults": planned,
+    "defaults": lambda: planned("gpu: {driver: preinstalled}\n"),  # a gpu: section: a GPU cluster (topology)
     "operator-driver": lambda: planned("gpu: {driver: operator}\n"),
     "operator-driver-old-version": lambda: planned("gpu: {driver: operator}\ncharts: {gpu_operator: v24.9.2}\n"),
-    "longhorn": lambda: planned("storage: {default: longhorn, longhorn_replicas: 3}\n"),
+    "longhorn": lambda: planned("storage: {default: longhorn, longhorn_replicas: 3}\ngpu: {driver: preinstalled}\n"),
 }
 
 
