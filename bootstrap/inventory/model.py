@@ -197,6 +197,9 @@ class Node:
     rdma_interfaces: tuple[str, ...] | None = None
     provider: str | None = None  # where the machine is rented (free text: lambda, hetzner, ...)
     region: str | None = None  # the provider's region: the topology.kubernetes.io/region label
+    # false: a machine whose root you do not trust with more than its own kubelet's rights
+    # (bootstrap.cluster.components.trust keeps over-privileged pods off it); servers always are.
+    trusted: bool = True
 
 
 @dataclass(frozen=True)

@@ -343,6 +343,13 @@ GPU = Record(
     build=lambda **values: m.GpuSettings(**values, written=True),  # built only where `gpu:` is written
 )
 
+def _server_is_trusted(values: dict, path: Path, ck: Checker) -> None:
+    if values.get("trusted") is False and values.get("role") == m.Role.SERVER:
+        ck.problem(path + ("trusted",), "a server cannot be untrusted: servers hold the cluster (the server token, "
+                   "the CA keys, etcd)", "rent servers only where you would keep your admin credentials, or make "
+                   "this node an agent")
+
+
 NODE_GPU = Record(
     fields={"enabled": Field(Bool()), "sharing": Field(SHARING), "count": Field(GPU_COUNT)},
     build=m.NodeGpu,
@@ -370,8 +377,10 @@ NODE = Record(
                               example="lambda")),
         "region": Field(Str(validator=label_value_error, expected="a region name (a Kubernetes label value)",
                             example="us-east-1")),
+        "trusted": Field(Bool()),
     },
     build=m.Node,
+    checks=[_server_is_trusted],
 )
 
 RDMA = Record(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootstrap.cluster.components import gpu_operator, gpu_sharing, rdma, storage, volcano
+from bootstrap.cluster.components import gpu_operator, gpu_sharing, rdma, storage, trust, volcano
 from bootstrap.cluster.components.release import Patch, Release
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Node
@@ -51,10 +51,11 @@ def desired_patches(inventory: Inventory) -> list[Patch]:
 
 def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict[str, dict[str, str]]:
     """Every node's wanted labels: its provider and region, the inventory's own, then the
-    GPU-sharing ones (which win, since the operator acts on them)."""
+    GPU-sharing ones (which win, since the operator acts on them), then the trust label."""
     sharing = gpu_sharing.sharing_labels(inventory, facts_by_node, gpu)
+    trusted = trust.trust_labels(inventory)
     return {node.name: {**topology_labels(node), **{str(k): str(v) for k, v in node.labels.items()},
-                        **sharing.get(node.name, {})}
+                        **sharing.get(node.name, {}), **trusted.get(node.name, {})}
             for node in inventory.nodes}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from bootstrap.cluster.components import gpu_sharing, versions
+from bootstrap.cluster.components import gpu_sharing, trust, versions
 from bootstrap.cluster.components.release import Release
 from bootstrap.cluster.gate_rules import GATE_TOLERATION
 from bootstrap.host.facts.host_facts import HostFacts
@@ -94,6 +94,13 @@ def values(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[
         out["driver"]["upgradePolicy"] = DRIVER_UPGRADE_POLICY
     if toolkit_in_cluster:
         out["toolkit"]["env"] = toolkit_env()
+    selector = trust.trusted_selector(inventory)
+    if selector:
+        # The operator creates DaemonSets and Roles and patches any Node (templates/role.yaml,
+        # clusterrole.yaml v26.7.0); NFD's master and gc patch any Node: trusted nodes only.
+        # The operands must run on every GPU node and take no selector (ClusterPolicy has none).
+        out["operator"] = {"nodeSelector": selector}
+        out["node-feature-discovery"].update({"master": {"nodeSelector": selector}, "gc": {"nodeSelector": selector}})
     # The tool applies these ConfigMaps itself (config_maps below), before the release: the
     # operator does not watch them, so the tool must know when one changed to restart the
     # device plugin; and a changed sharing setup then needs no Helm upgrade.

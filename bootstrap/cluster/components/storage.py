@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bootstrap.cluster.components import versions
+from bootstrap.cluster.components import trust, versions
 from bootstrap.cluster.components.release import ComponentError, Patch, Release
 from bootstrap.cluster.gate_rules import GATE_TOLERATION, GATE_TOLERATION_LONGHORN
 from bootstrap.inventory.model import Component, Inventory
@@ -41,8 +41,12 @@ def nfs_release(inventory: Inventory) -> Release | None:
     src = versions.source(inventory, Component.NFS_CSI)
     # The chart's defaults fit k3s (kubelet in /var/lib/kubelet); the class is ours, below. Its
     # node plugin DaemonSet tolerates every taint (values.yaml 4.13.4, node.tolerations:
-    # [{operator: Exists}]), the acceptance gate's too (tests check it against the chart).
-    return Release("csi-driver-nfs", NFS_NAMESPACE, src.chart, src.repo, src.version, {}, src.archive)
+    # [{operator: Exists}]), the acceptance gate's too (tests check it against the chart); its
+    # ServiceAccount has no role. The controller's reads any Secret by name and creates and
+    # deletes PersistentVolumes (templates/rbac-csi-nfs.yaml): on trusted nodes only.
+    selector = trust.trusted_selector(inventory)
+    values = {"controller": {"nodeSelector": selector}} if selector else {}
+    return Release("csi-driver-nfs", NFS_NAMESPACE, src.chart, src.repo, src.version, values, src.archive)
 
 
 def nfs_storage_class(inventory: Inventory) -> dict | None:
@@ -81,4 +85,13 @@ def longhorn_release(inventory: Inventory) -> Release | None:
         # The longhorn-manager DaemonSet (values.yaml 1.12.1, longhornManager.tolerations).
         "longhornManager": {"tolerations": [GATE_TOLERATION]},
     }
+    selector = trust.trusted_selector(inventory)
+    if selector:
+        # longhorn-service-account (the manager's, the driver deployer's; templates/
+        # clusterrole.yaml 1.12.1) edits ClusterRoles, ClusterRoleBindings and every Node: the
+        # manager, UI and driver deployer (global.nodeSelector) and the system-managed
+        # components (instance managers, CSI plugin, engine images) stay on trusted nodes, so
+        # an untrusted node attaches no Longhorn volume.
+        values["global"] = {"nodeSelector": selector}
+        values["defaultSettings"]["systemManagedComponentsNodeSelector"] = trust.longhorn_selector_setting(inventory)
     return Release("longhorn", LONGHORN_NAMESPACE, src.chart, src.repo, src.version, values, src.archive)

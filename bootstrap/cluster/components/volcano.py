@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bootstrap.cluster.components import versions
+from bootstrap.cluster.components import trust, versions
 from bootstrap.cluster.components.release import Release
 from bootstrap.inventory.model import Component, Inventory, Queue
 
@@ -15,7 +15,12 @@ def release(inventory: Inventory) -> Release | None:
     src = versions.source(inventory, Component.VOLCANO)
     # The chart pulls with "Always"; IfNotPresent keeps restarts working behind a slow or
     # rate-limited registry and with preloaded images.
-    values = {"basic": {"image_pull_policy": "IfNotPresent"}}
+    values: dict = {"basic": {"image_pull_policy": "IfNotPresent"}}
+    selector = trust.trusted_selector(inventory)
+    if selector:
+        # The scheduler binds any pod, the controllers create pods in any namespace: their
+        # tokens stay on trusted nodes (values.yaml 1.15.1, custom.default_ns: every main component).
+        values["custom"] = {"default_ns": selector}
     return Release("volcano", NAMESPACE, src.chart, src.repo, src.version, values, src.archive)
 
 

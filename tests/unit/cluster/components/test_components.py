@@ -128,6 +128,12 @@ def chart_defaults(chart: str) -> dict:
         "volcano": "volcano/1.15.1/values.yaml",
     }
     defaults = load_yaml(files[chart])
+    if chart == "gpu-operator":
+        # `node-feature-discovery:` goes to the subchart, whose values.yaml is beside it.
+        sub = load_yaml("gpu-operator/v26.7.0/charts/node-feature-discovery/values.yaml")
+        parent = defaults["node-feature-discovery"]
+        defaults["node-feature-discovery"] = {**sub, **{k: {**sub.get(k, {}), **v} if isinstance(v, dict) else v
+                                                        for k, v in parent.items()}}
     if chart == "rke2-multus":
         # Helm hands `rke2-whereabouts:` to the subchart: its keys are the subchart's values.
         sub = load_yaml("rke2-multus/v4.3.017/charts/rke2-whereabouts/values.yaml")
@@ -217,6 +223,10 @@ SCENARIOS = {
     "operator-driver": lambda: planned("gpu: {driver: operator}\n"),
     "operator-driver-old-version": lambda: planned("gpu: {driver: operator}\ncharts: {gpu_operator: v24.9.2}\n"),
     "longhorn": lambda: planned("storage: {default: longhorn, longhorn_replicas: 3}\ngpu: {driver: preinstalled}\n"),
+    # An untrusted agent: every release's trusted-nodes selector, in keys the charts have.
+    "untrusted-agent": lambda: (lambda inv: (inv, facts_for(inv)))(inventory(
+        "storage: {default: longhorn, nfs: {server: 10.0.0.5, share: /srv/nfs}}\ngpu: {driver: operator}\n",
+        "  - {name: g2, address: 10.0.0.3, trusted: false}\n")),
 }
 
 
@@ -256,6 +266,7 @@ APPLIED = {
     "operator-driver": [GPU_NAMESPACE],
     "operator-driver-old-version": [GPU_NAMESPACE],
     "longhorn": [GPU_NAMESPACE],
+    "untrusted-agent": [GPU_NAMESPACE, ("StorageClass", None, "nfs-csi")],
 }
 
 
@@ -536,6 +547,7 @@ def test_rdma_daemonset_is_upstreams_with_pinned_image_and_tolerations():
     assert image == "ghcr.io/mellanox/k8s-rdma-shared-dev-plugin:v1.5.3"
     theirs["spec"]["template"]["spec"]["containers"][0].pop("image")
     assert spec.pop("tolerations") == [{"operator": "Exists"}]
+    assert spec.pop("automountServiceAccountToken") is False  # the plugin never calls the API
     checksum = ours["spec"]["template"]["metadata"].pop("annotations")["checksum/config"]
     assert len(checksum) == 64
     ours["metadata"].pop("labels")
