@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.registries import embedded_mirror_on
-from bootstrap.inventory.model import Component, GpuSettings, Inventory, Node, NodeGpu
+from bootstrap.inventory.model import GpuSettings, Inventory, Node, NodeGpu
 from bootstrap.checks.node_addresses import NodeAddresses, choose_all
 
 
@@ -38,11 +38,12 @@ def gpu_cluster(inventory: Inventory, facts: dict[str, HostFacts]) -> bool:
     """Whether the cluster is set up for GPUs: what turns on the cluster-wide settings (the
     GPU Operator, by default the embedded registry mirror, which restarts the servers and
     lists the mirrored registries in every node's registries.yaml). Decided by what the
-    operator wrote (a node named a GPU node, cluster-wide `gpu:` settings, a gpu_operator
-    chart pin, an NCCL check) and by the servers' own GPUs (whoever runs a server holds the
-    cluster anyway), never by an agent's claim: one line of PCI output changes no other host."""
-    asked = (inventory.gpu.written or inventory.gpu != GpuSettings() or Component.GPU_OPERATOR in inventory.charts
-             or inventory.validate.nccl is not None or any(_named_gpu_node(n) for n in inventory.nodes))
+    operator wrote (a node named a GPU node, a `gpu:` section, an NCCL check) and by the
+    servers' own GPUs (whoever runs a server holds the cluster anyway), never by an agent's
+    claim: one line of PCI output changes no other host. A `charts.gpu_operator` pin is no
+    such word: an air-gapped inventory pins every chart it brings (the tests' lab does)."""
+    asked = (inventory.gpu.written or inventory.gpu != GpuSettings() or inventory.validate.nccl is not None
+             or any(_named_gpu_node(n) for n in inventory.nodes))
     return asked or any(is_gpu_node(inventory, n, facts.get(n.name)) for n in inventory.servers)
 
 

@@ -93,7 +93,6 @@ def test_one_agent_claiming_a_gpu_changes_no_other_host():
     ("", ", gpu: {enabled: true}"),  # the operator names the node a GPU node
     ("", ", gpu: {sharing: none}"),  # a GPU setting of the node's own names it too
     ("gpu: {driver: preinstalled}\n", ""),  # a gpu: section, even of defaults
-    ("charts: {gpu_operator: v26.7.0}\n", ""),
     ("validate: {nccl: {min_busbw_gbps: 10}}\n", ""),
 ])
 def test_what_the_operator_wrote_makes_a_gpu_cluster(extra, cpu_2):
@@ -122,6 +121,8 @@ def test_the_inventory_still_decides_the_mirror_and_a_named_node_without_facts_c
     facts = {"cp-1": CPU, "cpu-1": CPU, "cpu-2": CLAIMED_GPU}
     assert resolve_topology(cpu_cluster("images: {embedded_mirror: true}\n"), facts).embedded_mirror is True
     assert resolve_topology(cpu_cluster("gpu: {}\nimages: {embedded_mirror: false}\n"), facts).embedded_mirror is False
+    pinned = cpu_cluster("charts: {gpu_operator: v26.7.0}\n")  # air-gapped inventories pin every chart
+    assert resolve_topology(pinned, facts).gpu_nodes == ()
     named = cpu_cluster("", ", gpu: {enabled: true}")
     assert resolve_topology(named, {}).gpu_nodes == ("cpu-2",)  # no answer yet: the inventory's word
     assert replace(named.gpu, cuda="12.4") != named.gpu  # `written` is not compared
