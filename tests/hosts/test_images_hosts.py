@@ -77,12 +77,22 @@ def check_images(hosts, inventory, first, airgap):
     assert {"nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0", "docker.io/library/busybox:1.36",
             "ghcr.io/example/train:1.0", "nvcr.io/nvidia/gpu-operator:v26.7.0"} <= wanted
     for gpu in (g1, g2):
-        listed = gpu.ssh("sudo sh -c 'cat /var/lib/rancher/k3s/agent/images/bootstrap-pull-*.txt'").stdout.split()
+        # what was asked (the list itself goes once its pulls are done: it would hold every start)
+        listed = gpu.ssh("sudo cat /var/lib/bootstrap/image-pulls.txt").stdout.split()
         assert {normalise(i) for i in listed} == wanted
         deadline = time.monotonic() + 90
         while {ref for _, ref in pulls_on(gpu)} != wanted:
             assert time.monotonic() < deadline, pulls_on(gpu)
             time.sleep(1)
+        # pulled: pinned with the CRI's label alone (k3s clears its own pins at every start), and
+        # the list removed, so a later start of k3s does not wait on it
+        while gpu.ssh("ls /var/lib/rancher/k3s/agent/images/bootstrap-pull-*.txt", check=False).returncode == 0:
+            assert time.monotonic() < deadline + 30, "the image list outlived its pulls"
+            time.sleep(1)
+        labels = {line.split("\t")[0]: line.split("\t")[-1]
+                  for line in gpu.ssh("sudo k3s ctr -n k8s.io images ls").stdout.splitlines()[1:]}
+        for ref in wanted:
+            assert "io.cri-containerd.pinned=pinned" in labels[ref] and "io.cattle.k3s.pinned" not in labels[ref], ref
         active = float(gpu.ssh("date -d \"$(systemctl show -p ActiveEnterTimestamp --value k3s-agent)\" +%s").stdout)
         assert min(t for t, _ in pulls_on(gpu)) >= active - 1  # after k3s was up, not before
         assert wanted | {"nvcr.io/nvidia/pytorch:25.01-py3", "docker.io/rancher/mirrored-pause:3.6"} <= images_on(gpu)

@@ -1539,6 +1539,7 @@ def pull_list(data_dir, path):
     `crictl pull`'s are."""
     info("Pulling images from %s" % path)
     held = load_images(data_dir)
+    got, errors = [], []
     for line in (read_text(path) or "").splitlines():
         name = line.strip()
         if not name:
@@ -1548,19 +1549,33 @@ def pull_list(data_dir, path):
             continue
         if normalise_image(name) in held:
             info("Image %s has already been pulled" % name)
+            got.append(normalise_image(name))  # found through the CRI's status: its RepoTags
             continue
         info("Pulling image %s" % name)
         time.sleep(float(os.environ.get("K3S_STANDIN_PULL_SECONDS", "0.5")))
         add_images(data_dir, [name], "pull:" + os.path.basename(path))
         with open(os.path.join(data_dir, "agent", "containerd", "standin-pulls.log"), "a") as fh:
             fh.write("%.3f %s\n" % (time.time(), normalise_image(name)))
+        # then the image service's Get by the list's own text: a short name is not what the CRI
+        # stored (docker.io/library/...), so that lookup fails and nothing of the list is pinned
+        if normalise_image(name) == name:
+            got.append(name)
+        else:
+            errors.append('image "%s": not found' % name)
+    if errors:
+        return "failed to pull images from %s: %s" % (path, "; ".join(errors))
+    label_images(data_dir, got)
+    return None
 
 
 def import_file(data_dir, path):
     """One file of agent/images, logged as k3s logs it."""
     started = time.monotonic()
     if path.endswith(".txt"):
-        pull_list(data_dir, path)
+        failed = pull_list(data_dir, path)
+        if failed:
+            error("Error encountered while importing %s: %s" % (path, failed))
+            return None  # said already
         info("Imported images from %s in %.3fs" % (path, time.monotonic() - started))
         return True
     info("Importing images from %s" % path)
@@ -1576,13 +1591,14 @@ def import_images(data_dir):
     there makes the start wait for every pull in it."""
     images = os.path.join(data_dir, "agent", "images")
     mkdirs(images)
+    clear_labels(data_dir)
     seen = {}
     for name in sorted(os.listdir(images)):
         path = os.path.join(images, name)
         if not os.path.isfile(path) or not name.endswith(IMAGE_SUFFIXES):
             continue
         seen[path] = os.stat(path)
-        if not import_file(data_dir, path):
+        if import_file(data_dir, path) is False:
             error("Error encountered while importing %s: unrecognised archive contents" % path)
     return seen
 
@@ -1614,7 +1630,7 @@ def watch_images(data_dir, seen):
             for path, due in sorted(pending.items()):
                 if due <= now:
                     del pending[path]
-                    if not import_file(data_dir, path):
+                    if import_file(data_dir, path) is False:
                         error("Failed to import %s: unrecognised archive contents" % path)
 
     threading.Thread(target=loop, name="image-watcher", daemon=True).start()
@@ -1650,12 +1666,45 @@ def load_images(data_dir):
         return {}
 
 
+def save_images(data_dir, images):
+    mkdirs(os.path.dirname(image_store(data_dir)))
+    write_file(image_store(data_dir), json.dumps(images, indent=1, sort_keys=True) + "\n", 0o600)
+
+
 def add_images(data_dir, refs, source):
     images = load_images(data_dir)
     for ref in refs:
-        images[normalise_image(ref)] = {"source": source, "id": hashlib.sha256(ref.encode()).hexdigest()}
-    mkdirs(os.path.dirname(image_store(data_dir)))
-    write_file(image_store(data_dir), json.dumps(images, indent=1, sort_keys=True) + "\n", 0o600)
+        kept = images.get(normalise_image(ref), {}).get("labels", {})
+        images[normalise_image(ref)] = {"source": source, "id": hashlib.sha256(ref.encode()).hexdigest(),
+                                        "labels": kept}
+    save_images(data_dir, images)
+
+
+# Pinned images (kubelet's image GC keeps what the CRI reports pinned: containerd's label
+# io.cri-containerd.pinned=pinned). k3s pins what it imports or pulls from agent/images with
+# that label and its own io.cattle.k3s.pinned beside it, and at every start first clears both
+# from each image carrying its own (k3s-io/k3s pkg/agent/containerd/containerd.go, labelImages,
+# clearLabels): an image stays pinned across starts only while a file in agent/images has it.
+CRI_PINNED, K3S_PINNED = "io.cri-containerd.pinned", "io.cattle.k3s.pinned"
+
+
+def label_images(data_dir, names):
+    images = load_images(data_dir)
+    for name in names:
+        if name in images:
+            images[name].setdefault("labels", {}).update({CRI_PINNED: "pinned", K3S_PINNED: "pinned"})
+    save_images(data_dir, images)
+
+
+def clear_labels(data_dir):
+    images = load_images(data_dir)
+    for entry in images.values():
+        labels = entry.get("labels", {})
+        if labels.get(K3S_PINNED) == "pinned":
+            labels.pop(K3S_PINNED, None)
+            labels.pop(CRI_PINNED, None)
+    if images:
+        save_images(data_dir, images)
 
 
 def _unzstd_raw(data):
@@ -1709,6 +1758,7 @@ def import_archive(data_dir, path):
     except (OSError, ValueError, EOFError, tarfile.TarError):
         return False
     add_images(data_dir, refs, "import:" + os.path.basename(path))
+    label_images(data_dir, [normalise_image(r) for r in refs])
     return True
 
 
@@ -1742,6 +1792,16 @@ def cmd_crictl(args):
         for row in rows:
             print("   ".join(row))
         return 0
+    if words[:1] == ["inspecti"] and len(words) == 2:
+        # the CRI resolves a short name as it stored it; its status says whether it is pinned
+        entry = load_images(data_dir).get(normalise_image(words[1]))
+        if entry is None:
+            sys.stderr.write('time="%s" level=fatal msg="no such image \\"%s\\" present"\n'
+                             % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), words[1]))
+            return 1
+        print(json.dumps({"status": {"id": "sha256:" + entry["id"], "repoTags": [normalise_image(words[1])],
+                                     "pinned": entry.get("labels", {}).get(CRI_PINNED) == "pinned"}}, indent=2))
+        return 0
     if words[:1] == ["pull"] and len(words) == 2:
         ref = words[1]
         add_images(data_dir, [ref], "pull")
@@ -1754,10 +1814,47 @@ def cmd_crictl(args):
     return 1
 
 
+def ctr_label(data_dir, name, pairs):
+    """`ctr images label NAME k=v...` (containerd cmd/ctr/commands/images: "Set and clear labels
+    for an image"; `k=` clears k). ctr takes the name as stored: no normalising."""
+    images = load_images(data_dir)
+    if name not in images:
+        sys.stderr.write('ctr: image "%s": not found\n' % name)
+        return 1
+    labels = images[name].setdefault("labels", {})
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if value:
+            labels[key] = value
+        else:
+            labels.pop(key, None)
+    save_images(data_dir, images)
+    print(",".join("%s=%s" % kv for kv in sorted(labels.items())))
+    return 0
+
+
+def ctr_list(data_dir):
+    print("REF\tTYPE\tDIGEST\tSIZE\tPLATFORMS\tLABELS")
+    for ref, entry in sorted(load_images(data_dir).items()):
+        labels = ",".join("%s=%s" % kv for kv in sorted(entry.get("labels", {}).items())) or "-"
+        print("%s\tapplication/vnd.oci.image.index.v1+json\tsha256:%s\t1.0 MiB\tlinux/amd64\t%s"
+              % (ref, entry["id"], labels))
+    return 0
+
+
 def cmd_ctr(args):
-    """`k3s ctr [-n k8s.io] images import FILE`: an archive into the store."""
+    """`k3s ctr [-n k8s.io] images import FILE`: an archive into the store; `images label`,
+    `images ls`."""
     data_dir = host(DEFAULT_DATA_DIR)
     words = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] in ("-n", "--namespace"))]
+    if words[:1] in (["images"], ["image"], ["i"]) and words[1:2] in (["label"], ["ls"], ["list"]):
+        if not containerd_running():
+            sys.stderr.write("ctr: failed to dial \"/run/k3s/containerd/containerd.sock\": connection refused\n")
+            return 1
+        if words[1] == "label" and len(words) >= 3:
+            return ctr_label(data_dir, words[2], words[3:])
+        if words[1] in ("ls", "list"):
+            return ctr_list(data_dir)
     if words[:2] in (["images", "import"], ["image", "import"]) and len(words) == 3:
         if not containerd_running():
             sys.stderr.write("ctr: failed to dial \"/run/k3s/containerd/containerd.sock\": connection refused\n")

@@ -27,7 +27,7 @@ from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.base import Action, Draft, FileSpec, text_file
 from bootstrap.host.parts.k3s_service import K3S_DATA_DIR
 from bootstrap.host.parts.manifest import STATE_DIR
-from bootstrap.host.images import missing
+from bootstrap.host.images import missing, normalise
 from bootstrap.inventory.model import Inventory
 from bootstrap.checks import k3s_versions
 
@@ -135,19 +135,66 @@ def plan_import(draft: Draft, running_version: str | None, archives: list[FileSp
 # and renamed, so k3s never reads half a list.
 IMAGE_LIST_GLOB = f"{IMAGES_DIR}/bootstrap-pull-*.txt"
 
+# A list left in agent/images holds every later start of k3s, the ones the tool does not make
+# too (a reboot, a crash, containerd dying mid-pull): k3s pulls each list it finds before it
+# goes on to the kubelet (k3s-io/k3s pkg/agent/containerd/containerd.go, PreloadImages ->
+# importAndWatchImages, which "block[s] until the workqueue is empty"; k3s-io/docs
+# blog/2025-11-11-strategies-for-large-images.md: "K3s won't successfully start until all
+# images have been pulled"). So no list outlives its pulls (pin_when_pulled removes it), and
+# the unit removes the tool's lists before every start (ExecStartPre): a start never waits on
+# one. A start that found one removes the record of what was asked too, so the next `up` asks
+# again for what is still missing. Only the tool's lists: a .txt of the air-gap folder is the
+# user's, pulled at every start as k3s documents.
+BEFORE_START = (f"/bin/sh -c 'if ls {IMAGE_LIST_GLOB} >/dev/null 2>&1; then "
+                f"rm -f {IMAGE_LIST_GLOB} {PULLS_REQUESTED}; fi'",)
+
+# What was pulled stays: kubelet's image garbage collection never removes an image the CRI
+# reports pinned (kubernetes pkg/kubelet/images/image_gc_manager.go), which containerd's CRI
+# takes from the label io.cri-containerd.pinned=pinned (internal/cri/store/image) and sees
+# change through the image's update event (internal/cri/server/events.go). k3s pins what it
+# pulls from a list as well, but beside its own label io.cattle.k3s.pinned, and at every start
+# clears both from each image that carries its own (containerd.go, clearLabels, then labels
+# again what agent/images holds): with the list gone, its pin would end at the next start. So
+# the tool's pin is the CRI label alone, k3s's own taken off.
+PIN_LABELS = ("io.cri-containerd.pinned=pinned", "io.cattle.k3s.pinned=")  # `ctr images label`: "k=" clears k
+PULLS_DEADLINE_S = 3 * 3600  # a node's pulls: multi-GB CUDA images; past it the list goes and `up` asks again
+PULLS_POLL_S = 10
+
+
+def pin_lines(names: str) -> str:
+    """Shell text: pin each of `names` (containerd names, quoted) that the node holds."""
+    labels = " ".join(PIN_LABELS)
+    return f"for i in {names}; do k3s ctr -n k8s.io images label \"$i\" {labels} >/dev/null 2>&1; done"
+
+
+def pin_when_pulled(names: str) -> str:
+    """The detached line that waits (every PULLS_POLL_S, at most PULLS_DEADLINE_S) until the node
+    holds every image of the list "$l" or the list is gone (a start removed it, a newer list
+    replaced it), then pins what it holds and removes the list. Past the deadline the record
+    of what was asked goes with the list, so the next `up` asks again."""
+    waiting = (f"end=$(($(date +%s) + {PULLS_DEADLINE_S})); while [ -e \"$l\" ]; do n=0; "
+               "for i in \"$@\"; do k3s crictl inspecti \"$i\" >/dev/null 2>&1 || n=$((n + 1)); done; "
+               f"[ $n = 0 ] && break; if [ $(date +%s) -ge $end ]; then rm -f {PULLS_REQUESTED}; break; fi; "
+               f"sleep {PULLS_POLL_S}; done; ")
+    body = waiting + pin_lines('\"$@\"') + '; rm -f \"$l\"'
+    return f"setsid sh -c {shlex.quote('l=$1; shift; ' + body)} pin \"$l\" {names} </dev/null >/dev/null 2>&1 &"
+
 
 def pull_in_background_lines(images: list[str], watches_folder: bool | None) -> list[str]:
-    """Shell lines (root) that start pulling `images` and return at once. `watches_folder`
-    None (an air-gap binary of unknown version): the host's k3s --version decides."""
+    """Shell lines (root) that start pulling `images` and return at once, and pin them once
+    pulled. `watches_folder` None (an air-gap binary of unknown version): the host's k3s
+    --version decides."""
     refs = " ".join(shlex.quote(i) for i in images)
+    names = " ".join(shlex.quote(normalise(i)) for i in images)  # as containerd's CRI stores them
     listed = [f"mkdir -p {IMAGES_DIR}",
               f"rm -f {IMAGE_LIST_GLOB}",
               f"l={IMAGES_DIR}/bootstrap-pull-$(date +%s%N).txt",
-              f"printf '%s\\n' {refs} > \"$l.part\" && mv -f \"$l.part\" \"$l\""]
+              f"printf '%s\\n' {refs} > \"$l.part\" && mv -f \"$l.part\" \"$l\"",
+              pin_when_pulled(names)]
     # Detached from the session (setsid, no terminal, no open output): the command returns
     # while the pulls go on; one failing does not stop the others.
-    pulled = [f"setsid sh -c 'for i in \"$@\"; do k3s crictl pull \"$i\" >/dev/null 2>&1; done' pull {refs} "
-              "</dev/null >/dev/null 2>&1 &"]
+    pull_and_pin = 'for i in "$@"; do k3s crictl pull "$i" >/dev/null 2>&1; done; ' + pin_lines('"$@"')
+    pulled = [f"setsid sh -c {shlex.quote(pull_and_pin)} pull {names} </dev/null >/dev/null 2>&1 &"]
     if watches_folder is None:
         return [f"if k3s --version 2>/dev/null | {WATCHES_FOLDER_AWK}; then", *listed, "else", *pulled, "fi"]
     return listed if watches_folder else pulled
@@ -168,9 +215,10 @@ def plan_prepull(draft: Draft, wanted: list[str], facts: HostFacts, version_afte
     start after a (re)start, or when the list asked for changed (PULLS_REQUESTED): the same
     list while k3s runs is being pulled already."""
     plan = draft.plan
-    if wanted and plan.service == "restart":
-        # A list of an earlier run whose pulls are unfinished would hold this restart (k3s
-        # pulls the lists it finds at start first): removed now, written again after it.
+    if wanted and plan.service is not None:
+        # A list of an earlier run whose pulls are unfinished would hold this (re)start (k3s
+        # pulls the lists it finds at start first): removed now, written again after it. (The
+        # unit's BEFORE_START would remove it too, and with it the record this run writes.)
         plan.prepare.append(f"rm -f {IMAGE_LIST_GLOB}")
     asked_before = not any(u.path == PULLS_REQUESTED for u in plan.uploads)
     plan.prepull = missing(wanted, facts.images)

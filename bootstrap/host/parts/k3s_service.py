@@ -43,11 +43,13 @@ UNIT_PATHS = tuple(unit_path(u) for u in UNITS.values())
 PATHS = (CONFIG, KUBECONFIG, *UNIT_PATHS)
 
 
-def files(inventory: Inventory, node: Node, config: str) -> list[FileSpec]:
-    """The node's unit and its config.yaml (`config`: rendered by bootstrap.host.plan.k3sconfig)."""
+def files(inventory: Inventory, node: Node, config: str, before_start: tuple[str, ...] = ()) -> list[FileSpec]:
+    """The node's unit and its config.yaml (`config`: rendered by bootstrap.host.plan.k3sconfig).
+    `before_start`: commands the unit runs before each start, their failure ignored
+    (bootstrap.host.parts.k3s_images.BEFORE_START)."""
     unit = text_file(unit_path(unit_name(node.role)),
                      templates.render("host/k3s.service.j2", cluster=inventory.cluster, mode=Role(node.role).value,
-                                      binary=BINARY), restarts_k3s=True)
+                                      binary=BINARY, before_start=before_start), restarts_k3s=True)
     return [unit, text_file(CONFIG, config, 0o600, secret=True, restarts_k3s=True)]
 
 

@@ -46,7 +46,7 @@ def desired_state(inventory: Inventory, node: Node, tokens: JoinTokens, artifact
     host_toolkit = gpu and packages.needs_host_toolkit(inventory)
     config = gated_config(inventory, node, tokens, join_via, embedded_mirror, host_toolkit,
                           gpu and inventory.gpu.gate.enabled and may_hold(node), current_config_sha)
-    desired.files += kernel.files(desired.sysctls) + k3s_service.files(inventory, node, config)
+    desired.files += kernel.files(desired.sysctls) + k3s_service.files(inventory, node, config, k3s_images.BEFORE_START)
     desired.files += [f for f in [registries.file(inventory, embedded_mirror), k3s_binary.file(artifacts)] if f]
     desired.files += k3s_images.files(artifacts)
     if artifacts.binary is None:

@@ -208,13 +208,18 @@ def test_image_pulls_start_in_the_background_once_k3s_runs():
                                 HostFacts(images=images), version)
         return draft.plan
 
-    # joining: nothing before the start (a list there would hold it), the list right after it
+    # joining: an old list goes before the start (it would hold it), the new one right after it
     joining = plan("start", None)
-    assert joining.prepare == [] and Action.PULL_IMAGES in joining.actions
+    assert joining.prepare == ["rm -f /var/lib/rancher/k3s/agent/images/bootstrap-pull-*.txt"]
+    assert Action.PULL_IMAGES in joining.actions
     script = "\n".join(joining.pull_after_start)
     assert "/var/lib/rancher/k3s/agent/images/bootstrap-pull-$(date +%s%N).txt" in script
     assert "printf '%s\\n' busybox:1.36 nvcr.io/nvidia/gpu-operator:v26.7.0 > \"$l.part\" && mv -f" in script
-    assert "crictl" not in script
+    assert "crictl pull" not in script
+    # and, detached, what pins them by containerd's names once pulled and removes the list
+    assert joining.pull_after_start[-1].startswith("setsid sh -c ")
+    assert joining.pull_after_start[-1].endswith(
+        "pin \"$l\" docker.io/library/busybox:1.36 nvcr.io/nvidia/gpu-operator:v26.7.0 </dev/null >/dev/null 2>&1 &")
     # k3s runs already and the list asked for changed: with the host's other changes; only what it lacks
     running = plan(None, ("docker.io/library/busybox:1.36",), asked=True)
     assert running.pull_after_start == [] and running.prepull == ["nvcr.io/nvidia/gpu-operator:v26.7.0"]
