@@ -40,9 +40,12 @@ from dataclasses import dataclass, replace
 from bootstrap.host.facts.host_facts import HostFacts, InterfaceAddress, Route
 from bootstrap.inventory.model import Inventory, Node
 
-# Interfaces k3s, its CNI or a container engine create: never a node's own address.
+# Interfaces k3s, its CNI or a container engine create: never a node's own address. Docker
+# names a user-defined network's bridge "br-" and the first 12 hex digits of the network's id
+# (moby/moby libnetwork/drivers/bridge/bridge_linux.go, parseNetworkOptions, commit 0040890);
+# other br-* (br-lan, br-ens3) are the host's own.
 _NOT_HOST = re.compile(r"^(lo|cni\d*|flannel[.-].*|flannel-wg(-v6)?|kube-ipvs\d*|kube-bridge|docker\d+|"
-                       r"veth.*|cali.*|tunl\d+|vxlan[.-]calico)$")
+                       r"br-[0-9a-f]{12}|veth.*|cali.*|tunl\d+|vxlan[.-]calico)$")
 # Addresses that come and go (a failover VIP is a secondary address) or are not usable yet.
 _UNSTABLE = {"secondary", "deprecated", "tentative", "dadfailed"}
 DEFAULT_CIDRS = {4: ("10.42.0.0/16", "10.43.0.0/16"), 6: ("fd00:42::/56", "fd00:43::/112")}

@@ -240,12 +240,13 @@ def test_make_plans_joins_over_the_private_address_of_the_server_it_joins(join_v
 
 # --- a node is judged by the inventory and its own answers (issue 32, item 11) ----------
 
-# cp-1 behind NAT with a docker network of its own (a user-defined bridge: `br-<id>`).
+# cp-1 behind NAT with a bridge of its own for local containers (br-lan: a host bridge, which
+# a node-ip may be on; Docker's own br-<12 hex> never is).
 DOCKER_SERVER = host("2: ens5    inet 172.31.5.10/20 scope global dynamic ens5\\ x\n"
-                     "7: br-5e1f0c    inet 172.18.0.1/16 brd 172.18.255.255 scope global br-5e1f0c\\ x\n",
+                     "7: br-lan    inet 172.18.0.1/16 brd 172.18.255.255 scope global br-lan\\ x\n",
                      "# inet\ndefault via 172.31.0.1 dev ens5 src 172.31.5.10\n"
                      "172.31.0.0/20 dev ens5 proto kernel scope link src 172.31.5.10\n"
-                     "172.18.0.0/16 dev br-5e1f0c proto kernel scope link src 172.18.0.1\n")
+                     "172.18.0.0/16 dev br-lan proto kernel scope link src 172.18.0.1\n")
 # A hostile agent: it lists an address inside cp-1's docker network as one of its own.
 HOSTILE_PEER = host("2: ens5    inet 172.18.0.99/16 scope global ens5\\ x\n",
                     "# inet\ndefault via 172.18.0.1 dev ens5\n")
@@ -264,6 +265,19 @@ def test_a_peer_listing_an_address_in_a_servers_docker_network_does_not_move_its
     assert chosen == choose(TWO_NODES, TWO_NODES.node("cp-1"), {"cp-1": DOCKER_SERVER})
     resolved = with_node_ips(TWO_NODES, facts)
     assert k3sconfig.node_config(resolved, resolved.node("cp-1"), TOKENS)["node-ip"] == "172.31.5.10"
+
+
+def test_a_docker_network_bridge_is_never_a_node_ip_not_even_the_one_a_node_runs_with():
+    """A node an earlier version moved into a docker network (br-<12 hex of the network id>)
+    does not keep it: its node-ip goes back to the host's own interface."""
+    docker = host("2: ens5    inet 172.31.5.10/20 scope global ens5\\ x\n"
+                  "7: br-5e1f0c2a9b3d    inet 172.18.0.1/16 scope global br-5e1f0c2a9b3d\\ x\n",
+                  "# inet\ndefault via 172.31.0.1 dev ens5 src 172.31.5.10\n"
+                  "172.18.0.0/16 dev br-5e1f0c2a9b3d proto kernel scope link src 172.18.0.1\n")
+    peer = replace(TWO_NODES.node("gpu-1"), node_ip="172.18.0.99")  # even one the operator wrote
+    inv = replace(TWO_NODES, nodes=(TWO_NODES.node("cp-1"), peer))
+    chosen = choose(inv, inv.node("cp-1"), {"cp-1": running(docker, "172.18.0.1")})
+    assert chosen.internal == "172.31.5.10" and chosen.how == "on ens5, the default route's interface"
 
 
 def test_what_the_operator_wrote_for_a_peer_still_counts():
