@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, pod_log, request, wait_for
+from bootstrap.cluster import nccl_ssh
 from bootstrap.cluster.components import gpu_sharing
 from bootstrap.console_text import printable
 from bootstrap.cluster.components.rdma import resource_key
@@ -402,6 +403,9 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     image = nccl.image or NCCL_IMAGE
     exports = " ".join(f"-x {shlex.quote(f'{name}={value}')}" for name, value in path.env().items())
     mca = "".join(f"--mca {k} {shlex.quote(v)} " for k, v in open_mpi_settings(inventory, path).items())
+    # mpirun itself starts every worker's orted: with the private key in the launcher only
+    # (nccl_ssh), an orted cannot start others (Open MPI's tree spawn, its default).
+    mca = "--mca plm_rsh_no_tree_spawn 1 " + mca
     launcher = ("mpirun --allow-run-as-root --hostfile /etc/volcano/worker.host "
                 f"-np {ranks} -npernode {per_node} {mca}-x NCCL_DEBUG=WARN {exports + ' ' if exports else ''}"
                 "all_reduce_perf -b 512M -e 8G -f 2 -g 1")
@@ -423,6 +427,8 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     if len(providers) == 1 and None not in providers:  # the chosen provider's nodes, not another's
         worker_pod["nodeSelector"] = {PROVIDER_LABEL: next(iter(providers))}
     launcher_pod = _pod("l", None, image, command=["/bin/sh", "-c", launcher])["spec"]
+    nccl_ssh.mount(launcher_pod, nccl_ssh.LAUNCHER_SECRET, nccl_ssh.LAUNCHER_FILES)
+    nccl_ssh.mount(worker_pod, nccl_ssh.WORKER_SECRET, nccl_ssh.WORKER_FILES)
     if host_network:
         # Beside the workers: its ssh to their sshd leaves from one of the measured nodes
         # (pod traffic to a node's address is masqueraded to its node's own), never from
@@ -433,7 +439,7 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "nccl", "namespace": NAMESPACE},
             "spec": {"minAvailable": workers + 1, "schedulerName": "volcano",
-                     "plugins": {"ssh": [], "svc": []},
+                     "plugins": {"svc": []},  # no `ssh`: its one key in every pod (nccl_ssh)
                      "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
                      "tasks": [{"name": "launcher", "replicas": 1, "template": {"spec": launcher_pod}},
                                {"name": "worker", "replicas": workers, "template": {"spec": worker_pod}}]}}
@@ -472,6 +478,8 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
     path = nccl_paths(inventory, gpu_nodes, facts)
     if path.problems:
         return CheckResult("nccl", "FAIL", "cannot tell NCCL which path to measure: " + "; ".join(path.problems))
+    for secret in nccl_ssh.secrets_for("nccl", {"launcher": 1, "worker": len(gpu_nodes)}, NAMESPACE):
+        _create(cluster, secret)
     _create(cluster, nccl_job(inventory, gpu_nodes, facts, path))
     launcher = "nccl-launcher-0"
     phase, log, why = _pod_outcome(cluster, launcher, timeout_s)

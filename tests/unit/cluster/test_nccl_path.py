@@ -156,7 +156,8 @@ def test_open_mpi_is_pinned_to_the_node_ip_interfaces_and_the_port_block_the_rea
     job = nccl_job(inv, nodes, facts)
     words = shlex.split(spec(job, "launcher")["containers"][0]["command"][2])
     mca = {words[i + 1]: words[i + 2] for i, w in enumerate(words) if w == "--mca"}
-    assert mca == {"plm_rsh_args": "-p 12022", "pml": "ob1", "btl": "self,tcp", "coll": "^hcoll",
+    assert mca == {"plm_rsh_no_tree_spawn": "1",  # the workers hold no private key (nccl_ssh)
+                   "plm_rsh_args": "-p 12022", "pml": "ob1", "btl": "self,tcp", "coll": "^hcoll",
                    "btl_tcp_if_include": "enp1s0,ens5", "btl_tcp_port_min_v4": "12070", "btl_tcp_port_range_v4": "64",
                    # mpirun itself is in the launcher's pod: the pod network is on its list too
                    "oob_tcp_if_include": "enp1s0,ens5,10.42.0.0/16", "oob_tcp_dynamic_ipv4_ports": "12030-12061"}
@@ -168,4 +169,5 @@ def test_open_mpi_is_pinned_to_the_node_ip_interfaces_and_the_port_block_the_rea
     # Off the host network (an address unknown) nothing is pinned: the pods' own network carries it.
     unknown = {"a": host("10.0.0.2", "ens5"), "b": replace(H200, addresses=None)}
     words = shlex.split(spec(nccl_job(inv, nodes, unknown), "launcher")["containers"][0]["command"][2])
-    assert "--mca" not in words and "affinity" not in spec(nccl_job(inv, nodes, unknown), "launcher")
+    mca = {words[i + 1]: words[i + 2] for i, w in enumerate(words) if w == "--mca"}
+    assert mca == {"plm_rsh_no_tree_spawn": "1"} and "affinity" not in spec(nccl_job(inv, nodes, unknown), "launcher")
