@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from test_k3s_standin import (PASSWORD, airgap_dir, interpreter, k3s, needs_upstream, procs, run,  # noqa: F401
                               start_server)
 
@@ -64,11 +65,13 @@ def test_the_stand_in_pins_what_a_list_brought_and_unpins_it_at_the_next_start(k
 
 
 @needs_upstream
+@pytest.mark.parametrize("wanted", [["busybox:1.36", "ghcr.io/example/train:1.0"],
+                                    # written in full: k3s pins them too, with its own label beside
+                                    ["docker.io/library/busybox:1.36", "ghcr.io/example/train:1.0"]])
 def test_the_tools_list_goes_once_pulled_and_what_it_pulled_stays_pinned_across_starts(k3s, tmp_path, procs,  # noqa: F811
-                                                                                       monkeypatch):
+                                                                                       monkeypatch, wanted):
     monkeypatch.setattr(k3s_images, "PULLS_POLL_S", 1)
     root = tmp_path / "root"
-    wanted = ["busybox:1.36", "ghcr.io/example/train:1.0"]
     p, _ = start_server(procs, k3s, root, f"token: {PASSWORD}\n", env={"K3S_STANDIN_PULL_SECONDS": "1"})
     record = root / k3s_images.PULLS_REQUESTED.lstrip("/")
     record.parent.mkdir(parents=True)

@@ -171,10 +171,13 @@ def pin_when_pulled(names: str) -> str:
     """The detached line that waits (every PULLS_POLL_S, at most PULLS_DEADLINE_S) until the node
     holds every image of the list "$l" or the list is gone (a start removed it, a newer list
     replaced it), then pins what it holds and removes the list. Past the deadline the record
-    of what was asked goes with the list, so the next `up` asks again."""
+    of what was asked goes with the list, so the next `up` asks again. Once all are there it
+    waits one poll more: k3s labels a list's images right after its last pull returns
+    (labelImages), and the tool's label must come after, or k3s's would stay beside it."""
     waiting = (f"end=$(($(date +%s) + {PULLS_DEADLINE_S})); while [ -e \"$l\" ]; do n=0; "
                "for i in \"$@\"; do k3s crictl inspecti \"$i\" >/dev/null 2>&1 || n=$((n + 1)); done; "
-               f"[ $n = 0 ] && break; if [ $(date +%s) -ge $end ]; then rm -f {PULLS_REQUESTED}; break; fi; "
+               f"if [ $n = 0 ]; then sleep {PULLS_POLL_S}; break; fi; "
+               f"if [ $(date +%s) -ge $end ]; then rm -f {PULLS_REQUESTED}; break; fi; "
                f"sleep {PULLS_POLL_S}; done; ")
     body = waiting + pin_lines('\"$@\"') + '; rm -f \"$l\"'
     return f"setsid sh -c {shlex.quote('l=$1; shift; ' + body)} pin \"$l\" {names} </dev/null >/dev/null 2>&1 &"
