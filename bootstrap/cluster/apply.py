@@ -22,6 +22,8 @@ from bootstrap.inventory.model import Inventory
 DIGESTS = ("kube-system", "bootstrap-releases")
 NODE_TIMEOUT_S = 300
 MIG_TIMEOUT_S = 900
+MIG_POLL_S = 2.0
+MIG_WHY = 300  # characters of a node's MIG state and reason kept (the node writes them)
 
 
 NODES = "/api/v1/nodes"
@@ -130,26 +132,34 @@ def restart_device_plugin(cluster: Cluster) -> None:
             "kubectl.kubernetes.io/restartedAt": stamp}}}}})
 
 
-def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TIMEOUT_S) -> None:
-    """MIG Manager reports on the node label nvidia.com/mig.config.state."""
-    if not wanted:
-        return
-
-    def check():
-        states = {}
-        for name in wanted:
+def wait_mig(cluster: Cluster, wanted: dict[str, str], timeout_s: float = MIG_TIMEOUT_S) -> dict[str, str]:
+    """Wait for MIG Manager's verdict on each node (its label nvidia.com/mig.config.state);
+    returns the nodes whose layout did not apply, each with why. A node's labels are its own
+    answer (its agent may write them), so one node's `failed`, or one that never settles by
+    the deadline, is that node's failure: the wait for the others goes on."""
+    pending, failed = dict(wanted), {}
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
+    while pending:
+        for name, layout in list(pending.items()):
             node = get(cluster, f"/api/v1/nodes/{name}") or {}
-            labels = node.get("metadata", {}).get("labels", {})
-            states[name] = labels.get(gpu_sharing.MIG_STATE_LABEL, "unset")
-            if states[name] == "failed":
-                reason = (node.get("metadata", {}).get("annotations", {}) or {}).get(
-                    "nvidia.com/mig.config.state.reason", "see the nvidia-mig-manager pod's log")
-                raise ClusterError(f"MIG layout {wanted[name]} failed on {name}: {reason}",
-                                   "check the layout fits the GPU (bootstrap facts shows its profiles)")
-        check.last = ", ".join(f"{n}={s}" for n, s in states.items())
-        return all(s == "success" for s in states.values())
-    check.last = None
-    wait_for(f"MIG layouts to apply ({', '.join(f'{n}: {l}' for n, l in wanted.items())})", check, timeout_s)
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            states[name] = str(labels.get(gpu_sharing.MIG_STATE_LABEL, "unset"))[:MIG_WHY]
+            if states[name] == "success":
+                del pending[name]
+            elif states[name] == "failed":
+                reason = ((node.get("metadata") or {}).get("annotations") or {}).get(
+                    "nvidia.com/mig.config.state.reason") or "see the nvidia-mig-manager pod's log"
+                failed[name] = f"MIG layout {layout} failed on {name}: {str(reason)[:MIG_WHY]}"
+                del pending[name]
+        if pending and time.monotonic() > deadline:
+            break
+        if pending:
+            time.sleep(MIG_POLL_S)
+    for name, layout in pending.items():
+        failed[name] = (f"MIG layout {layout} not applied on {name} after {timeout_s:.0f}s "
+                        f"({gpu_sharing.MIG_STATE_LABEL}={states.get(name, 'unset')})")
+    return failed
 
 
 def untraced(name: str):
@@ -219,7 +229,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
         restart_device_plugin(cluster)
     mig = {name: node_labels[gpu_sharing.MIG_LABEL] for name, node_labels in labels.items()
            if node_labels.get(gpu_sharing.MIG_LABEL, gpu_sharing.MIG_DISABLED) != gpu_sharing.MIG_DISABLED}
-    wait_mig(cluster, mig)
+    summary["mig_failed"] = wait_mig(cluster, mig)  # the gate keeps these gated; `up` ends with exit 1
     summary["nodes"] = nodes  # as read: the acceptance gate (flows.gate) reads their taints, no second GET
     summary["compared"] = [NODES] + compared(plan)
     return summary

@@ -39,8 +39,8 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from bootstrap.cluster.checks import NAMESPACE, _create, _pod, _pod_outcome, cleanup, expected_gpu_resources
-from bootstrap.cluster.client import Cluster, get, object_path, pod_log, request
+from bootstrap.cluster.checks import _create, _pod, _pod_outcome, checks_namespace, expected_gpu_resources
+from bootstrap.cluster.client import Cluster, get, object_path, pod_log
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory, Node
@@ -184,8 +184,8 @@ def _medians(node: str, per_node: dict[int, float], models: dict[str, dict[int, 
     return {model: statistics.median(values) for model, values in by_model.items()}
 
 
-def _container_logs(cluster: Cluster, node: str, gpus: int) -> dict[int, str]:
-    path = object_path("v1", "Pod", pod_name(node), NAMESPACE)
+def _container_logs(cluster: Cluster, node: str, gpus: int, namespace: str) -> dict[int, str]:
+    path = object_path("v1", "Pod", pod_name(node), namespace)
     logs = {}
     for slot in range(gpus):
         code, log = pod_log(cluster, path, container=container_name(slot))
@@ -201,23 +201,21 @@ def slots_of(cluster: Cluster, inventory: Inventory, hosts: dict[str, HostFacts]
 
 def run_burn_in(cluster: Cluster, nodes: dict[str, Slots], seconds: int, floor: float | None = None) -> dict:
     """`nodes`: node -> what its pod asks for (slots_of); `floor`: gpu.gate.burn_in_min_gflops.
-    Every pod starts at once; each is waited for."""
-    request(cluster, "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": NAMESPACE}})
+    Every pod starts at once; each is waited for. A node whose kubelet keeps its pod past the
+    cleanup fails for it (its own answer), the others do not."""
     measured, models, errors = {}, {}, []
-    try:
+    with checks_namespace(cluster) as space:
         for node, slots in nodes.items():
-            _create(cluster, burn_in_pod(node, slots, seconds))
+            _create(cluster, burn_in_pod(node, slots, seconds), space.name)
         for node, slots in nodes.items():
-            phase, _, why = _pod_outcome(cluster, pod_name(node), seconds * SLOWEST_SHARE + START_UP_S)
-            logs = _container_logs(cluster, node, slots.count)
+            phase, _, why = _pod_outcome(cluster, pod_name(node), seconds * SLOWEST_SHARE + START_UP_S, space.name)
+            logs = _container_logs(cluster, node, slots.count, space.name)
             if phase != "Succeeded":
                 said = next((log for log in logs.values() if log.strip() and gflops(log) is None), "")
                 errors.append(f"{node}: the burn-in pod {phase.lower()}: {why or said[-200:]}")
             measured[node] = throughputs(logs)
             models[node] = {slot: model for slot, log in logs.items() if (model := device(log))}
-    finally:
-        cleanup(cluster)
+    errors += [f"{r.node}: {r.reason}" for r in space.leftovers("FAIL") if r.node in nodes]
     verdict = judge(measured, {n: s.count for n, s in nodes.items() if not any(e.startswith(f"{n}:") for e in errors)},
                     models, floor)
     verdict["failed"] = errors + verdict["failed"]

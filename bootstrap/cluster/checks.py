@@ -1,15 +1,20 @@
 """`bootstrap validate`: prove the cluster does GPU work. Each check ends PASS, FAIL or SKIP
-with a reason; everything it creates lives in one namespace, deleted at the end."""
+with a reason; everything it creates lives in a namespace of its own (checks_namespace),
+deleted at the end. A pod a node's kubelet never lets go of is that node's (a WARN row here,
+a failure at the gate), and leaves only its own namespace Terminating: the next run has
+another name, so it never waits on it (issue 32 item 13)."""
 
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-from bootstrap.cluster.client import Cluster, ClusterError, get, object_path, pod_log, request, wait_for
+from bootstrap.cluster.client import Cluster, ClusterError, WaitTimeout, get, object_path, pod_log, request, wait_for
 from bootstrap.cluster import nccl_ssh
 from bootstrap.cluster.components import gpu_sharing
 from bootstrap.console_text import printable
@@ -23,7 +28,9 @@ from bootstrap.checks import mig, nccl_ports
 from bootstrap.checks.node_addresses import DEFAULT_CIDRS, choose, on_host
 from bootstrap.checks.providers import PROVIDER_LABEL, provider_groups
 
-NAMESPACE = "bootstrap-validate"
+NAMESPACE = "bootstrap-validate"  # before issue 32 the one namespace; now each use's name starts so
+PART_OF = {"app.kubernetes.io/part-of": "bootstrap-validate"}  # on every checks namespace and pod
+CLEANUP_S = 120  # for a namespace's pods to be gone (their kubelets confirm each deletion)
 TOLERATE_ALL = [{"operator": "Exists"}]
 
 
@@ -75,7 +82,10 @@ def _pod(name: str, node: str | None, image: str, resources: dict | None = None,
             "spec": spec}
 
 
-def _create(cluster: Cluster, obj: dict) -> None:
+def _create(cluster: Cluster, obj: dict, namespace: str | None = None) -> None:
+    """`obj` created, in `namespace` when given (else its own)."""
+    if namespace:
+        obj = dict(obj, metadata=dict(obj["metadata"], namespace=namespace))
     meta = obj["metadata"]
     status, body = request(cluster, "POST", object_path(obj["apiVersion"], obj["kind"], None, meta.get("namespace")),
                            obj)
@@ -108,11 +118,12 @@ def _waiting(status: dict) -> tuple[str, str]:
     return "", ""
 
 
-def _pod_outcome(cluster: Cluster, name: str, timeout_s: float) -> tuple[str, str, str]:
+def _pod_outcome(cluster: Cluster, name: str, timeout_s: float,
+                 namespace: str = NAMESPACE) -> tuple[str, str, str]:
     """(phase, log, why) once the pod ends, or ('Pending'/'Running', '', why) at the time-out,
     or at once when the kubelet will never get its image. A container the kubelet cannot start
     says why (ImagePullBackOff and its message) before the pod's conditions do."""
-    path = object_path("v1", "Pod", name, NAMESPACE)
+    path = object_path("v1", "Pod", name, namespace)
     deadline = time.monotonic() + timeout_s
     container_why = condition_why = ""
     while True:
@@ -140,7 +151,7 @@ def _pod_outcome(cluster: Cluster, name: str, timeout_s: float) -> tuple[str, st
         time.sleep(1)
 
 
-def check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout_s) -> list[CheckResult]:
+def check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout_s, namespace=NAMESPACE) -> list[CheckResult]:
     if not inventory.validate.gpu_pod:
         return [CheckResult("gpu-pod", "SKIP", "validate.gpu_pod is false")]
     if not gpu_nodes:
@@ -150,11 +161,11 @@ def check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout_s) -> list[Chec
     for node in gpu_nodes:
         resource = sorted(expected_gpu_resources(inventory, node, facts[node.name]))[0]
         name = derived_name("gpu-test-", node.name)  # a long node name is cut safely, with a hash
-        _create(cluster, _pod(name, node.name, image, {resource: 1}))
+        _create(cluster, _pod(name, node.name, image, {resource: 1}), namespace)
         started[node.name] = name
     results = []
     for node in gpu_nodes:
-        phase, log, why = _pod_outcome(cluster, started[node.name], timeout_s)
+        phase, log, why = _pod_outcome(cluster, started[node.name], timeout_s, namespace)
         if phase == "Succeeded" and "Test PASSED" in log:
             results.append(CheckResult("gpu-pod", "PASS", "CUDA vectorAdd: Test PASSED", node.name))
         elif phase == "Succeeded":
@@ -203,16 +214,16 @@ def check_rdma(cluster, inventory, gpu_nodes) -> list[CheckResult]:
     return results
 
 
-def check_pvc(cluster, inventory, timeout_s) -> CheckResult:
+def check_pvc(cluster, inventory, timeout_s, namespace=NAMESPACE) -> CheckResult:
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
              "metadata": {"name": "validate-pvc", "namespace": NAMESPACE},
              "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
-    _create(cluster, claim)
+    _create(cluster, claim, namespace)
     _create(cluster, _pod("pvc-writer", None, BUSYBOX, command=["sh", "-c", "echo bootstrap-ok > /data/probe && cat /data/probe"],
                           volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "validate-pvc"}}],
-                          mounts=[{"name": "data", "mountPath": "/data"}]))
-    phase, log, why = _pod_outcome(cluster, "pvc-writer", timeout_s)
-    pvc = get(cluster, object_path("v1", "PersistentVolumeClaim", "validate-pvc", NAMESPACE)) or {}
+                          mounts=[{"name": "data", "mountPath": "/data"}]), namespace)
+    phase, log, why = _pod_outcome(cluster, "pvc-writer", timeout_s, namespace)
+    pvc = get(cluster, object_path("v1", "PersistentVolumeClaim", "validate-pvc", namespace)) or {}
     bound = pvc.get("status", {}).get("phase") == "Bound"
     if bound and phase == "Succeeded" and "bootstrap-ok" in log:
         cls = pvc.get("spec", {}).get("storageClassName", "the default class")
@@ -238,14 +249,14 @@ def gang_job(inventory: Inventory, gpu_nodes, facts) -> dict:
                      "tasks": tasks}}
 
 
-def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
+def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s, namespace=NAMESPACE) -> CheckResult:
     if not inventory.volcano.enabled:
         return CheckResult("volcano-gang", "SKIP", "volcano is disabled")
     if not gpu_nodes:
         return CheckResult("volcano-gang", "SKIP", "no GPU nodes")
     size = len(gpu_nodes)
-    _create(cluster, gang_job(inventory, gpu_nodes, facts))
-    path = object_path("batch.volcano.sh/v1alpha1", "Job", "gang", NAMESPACE)
+    _create(cluster, gang_job(inventory, gpu_nodes, facts), namespace)
+    path = object_path("batch.volcano.sh/v1alpha1", "Job", "gang", namespace)
     deadline = time.monotonic() + timeout_s
     while True:
         state = (get(cluster, path) or {}).get("status", {}).get("state", {})
@@ -255,7 +266,7 @@ def check_gang(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
         if phase in ("Failed", "Aborted", "Terminated"):
             return CheckResult("volcano-gang", "FAIL", f"job {phase}: {state.get('message', '')}")
         if time.monotonic() > deadline:
-            pods = (get(cluster, f"/api/v1/namespaces/{NAMESPACE}/pods") or {}).get("items", [])
+            pods = (get(cluster, f"/api/v1/namespaces/{namespace}/pods") or {}).get("items", [])
             # Volcano creates every member pod at once; only bound ones have started.
             running = [p for p in pods if p["metadata"]["name"].startswith("gang-")
                        and (p.get("spec", {}).get("nodeName")
@@ -465,7 +476,7 @@ def open_mpi_settings(inventory: Inventory, path: NcclPath) -> dict[str, str]:
             "oob_tcp_dynamic_ipv4_ports": nccl_ports.span(nccl_ports.OOB_PORTS)}
 
 
-def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
+def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s, namespace=NAMESPACE) -> CheckResult:
     nccl = inventory.validate.nccl
     if not nccl or not nccl.enabled:
         return CheckResult("nccl", "SKIP", "validate.nccl is not set")
@@ -480,9 +491,9 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
         return CheckResult("nccl", "FAIL", "cannot tell NCCL which path to measure: " + "; ".join(path.problems))
     for secret in nccl_ssh.secrets_for("nccl", {"launcher": 1, "worker": len(gpu_nodes)}, NAMESPACE):
         _create(cluster, secret)
-    _create(cluster, nccl_job(inventory, gpu_nodes, facts, path))
+    _create(cluster, nccl_job(inventory, gpu_nodes, facts, path), namespace)
     launcher = "nccl-launcher-0"
-    phase, log, why = _pod_outcome(cluster, launcher, timeout_s)
+    phase, log, why = _pod_outcome(cluster, launcher, timeout_s, namespace)
     busbw = parse_busbw(log)
     chosen = f" [{path.describe()}]" if path.describe() else ""
     if phase != "Succeeded" or busbw is None:
@@ -495,12 +506,67 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s) -> CheckResult:
                        + (f" (floor {floor:g})" if floor is not None else "") + within + chosen)
 
 
-def cleanup(cluster: Cluster, timeout_s: float = 120) -> None:
-    """Delete the checks' namespace and wait until it is gone: the API server refuses new
-    objects in a terminating namespace, so the next `validate` would fail on its own leftovers."""
-    path = f"/api/v1/namespaces/{NAMESPACE}"
+@dataclass
+class ChecksNamespace:
+    """One use's namespace; `left_on`, once it is deleted: node -> the pods its kubelet had
+    not let go of by the deadline ("" for pods on no node)."""
+
+    name: str
+    left_on: dict[str, list[str]] = field(default_factory=dict)
+
+    def leftovers(self, status: str) -> list[CheckResult]:
+        """Each node whose kubelet kept a pod: a `status` (WARN, or FAIL at the gate) of its own;
+        what is on no node, a WARN."""
+        later = f"namespace {self.name} stays Terminating; later runs use their own"
+        return [CheckResult("cleanup", status, f"its kubelet did not confirm the deletion of {', '.join(pods)} within "
+                            f"{CLEANUP_S}s ({later})", node) if node else
+                CheckResult("cleanup", "WARN", f"{', '.join(pods)} not deleted within {CLEANUP_S}s ({later})")
+                for node, pods in self.left_on.items()]
+
+
+@contextmanager
+def checks_namespace(cluster: Cluster):
+    """A namespace of its own (a new name, labelled PART_OF), deleted afterwards. Earlier
+    runs' are deleted first and never waited for: one a kubelet holds Terminating blocks nothing."""
+    delete_earlier(cluster)
+    space = ChecksNamespace(f"{NAMESPACE}-{secrets.token_hex(4)}")
+    status, body = request(cluster, "POST", "/api/v1/namespaces", {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": space.name, "labels": dict(PART_OF)}})
+    if status >= 300:
+        raise ClusterError(f"cannot create namespace {space.name}: {body.get('message', status)}")
+    try:
+        yield space
+    finally:
+        space.left_on = cleanup(cluster, space.name)
+
+
+def delete_earlier(cluster: Cluster) -> None:
+    """Delete the checks' namespaces earlier runs left (the fixed one of older versions too)."""
+    selector = ",".join(f"{k}={v}" for k, v in PART_OF.items())
+    status, listed = request(cluster, "GET", "/api/v1/namespaces", query=[("labelSelector", selector)])
+    listed = listed if status < 300 and isinstance(listed, dict) else {}
+    names = {(n.get("metadata") or {}).get("name") for n in _dicts(listed.get("items"))
+             if (n.get("status") or {}).get("phase") != "Terminating"}
+    for name in sorted(n for n in names | {NAMESPACE} if isinstance(n, str)):
+        request(cluster, "DELETE", f"/api/v1/namespaces/{name}")
+
+
+def cleanup(cluster: Cluster, namespace: str) -> dict[str, list[str]]:
+    """Delete `namespace` and wait (up to CLEANUP_S) until it is gone; returns the pods still
+    in it then, by node: a kubelet that never confirms a deletion is that node's to answer for."""
+    path = f"/api/v1/namespaces/{namespace}"
     request(cluster, "DELETE", path)
-    wait_for(f"namespace {NAMESPACE} to be deleted", lambda: get(cluster, path) is None, timeout_s)
+    try:
+        wait_for(f"namespace {namespace} to be deleted", lambda: get(cluster, path) is None, CLEANUP_S,
+                 first_interval_s=0.25)
+        return {}
+    except WaitTimeout:
+        pods = (get(cluster, path + "/pods") or {}).get("items")
+    left: dict[str, list[str]] = {}
+    for pod in _dicts(pods):
+        node = (pod.get("spec") or {}).get("nodeName")
+        left.setdefault(node if isinstance(node, str) else "", []).append(str((pod.get("metadata") or {}).get("name")))
+    return left or {"": ["objects other than pods"]}
 
 
 def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], gpu: list[Node]) -> list[CheckResult]:
@@ -508,19 +574,15 @@ def run_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFact
     timeout = inventory.validate.timeout_s
     # The checks read each node's GPUs from its facts: GPU nodes that answered.
     checked = [n for n in gpu if n.name in facts]
-    request(cluster, "POST", "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     results: list[CheckResult] = []
-    try:
+    with checks_namespace(cluster) as space:
         results += check_capacity(cluster, inventory, checked, facts)
         results += check_rdma(cluster, inventory, checked)
-        results += check_gpu_pods(cluster, inventory, checked, facts, timeout)
-        results.append(check_pvc(cluster, inventory, timeout))
-        results.append(check_gang(cluster, inventory, checked, facts, timeout))
-        results.append(check_nccl(cluster, inventory, checked, facts, timeout))
-    finally:
-        cleanup(cluster)
-    return results
+        results += check_gpu_pods(cluster, inventory, checked, facts, timeout, space.name)
+        results.append(check_pvc(cluster, inventory, timeout, space.name))
+        results.append(check_gang(cluster, inventory, checked, facts, timeout, space.name))
+        results.append(check_nccl(cluster, inventory, checked, facts, timeout, space.name))
+    return results + space.leftovers("WARN")
 
 
 def render_table(results: list[CheckResult]) -> str:

@@ -10,8 +10,9 @@ from dataclasses import replace
 
 from bootstrap.checks.preflight import gpu_health_findings
 from bootstrap.cluster import burn_in
-from bootstrap.cluster.checks import (NAMESPACE, CheckResult, check_capacity, check_gpu_pods, check_nccl, check_rdma,
-                                      cleanup, nccl_group)
+from bootstrap.cluster import nccl_pairs
+from bootstrap.cluster.checks import (CheckResult, check_capacity, check_gpu_pods, check_nccl, check_rdma,
+                                      checks_namespace)
 from bootstrap.cluster.client import Cluster, ClusterError, get, merge_patch, request
 from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has_gate, may_hold, with_gate,
                                           without_gate)
@@ -107,22 +108,20 @@ def health_results(inventory: Inventory, facts: dict[str, HostFacts], nodes, gpu
     return results
 
 
-def in_namespace(cluster: Cluster, run):
-    """`run()` with the checks' namespace made, and gone afterwards."""
-    request(cluster, "POST", "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    try:
-        return run()
-    finally:
-        cleanup(cluster)
+def in_namespace(cluster: Cluster, run) -> list[CheckResult]:
+    """`run(namespace)` in a namespace of its own, deleted afterwards; a node whose kubelet
+    keeps one of its pods past the cleanup fails for it, no other node does."""
+    with checks_namespace(cluster) as space:
+        results = run(space.name)
+    return results + space.leftovers("FAIL")
 
 
 def pod_results(cluster: Cluster, inventory: Inventory, facts, nodes, checks) -> list[CheckResult]:
     """The GPU pod first (it waits for the device plugin), then what the node advertises."""
     timeout = inventory.validate.timeout_s
 
-    def run():
-        results = check_gpu_pods(cluster, inventory, nodes, facts, timeout) if "gpu-pod" in checks else []
+    def run(namespace):
+        results = check_gpu_pods(cluster, inventory, nodes, facts, timeout, namespace) if "gpu-pod" in checks else []
         if "capacity" in checks:
             results += check_capacity(cluster, inventory, nodes, facts)
         if "rdma" in checks and inventory.network.rdma:
@@ -140,24 +139,28 @@ def burn_in_results(cluster: Cluster, inventory: Inventory, facts, nodes) -> lis
     for node in nodes:
         failed, warned = ([why for why in verdict[key] if why.startswith(f"{node.name}:")]
                           for key in ("failed", "warnings"))
-        passed = "; ".join(["every GPU slot within its own node's range", *warned])
-        results.append(CheckResult("burn-in", "FAIL" if failed else "PASS", "; ".join(failed) or passed, node.name))
+        results.append(CheckResult("burn-in", "FAIL" if failed else "PASS",
+                                   "; ".join(failed) or "every GPU slot within its own node's range", node.name))
+        results += [CheckResult("burn-in", "WARN", why, node.name) for why in warned]
     return results
 
 
 def nccl_results(cluster: Cluster, inventory: Inventory, facts, nodes, peers) -> list[CheckResult]:
-    """An NCCL pair test of each node with a peer at its provider (one that passed), one pair
-    at a time: the job has one name."""
-    results = []
-    for node in nodes:
-        peer = next((p for p in peers if p.name != node.name and p.provider == node.provider), None)
-        if peer is None:
-            results.append(CheckResult("nccl", "SKIP", "no GPU node that passed the gate to pair with", node.name))
-            continue
-        pair, _ = nccl_group([node, peer])
-        result = in_namespace(cluster, lambda: check_nccl(cluster, inventory, pair, facts, inventory.validate.timeout_s))
-        results.append(replace(result, node=node.name, reason=f"with {peer.name}: {result.reason}"))
-    return results
+    """Each node's NCCL pair tests with peers at its provider (nccl_pairs: a failure counts
+    against a node only when unambiguous), one pair at a time, each in its own namespace;
+    a pair tested once is not tested again."""
+    tested: dict[frozenset, CheckResult] = {}
+    kept: list[CheckResult] = []  # a kubelet that kept a pod of a pair test: its own node's FAIL
+
+    def test(a, b) -> CheckResult:
+        key = frozenset((a.name, b.name))
+        if key not in tested:
+            def run(namespace):
+                return [check_nccl(cluster, inventory, [a, b], facts, inventory.validate.timeout_s, namespace)]
+            tested[key], *left = in_namespace(cluster, run)
+            kept.extend(left)
+        return tested[key]
+    return [r for node in nodes for r in nccl_pairs.judge_node(node, nccl_pairs.partners_of(node, peers), test)] + kept
 
 
 def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], nodes, peers,
@@ -177,26 +180,36 @@ def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFac
 
 
 def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts],
-             node_objects: dict[str, dict], gpu: list) -> tuple[list[GateDecision], list[str]]:
+             node_objects: dict[str, dict], gpu: list,
+             failed_before: dict[str, str] | None = None) -> tuple[list[GateDecision], list[str]]:
     """Judge every gated GPU node and lift or keep its gate. Returns the decisions and the
-    pre-gate nodes the tool gated first. `gpu`: the run's GPU nodes (bootstrap.topology)."""
+    pre-gate nodes the tool gated first. `gpu`: the run's GPU nodes (bootstrap.topology);
+    `failed_before`: nodes that failed on the cluster side already (their MIG layout), with why."""
     gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu)
     for node in legacy:
         close_gate(cluster, node.name)
     nodes = gated + legacy
     if not nodes:
         return [], []
-    judged = {n.name for n in nodes}
+    judged, failed_before = {n.name for n in nodes}, failed_before or {}
     peers = [n for n in gpu if n.name in facts and n.name in node_objects
-             and n.name not in judged]
+             and n.name not in judged and n.name not in failed_before]
+    checked = [n for n in nodes if n.name not in failed_before]  # its MIG layout failed: not worth its checks
     try:
-        results = gate_checks(cluster, inventory, facts, nodes, peers, gpu)
+        results = gate_checks(cluster, inventory, facts, checked, peers, gpu) if checked else []
     except ClusterError as exc:  # the checks could not run: every node stays gated, saying why
         results = [CheckResult("gate", "FAIL", f"its checks could not run: {exc}", n.name) for n in nodes]
-    decisions = [decide(n.name, results, holds=may_hold(n)) for n in nodes]
+    results += [CheckResult("mig", "FAIL", why, name) for name, why in failed_before.items() if name in judged]
+    decisions = [with_warnings(decide(n.name, results, holds=may_hold(n)), results) for n in nodes]
     for decision in decisions:
         apply_decision(cluster, decision)
     return decisions, [n.name for n in legacy]
+
+
+def with_warnings(decision: GateDecision, results: list[CheckResult]) -> GateDecision:
+    """A node that passed, with what only warned (a failing pair not its own, a peer's figures)."""
+    warned = [f"{r.check}: {r.reason}" for r in results if r.node == decision.node and r.status == "WARN"]
+    return replace(decision, reason="; ".join([decision.reason, *warned])) if decision.passed and warned else decision
 
 
 def read_nodes(cluster: Cluster) -> dict[str, dict]:

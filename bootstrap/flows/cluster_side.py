@@ -41,7 +41,9 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
         summary = apply_cluster(cluster, run.inventory, plan, run.console.say, wait_for=wait_for,
                                 trace=run.console.phase, prefetched=None if hosts_changed else cluster.prefetched)
         remember(run.state, summary.pop("compared"))
-        gate_failed = failure(gate_phase(run, cluster, summary.pop("nodes", None)))
+        mig_failed = summary.pop("mig_failed", {})  # each node's own: the others went on
+        run.console.say_lines(f"mig: {why}" for why in mig_failed.values())
+        gate_failed = failure(gate_phase(run, cluster, summary.pop("nodes", None), mig_failed))
     for line in download_lines(run.inventory, run.settled_facts(), run.topology.gpu_nodes_of(run.inventory)):  # k3s pulls them in the background
         run.console.say(line)
     changes = len(summary["labelled"]) + len(summary["objects"]) + len(summary["releases"])
@@ -51,11 +53,21 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
     elif validate and validate_cluster(run.inventory, run.state, run.settled_facts(), run.console,
                                        gpu=run.topology.gpu_nodes_of(run.inventory), connect=run.connect) != 0:
         raise HostsFailed("validation failed", "see the FAIL lines above; `bootstrap validate` re-runs the checks")
-    if gate_failed:
-        raise HostsFailed(gate_failed,
-                          "see the gate: lines above (the reason is also on the node, annotation "
-                          "bootstrap.k3s/gate-reason); fix or replace the machine (`bootstrap rebuild`), then `bootstrap up`")
+    if gate_failed or mig_failed:
+        raise nodes_failed(gate_failed, mig_failed)
     return bool(changes)
+
+
+def nodes_failed(gate_failed: str | None, mig_failed: dict[str, str]) -> HostsFailed:
+    """What `up` ends with when a GPU node failed the gate or its MIG layout (exit 1)."""
+    parts = [f"MIG layout not applied on {', '.join(mig_failed)}"] if mig_failed else []
+    hints = ["see the mig: lines above; check the layout fits the GPU (bootstrap facts shows its profiles)"] \
+        if mig_failed else []
+    if gate_failed:
+        parts.append(gate_failed)
+        hints.append("see the gate: lines above (the reason is also on the node, annotation bootstrap.k3s/gate-reason); "
+                     "fix or replace the machine (`bootstrap rebuild`), then `bootstrap up`")
+    return HostsFailed("; ".join(parts), "; ".join(hints))
 
 
 def say_summary(console, summary: dict, changes: int, seconds: float) -> None:

@@ -10,14 +10,16 @@ from bootstrap.console_text import printable
 from bootstrap.flows.run import Run
 
 
-def gate_phase(run: Run, cluster, node_objects: dict | None = None) -> list[GateDecision]:
-    """`node_objects`: the Node objects as apply_cluster just read them (else read here)."""
+def gate_phase(run: Run, cluster, node_objects: dict | None = None,
+               failed_before: dict[str, str] | None = None) -> list[GateDecision]:
+    """`node_objects`: the Node objects as apply_cluster just read them (else read here);
+    `failed_before`: nodes that already failed on the cluster side (their MIG layout), with why."""
     if not run.inventory.gpu.gate.enabled:
         return []
     with run.console.phase("cluster: acceptance gate"):
         nodes = node_objects if node_objects is not None else read_nodes(cluster)
         decisions, legacy = run_gate(cluster, run.inventory, run.settled_facts(), nodes,
-                                     run.topology.gpu_nodes_of(run.inventory))
+                                     run.topology.gpu_nodes_of(run.inventory), failed_before)
     for name in legacy:
         run.console.say(f"gate: {name} registered before the acceptance gate: gated through the API for its checks")
     say_decisions(run.console, decisions)

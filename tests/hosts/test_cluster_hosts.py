@@ -119,10 +119,11 @@ def test_each_validation_check_fails_for_the_right_reason(cluster):
     assert checks[("pvc", None)]["status"] == "FAIL" and "not Bound" in checks[("pvc", None)]["reason"]
     assert checks[("volcano-gang", None)]["status"] == "FAIL"
     assert checks[("nccl", None)]["status"] == "SKIP"
-    # validate cleans up after itself.
+    # validate cleans up after itself: its namespace of its own, and every pod in it.
     with connect(inv, StateDir(inv)) as api:
-        pods = request(api, "GET", "/api/v1/namespaces/bootstrap-validate/pods")[1].get("items", [])
-        assert pods == []
+        mine = [("labelSelector", "app.kubernetes.io/part-of=bootstrap-validate")]
+        assert request(api, "GET", "/api/v1/pods", query=mine)[1].get("items", []) == []
+        assert request(api, "GET", "/api/v1/namespaces", query=mine)[1].get("items", []) == []
 
 
 def test_nccl_all_reduce_is_judged_against_the_bandwidth_floor(cluster):

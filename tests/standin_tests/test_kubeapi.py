@@ -689,6 +689,25 @@ def test_deleting_a_namespace_removes_what_is_in_it(cluster):
     assert core.list_namespaced_config_map("scratch").items == []
 
 
+def test_a_kubelet_that_keeps_deleted_pods_holds_their_namespace_terminating(cluster):
+    """A node labelled standin.k3s/kubelet=keeps-deleted-pods never confirms a pod's deletion;
+    an object with finalizers keeps its namespace Terminating (the namespace controller)."""
+    cluster.server()
+    cluster.agent("keeper", labels=["standin.k3s/kubelet=keeps-deleted-pods"])
+    cluster.wait_ready("cp-1", "keeper")
+    core = cluster.core
+    core.create_namespace({"metadata": {"name": "held"}})
+    core.create_namespaced_pod("held", pod("p", nodeSelector={"kubernetes.io/hostname": "keeper"}))
+    cluster.pod_done("p", "held")
+    core.delete_namespace("held")
+    time.sleep(2.5)  # the namespace controller's second, and more
+    assert core.read_namespace("held").status.phase == "Terminating"
+    kept = core.read_namespaced_pod("p", "held")
+    assert kept.metadata.deletion_timestamp and kept.metadata.finalizers == ["standin.k3s/kubelet-confirms"]
+    core.patch_namespaced_pod("p", "held", {"metadata": {"finalizers": None}})  # the kubelet confirms at last
+    wait("namespace gone", lambda: "held" not in {n.metadata.name for n in core.list_namespace().items})
+
+
 # --------------------------------------------------------------------------- persistence
 
 

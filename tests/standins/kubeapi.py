@@ -2386,6 +2386,11 @@ def gpu_product(model):
     return model.replace(" ", "-")
 
 
+# A node whose kubelet never confirms a pod's deletion (see Pods in Sim's docstring).
+KEEPER_LABEL = ("standin.k3s/kubelet", "keeps-deleted-pods")
+KEEPER_FINALIZER = "standin.k3s/kubelet-confirms"
+
+
 def mig_layout_error(layout, devices, model):
     """Why mig-parted would refuse this layout on this GPU, or None."""
     table = (GPU_MODELS.get(model) or {}).get("mig")
@@ -2998,7 +3003,15 @@ class Simulator:
             error; cuda-sample:nbody-* images: their ENTRYPOINT /cuda-samples/sample (n-body)
             with the pod's args, n-body's benchmark output per container (each its own GPU),
             `nbody` by name not found (not on PATH); images containing "fail": exit 1.
-            Deleting a pod removes it at once.
+            Deleting a pod removes it at once, except on a node labelled
+            standin.k3s/kubelet=keeps-deleted-pods (registered so, node-label): a kubelet
+            that never confirms a deletion (a hostile or a broken one); its pods carry the
+            finalizer standin.k3s/kubelet-confirms and stay, deletionTimestamp set, for ever.
+    Namespaces  A deleted namespace is Terminating about a second (the namespace controller),
+            then its objects go with it, except those with finalizers: they are marked
+            deleted and the namespace stays Terminating until they are gone (kubernetes
+            pkg/controller/namespace/deletion/namespaced_resources_deleter.go: the
+            namespace is finalized once its content is gone).
     Storage k3s's local-path StorageClass (default, WaitForFirstConsumer) unless
             local-storage is disabled. PVCs get the default class (also later), bind
             (Immediate: when the class exists; WaitForFirstConsumer: once a pod using
@@ -3851,15 +3864,24 @@ class Simulator:
             since = self.terminating_since.setdefault(name, time.monotonic())
             if time.monotonic() - since < 1.0:  # what the namespace controller takes, about
                 continue
-            self.terminating_since.pop(name, None)
+            kept = False
             for res in self.api.resources():
                 if not res.namespaced:
                     continue
                 for obj in self.store.items(res, name):
+                    if deep(obj, "metadata", "finalizers"):  # stays (deleted) until its finalizers go
+                        kept = True
+                        if not deep(obj, "metadata", "deletionTimestamp"):
+                            marked = copy.deepcopy(obj)
+                            marked["metadata"]["deletionTimestamp"] = now_iso()
+                            self.store.put(res, marked)
+                        continue
                     gone = self.store.remove(res, name, obj["metadata"]["name"])
                     if gone:
                         self.deleted(res, gone, "Background")
-            self.store.remove(nsres, "", name)
+            if not kept:
+                self.terminating_since.pop(name, None)
+                self.store.remove(nsres, "", name)
 
     # -- storage ---------------------------------------------------------------------
     def storage(self):
@@ -4514,6 +4536,9 @@ class Simulator:
         pods = self.R("pods")
         new = copy.deepcopy(pod)
         new["spec"]["nodeName"] = node
+        bound_to = self.store.get(self.R("nodes"), "", node)
+        if deep(bound_to or {}, "metadata", "labels", KEEPER_LABEL[0]) == KEEPER_LABEL[1]:
+            new["metadata"]["finalizers"] = list(new["metadata"].get("finalizers") or []) + [KEEPER_FINALIZER]
         conds = [c for c in new["status"].get("conditions") or [] if c.get("type") != "PodScheduled"]
         conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                       "lastTransitionTime": now_iso()})

@@ -115,8 +115,8 @@ def test_unknown_addresses_leave_nccl_to_choose_and_say_so():
 
 def test_the_chosen_values_are_printed_with_the_result(monkeypatch):
     created = []
-    monkeypatch.setattr(checks, "_create", lambda cluster, obj: created.append(obj))
-    monkeypatch.setattr(checks, "_pod_outcome", lambda cluster, name, timeout: (
+    monkeypatch.setattr(checks, "_create", lambda cluster, obj, namespace=None: created.append(obj))
+    monkeypatch.setattr(checks, "_pod_outcome", lambda cluster, name, timeout, namespace=None: (
         "Succeeded", "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 181.400 \n", ""))
     inv = inventory()
     nodes = [inv.node("a"), inv.node("b")]

@@ -93,7 +93,7 @@ def gpu_pod_log(cluster):
 
 
 def burn_in_log(cluster):
-    return burn_in._container_logs(cluster, "gpu-1", 1)[0]
+    return burn_in._container_logs(cluster, "gpu-1", 1, "bootstrap-validate-0a1b2c3d")[0]
 
 
 def diagnose_log(cluster):
