@@ -215,7 +215,7 @@ def apply_cluster(cluster: Cluster, inventory: Inventory, plan, say=print,
     version = helm.check_version() if todo else None
     new = {r.name: version for r in todo if helm.release_state(r, digests) == helm.NOT_INSTALLED}
     summary["releases"] = install_releases(cluster, todo, DigestRecord(cluster, seen[DIGESTS_PATH] is not None),
-                                           say, trace, new)
+                                           say, trace, new, version)
     # After an install, what the releases may have changed is read again, all at once.
     fresh = get_all(cluster, [path_of(o) for o in plan.manifests] + [path_of(p.body) for p in plan.patches]) \
         if todo else seen
@@ -249,7 +249,7 @@ def release_waves(releases: list) -> list[list]:
 
 
 def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, trace=untraced,
-                     new: dict | None = None) -> list[str]:
+                     new: dict | None = None, version: tuple | None = None) -> list[str]:
     """`helm upgrade --install --wait` each release; a wave's releases at once, so the
     critical path is its slowest release, not their sum (each waits for its own pods). A
     release's digest is recorded as soon as it is done; the first failure is raised once its
@@ -262,7 +262,7 @@ def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, t
         errors = []
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
             futures = [(release, pool.submit(_traced_install, release, cluster.kubeconfig, trace,
-                                             (new or {}).get(release.name))) for release in wave]
+                                             (new or {}).get(release.name), version, say)) for release in wave]
             for release, future in futures:
                 try:
                     future.result()
@@ -276,9 +276,11 @@ def install_releases(cluster: Cluster, todo: list, digests: DigestRecord, say, t
     return done
 
 
-def _traced_install(release, kubeconfig, trace, new_with=None) -> None:
+def _traced_install(release, kubeconfig, trace, new_with=None, version=None, say=None) -> None:
+    """`version`: Helm's, read once for the run (its upgrade flags); `say`: what a recovery of a
+    release a killed Helm left pending did (helm.recover_pending)."""
     with trace(f"cluster: helm {release.name}"):
-        helm.upgrade_install(release, kubeconfig, new_with=new_with)
+        helm.upgrade_install(release, kubeconfig, new_with=new_with, version=version, say=say)
 
 
 def apply_patch(cluster: Cluster, patch, current=UNREAD) -> list[str]:

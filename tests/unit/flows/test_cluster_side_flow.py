@@ -102,6 +102,31 @@ def test_a_first_apply_labels_installs_and_a_second_changes_nothing(lab, helm_ca
     assert len(helm_calls()) == len(first), "a converged cluster calls Helm again"
 
 
+def test_a_release_a_killed_helm_left_pending_is_recovered_and_said(lab, helm_calls, tmp_path):
+    """A pending-install Helm never finished (an earlier run's Helm killed at its time-out):
+    `install` meets the name in use, `upgrade --install` the pending mark; it was never
+    deployed, so it is uninstalled and installed again, and the run says so."""
+    inventory, state = inventory_for(tmp_path)
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[]), "gpu-1": healthy_host("gpu-1")}
+    history = tmp_path / "record.jsonl.history"
+    history.mkdir()
+    (history / "gpu-operator.json").write_text(json.dumps(
+        [{"revision": 1, "status": "pending-install", "updated": "2026-01-01T00:00:00Z"}]))
+
+    @contextlib.contextmanager
+    def connect(inv, st):
+        yield ApiCluster(lab.api, tmp_path / "kubeconfig")
+
+    out = io.StringIO()
+    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                         validate=False)
+    verbs = [c["argv"][:2] for c in helm_calls() if "gpu-operator" in c["argv"][:3]]
+    assert verbs == [["install", "gpu-operator"], ["upgrade", "--install"], ["history", "gpu-operator"],
+                     ["uninstall", "gpu-operator"], ["upgrade", "--install"]]
+    assert "release gpu-operator was left pending-install at revision 1" in out.getvalue()
+    assert "never deployed, so it is uninstalled and installed again" in out.getvalue()
+
+
 def test_a_changed_sharing_setting_upgrades_only_what_it_touches(lab, helm_calls, tmp_path):
     inventory, state = inventory_for(tmp_path)
     facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[]), "gpu-1": healthy_host("gpu-1")}
