@@ -72,8 +72,32 @@ class LocalShellChannel:
         self.process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
 
+    def settimeout(self, seconds) -> None:
+        pass  # pipes block: this machine's sh is no host that keeps a channel open
+
+    def send(self, data) -> int:
+        self.process.stdin.write(data)
+        return len(data)
+
     def sendall(self, data: bytes) -> None:
         self.process.stdin.write(data)
+
+    @property
+    def status_event(self):
+        """paramiko's Event set when the exit status came: here, when sh has exited."""
+        process = self.process
+
+        class Exited:
+            def wait(self, timeout=None) -> bool:
+                import subprocess
+
+                try:
+                    process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    return False
+                return True
+
+        return Exited()
 
     def shutdown_write(self) -> None:
         self.process.stdin.close()

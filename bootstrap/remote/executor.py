@@ -22,6 +22,8 @@ from pyinfra.api import StringCommand
 
 from bootstrap.host.plan.steps import Step
 from bootstrap.remote.archive import RemoteCommandFailed
+from bootstrap.remote.remote_output import CHANGE_DEADLINE_S
+from bootstrap.remote_data import RemoteDataError
 from bootstrap.progress import command_finished
 
 
@@ -59,19 +61,23 @@ def last_error_line(output) -> str:
     return lines[-1] if lines else NO_OUTPUT
 
 
-def run_commands(state, host, commands: list, reporter=None) -> str | None:
+def run_commands(state, host, commands: list, reporter=None, deadline_s: float = CHANGE_DEADLINE_S) -> str | None:
     """Run one host's commands of a step in order; None when all succeed, else the error.
-    Each command is a `command` event on `reporter` (the benchmark's per-host trace)."""
+    Each command is a `command` event on `reporter` (the benchmark's per-host trace); each
+    has `deadline_s` seconds (a FunctionCommand's own: bootstrap.remote.remote_output)."""
     base = {"_sudo": bool(host.data.get("_sudo", False))}
     for command in commands:
         arguments = {**base, **command.connector_arguments}
         started = time.time()
         try:
-            result = command.execute(state, host, arguments)
+            result = _execute(command, state, host, arguments, deadline_s)
         except RemoteCommandFailed as failed:  # a command with files on its stdin
             for line in failed.stdout_lines + failed.stderr_lines:
                 logger.error("%s: %s", host.name, line)
             return failed.line
+        except (CommandLate, RemoteDataError) as reason:  # late (its channel kept open), or no channel
+            logger.error("%s: %s", host.name, reason)
+            return str(reason)
         except Exception as exc:  # a dropped connection, a timeout: this host's failure only
             logger.error("%s: %s failed: %s", host.name, type(command).__name__, exc)
             return f"{type(exc).__name__}: {exc}" if str(exc) else NO_OUTPUT
@@ -89,15 +95,43 @@ def run_commands(state, host, commands: list, reporter=None) -> str | None:
     return None
 
 
+class CommandLate(Exception):
+    """A host's StringCommand that had not ended by its deadline (its message says so)."""
+
+
+def _execute(command, state, host, arguments: dict, deadline_s: float):
+    """`command.execute`, for a StringCommand within `deadline_s`: pyinfra waits for its exit
+    status without a time-out (pyinfra 3.10, pyinfra/connectors/ssh.py, run_shell_command:
+    recv_exit_status after the output; its `_timeout` covers only the output), so a host
+    whose sshd keeps the channel open held the step, and `up` with the cluster's lock, for
+    ever. The run is on gevent (bootstrap.cli patches before paramiko is used), so paramiko's
+    waits are greenlet waits a gevent.Timeout ends; the channel pyinfra opened is left to the
+    session's close. A FunctionCommand (files on a root script's stdin) keeps the deadline of
+    its own channel (remote_output.run_with_input), which grows with the files it sends."""
+    if not isinstance(command, StringCommand):
+        return command.execute(state, host, arguments)
+    timer = gevent.Timeout(deadline_s)
+    try:
+        with timer:
+            return command.execute(state, host, arguments)
+    except gevent.Timeout as caught:
+        if caught is not timer:
+            raise
+        raise CommandLate(f"the command had not ended after {deadline_s:.0f} s (the host kept its channel "
+                          "open): given up on this host") from None
+
+
 def command_label(command) -> str:
     function = getattr(command, "function", None)
     return function.__name__ if function is not None else type(command).__name__
 
 
-def execute(session: StepSession, steps: list[Step], after: dict | None = None) -> dict[str, dict[str, StepResult]]:
+def execute(session: StepSession, steps: list[Step], after: dict | None = None, *,
+            deadline_s: float = CHANGE_DEADLINE_S) -> dict[str, dict[str, StepResult]]:
     """`after`: {step name: function} to start (in the background) once that step has ended,
     while the next steps run (the kubeconfig is read while the agents join); each has
-    finished when this returns."""
+    finished when this returns. `deadline_s`: what each host's command of a step may take
+    (run_commands); a host past it fails that step, the others go on."""
     state = session.pyinfra_state
     reporter = session.reporter
     alive = [n.name for n in session.active_nodes()]
@@ -114,7 +148,7 @@ def execute(session: StepSession, steps: list[Step], after: dict | None = None) 
                     results[name][step.name] = StepResult("no change")
             if step.needs in session.failures:
                 working = _refuse_all(session, step, working, results)
-            jobs = {name: gevent.spawn(_run_step, state, name, step, reporter) for name in working}
+            jobs = {name: gevent.spawn(_run_step, state, name, step, reporter, deadline_s) for name in working}
             gevent.joinall(list(jobs.values()))
             for name, job in jobs.items():
                 result = job.value or StepResult("failed", error=NO_OUTPUT)
@@ -143,12 +177,12 @@ def _refuse_all(session: StepSession, step: Step, working: list[str], results: d
     return []
 
 
-def _run_step(state, name: str, step: Step, reporter) -> StepResult:
+def _run_step(state, name: str, step: Step, reporter, deadline_s: float) -> StepResult:
     host = state.inventory.get_host(name)
     started = time.monotonic()
     label = step.label(name)  # its own words when it does more than the step
     reporter.step_started(name, label)
-    error = run_commands(state, host, step.commands[name], reporter)
+    error = run_commands(state, host, step.commands[name], reporter, deadline_s)
     elapsed = time.monotonic() - started
     reporter.step_finished(name, label, "failed" if error else "ok", elapsed, error)
     return StepResult("failed", elapsed, error) if error else StepResult("changed", elapsed)

@@ -100,48 +100,87 @@ def _size(count: int) -> str:
     return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count // 1024} KiB"
 
 
-def run_with_input(client, command: str, write_input, *, tail_bytes: int = TAIL_BYTES) -> tuple[int, bytes, bytes]:
+# A host's change (its files on a root script's stdin, the script's work) has this long, and
+# a second more for each MiB of its files the host took: an hour covers the slowest honest
+# change we know (packages from a slow mirror, a k3s start importing image archives:
+# bootstrap.host.parts.k3s_images.start_timeout, 300 s and 60 s per GiB) with room to spare,
+# and a link that carries the files at 1 MiB/s. A host whose sshd keeps the channel open
+# without an end fails then, alone; before, it held `up`, and the cluster's lock, for ever.
+CHANGE_DEADLINE_S = 3600.0
+INPUT_BYTES_PER_S = 1024 * 1024
+
+
+def run_with_input(client, command: str, write_input, *, tail_bytes: int = TAIL_BYTES,
+                   timeout: float = CHANGE_DEADLINE_S, what: str = "the host's change") -> tuple[int, bytes, bytes]:
     """Run `command` on the host behind paramiko `client`, `write_input(stream)` writing its
     stdin (stream.write(bytes)), while its stdout and stderr are read apart, each in its own
     thread (a greenlet under gevent), so a command that prints while it reads never stalls.
-    (status, last `tail_bytes` of stdout, of stderr). No deadline: a host change takes as
-    long as its own time-outs allow. A command that ends before reading all of its input
-    (tar failed, disk full) is not an error here: its status and output say why."""
+    (status, last `tail_bytes` of stdout, of stderr). RemoteDataError when it has not ended
+    (output closed and exit status sent) `timeout` seconds after it started, plus a second
+    for each INPUT_BYTES_PER_S of input the host took; the channel is closed then. A command
+    that ends before reading all of its input (tar failed, disk full) is not an error here:
+    its status and output say why."""
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise RemoteDataError("the SSH connection is closed")
     channel = channels.session_channel(transport, 60)
     try:
         channels.start(channel, transport, command, 60)
+        channel.settimeout(POLL_S)  # every wait below wakes to look at the deadline
+        writer = _ChannelWriter(channel, time.monotonic() + timeout)
         stdout, stderr = _Tail(tail_bytes), _Tail(tail_bytes)
-        readers = [threading.Thread(target=_drain, args=(channel.recv, stdout), daemon=True),
-                   threading.Thread(target=_drain, args=(channel.recv_stderr, stderr), daemon=True)]
+        readers = [threading.Thread(target=_drain, args=(channel.recv, stdout, writer), daemon=True),
+                   threading.Thread(target=_drain, args=(channel.recv_stderr, stderr, writer), daemon=True)]
         for reader in readers:
             reader.start()
         try:
-            write_input(_ChannelWriter(channel))
+            write_input(writer)
         except SSH_ERRORS:
-            pass  # the command stopped reading: its output says why
+            pass  # the command stopped reading: its output says why (or it is late: below)
         finally:
             try:
                 channel.shutdown_write()
             except SSH_ERRORS:
                 pass
         for reader in readers:
-            reader.join()
+            reader.join(max(writer.left(), 0) + POLL_S)
+        if any(reader.is_alive() for reader in readers) or not channel.status_event.wait(max(writer.left(), 0)):
+            raise RemoteDataError(f"{what} had not ended after {writer.allowed():.0f} s (the host kept its "
+                                  "channel open): given up on this host")
         return channel.recv_exit_status(), stdout.value(), stderr.value()
     finally:
         channel.close()
 
 
-class _ChannelWriter:
-    """The write() a tar stream needs, over a channel's stdin."""
+class _Late(OSError):
+    """The deadline passed while the host was taking the input (an SSH_ERRORS kind: the
+    writer's caller stops writing, and the deadline check after it says why)."""
 
-    def __init__(self, channel):
-        self.channel = channel
+
+class _ChannelWriter:
+    """The write() a tar stream needs, over a channel's stdin; it keeps the deadline, which
+    each MiB the host takes moves on by a second (INPUT_BYTES_PER_S)."""
+
+    def __init__(self, channel, deadline: float):
+        self.channel, self.deadline, self.started, self.sent = channel, deadline, time.monotonic(), 0
+
+    def left(self) -> float:
+        return self.deadline + self.sent / INPUT_BYTES_PER_S - time.monotonic()
+
+    def allowed(self) -> float:
+        return self.deadline + self.sent / INPUT_BYTES_PER_S - self.started
 
     def write(self, data: bytes) -> int:
-        self.channel.sendall(data)
+        view = memoryview(data)
+        while view:
+            if self.left() < 0:
+                raise _Late()
+            try:
+                taken = self.channel.send(view[:CHUNK])
+            except socket.timeout:
+                continue
+            self.sent += taken
+            view = view[taken:]
         return len(data)
 
 
@@ -156,10 +195,13 @@ class _Tail:
         return self.data
 
 
-def _drain(receive, tail: _Tail) -> None:
+def _drain(receive, tail: _Tail, clock: _ChannelWriter) -> None:
     try:
-        while True:
-            chunk = receive(CHUNK)
+        while clock.left() >= 0:
+            try:
+                chunk = receive(CHUNK)
+            except socket.timeout:
+                continue
             if not chunk:
                 return
             tail.add(chunk)
