@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from bootstrap.cluster.client import Cluster, ClusterError, WaitTimeout, get, object_path, pod_log, request, wait_for
 from bootstrap.cluster import nccl_ssh
-from bootstrap.cluster.components import gpu_sharing
+from bootstrap.cluster.components import gpu_sharing, trust
 from bootstrap.console_text import printable
 from bootstrap.cluster.components.rdma import resource_key
 from bootstrap.host.facts.host_facts import HostFacts
@@ -214,14 +214,24 @@ def check_rdma(cluster, inventory, gpu_nodes) -> list[CheckResult]:
     return results
 
 
+def pvc_writer(inventory: Inventory) -> dict:
+    """The pod that writes to the claim; on a trusted node where Longhorn is kept to them
+    (components.trust): an untrusted node attaches no Longhorn volume."""
+    writer = _pod("pvc-writer", None, BUSYBOX, command=["sh", "-c", "echo bootstrap-ok > /data/probe && cat /data/probe"],
+                  volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "validate-pvc"}}],
+                  mounts=[{"name": "data", "mountPath": "/data"}])
+    trusted = trust.trusted_selector(inventory)
+    if trusted and inventory.storage.default == "longhorn":
+        writer["spec"]["nodeSelector"] = trusted
+    return writer
+
+
 def check_pvc(cluster, inventory, timeout_s, namespace=NAMESPACE) -> CheckResult:
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
              "metadata": {"name": "validate-pvc", "namespace": NAMESPACE},
              "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
     _create(cluster, claim, namespace)
-    _create(cluster, _pod("pvc-writer", None, BUSYBOX, command=["sh", "-c", "echo bootstrap-ok > /data/probe && cat /data/probe"],
-                          volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "validate-pvc"}}],
-                          mounts=[{"name": "data", "mountPath": "/data"}]), namespace)
+    _create(cluster, pvc_writer(inventory), namespace)
     phase, log, why = _pod_outcome(cluster, "pvc-writer", timeout_s, namespace)
     pvc = get(cluster, object_path("v1", "PersistentVolumeClaim", "validate-pvc", namespace)) or {}
     bound = pvc.get("status", {}).get("phase") == "Bound"
@@ -489,8 +499,8 @@ def check_nccl(cluster, inventory, gpu_nodes, facts, timeout_s, namespace=NAMESP
     path = nccl_paths(inventory, gpu_nodes, facts)
     if path.problems:
         return CheckResult("nccl", "FAIL", "cannot tell NCCL which path to measure: " + "; ".join(path.problems))
-    for secret in nccl_ssh.secrets_for("nccl", {"launcher": 1, "worker": len(gpu_nodes)}, NAMESPACE):
-        _create(cluster, secret)
+    for secret in nccl_ssh.secrets_for("nccl", {"launcher": 1, "worker": len(gpu_nodes)}, namespace):
+        _create(cluster, secret, namespace)
     _create(cluster, nccl_job(inventory, gpu_nodes, facts, path), namespace)
     launcher = "nccl-launcher-0"
     phase, log, why = _pod_outcome(cluster, launcher, timeout_s, namespace)

@@ -5,6 +5,7 @@ kept on trusted nodes. The keys exist in the charts' values (test_components' sc
 import pytest
 from test_components import facts_for, inventory, node_labels, releases_by_name
 
+from bootstrap.cluster.checks import pvc_writer
 from bootstrap.cluster.components import trust
 from bootstrap.errors import UsageError
 from bootstrap.inventory.loader import parse_inventory
@@ -71,3 +72,11 @@ def test_trusted_is_a_boolean(value):
         parse_inventory(f"cluster: t\nnodes:\n  - {{name: cp-1, address: 10.0.0.1, role: server}}\n"
                         f"  - {{name: g1, address: 10.0.0.2, trusted: {value}}}\n")
     assert "<inventory>:4:" in caught.value.render() and "nodes[1].trusted: expected true or false" in caught.value.render()
+
+
+@pytest.mark.parametrize("storage, pinned", [("longhorn", True), ("nfs", False)])
+def test_validates_pvc_writer_goes_where_the_storage_runs(storage, pinned):
+    extra = f"storage: {{default: {storage}, nfs: {{server: 10.0.0.5, share: /srv/nfs}}}}\n"
+    spec = pvc_writer(inventory(extra, UNTRUSTED))["spec"]
+    assert (spec.get("nodeSelector") == SELECTOR) is pinned
+    assert "nodeSelector" not in pvc_writer(inventory(extra))["spec"]  # all trusted: anywhere
