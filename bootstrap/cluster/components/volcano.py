@@ -19,7 +19,9 @@ def release(inventory: Inventory) -> Release | None:
     selector = trust.trusted_selector(inventory)
     if selector:
         # The scheduler binds any pod, the controllers create pods in any namespace: their
-        # tokens stay on trusted nodes (values.yaml 1.15.1, custom.default_ns: every main component).
+        # tokens stay on trusted nodes (custom.default_ns, values.yaml 1.15.1; templates/
+        # scheduler.yaml, controllers.yaml, admission.yaml, admission-init.yaml take
+        # `or .Values.custom.<component>_ns .Values.custom.default_ns` as their nodeSelector).
         values["custom"] = {"default_ns": selector}
     return Release("volcano", NAMESPACE, src.chart, src.repo, src.version, values, src.archive)
 
