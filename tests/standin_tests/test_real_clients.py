@@ -143,6 +143,68 @@ def test_the_tools_install_of_a_new_release_and_its_fall_back_to_an_upgrade(clus
     assert (status["info"]["status"], status["version"]) == ("deployed", 2)
 
 
+def leave_pending(cluster, name: str, namespace: str, revision: int, status: str, deployed: int | None = None):
+    """What a Helm killed mid-operation leaves: its release Secret (helm/helm pkg/storage/driver/
+    secrets.go: data.release is base64 of gzipped JSON, labelled with the status) marked
+    pending, its time long past; an upgrade's previous revision still `deployed`."""
+    import base64
+    import gzip
+
+    for secret in cluster.core.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={name}").items:
+        rev = int(secret.metadata.labels["version"])
+        mark = status if rev == revision else "deployed" if rev == deployed else None
+        if mark is None:
+            continue
+        release = json.loads(gzip.decompress(base64.b64decode(base64.b64decode(secret.data["release"]))))
+        release["info"]["status"] = mark
+        if rev == revision:
+            release["info"]["last_deployed"] = "2026-01-01T00:00:00Z"
+        packed = base64.b64encode(gzip.compress(json.dumps(release).encode())).decode()
+        secret.data["release"] = base64.b64encode(packed.encode()).decode()
+        secret.metadata.labels["status"] = mark
+        cluster.core.replace_namespaced_secret(secret.metadata.name, namespace, secret)
+
+
+@needs_upstream
+@needs_helm
+def test_the_real_helm_refuses_a_pending_release_and_the_tool_recovers_it(cluster, tmp_path, monkeypatch):
+    """Helm's own words for a pending release, its history JSON and its rollback and
+    uninstall flags, as bootstrap.cluster.helm reads and uses them: a pending upgrade is
+    rolled back to the revision still deployed and upgraded; a pending install never
+    deployed is uninstalled and installed again."""
+    from bootstrap.cluster import helm as tool_helm
+    from bootstrap.cluster.components.release import Release
+
+    cluster.server()
+    kubeconfig = cluster.root / "etc/rancher/k3s/k3s.yaml"
+    for key in ("HOME", "HELM_CACHE_HOME", "HELM_CONFIG_HOME"):
+        monkeypatch.setenv(key, str(tmp_path / key.lower()))
+    monkeypatch.setenv("BOOTSTRAP_HELM", HELM)
+    version = tool_helm.check_version()
+    archive = make_chart(tmp_path, "volcano", "1.12.2")
+    release = Release(name="volcano", chart="volcano", repo="", version="1.12.2", namespace="volcano-system",
+                      values={"replicas": 1}, archive=str(archive))
+    tool_helm.upgrade_install(release, kubeconfig, timeout=60, new_with=version)
+    tool_helm.upgrade_install(release, kubeconfig, timeout=60, version=version)  # revision 2
+    leave_pending(cluster, "volcano", "volcano-system", 2, "pending-upgrade", deployed=1)
+    said = []
+    tool_helm.upgrade_install(release, kubeconfig, timeout=60, version=version, say=said.append)
+    assert said and "pending-upgrade at revision 2" in said[0] and "rolled back to revision 1" in said[0]
+    history = json.loads(run(kubeconfig, HELM, "history", "volcano", "-n", "volcano-system", "-o", "json").stdout)
+    assert [h["status"] for h in history][-2:] == ["superseded", "deployed"] and history[-1]["revision"] == 4
+
+    nfs = make_chart(tmp_path, "csi-driver-nfs", "4.13.4")
+    fresh = Release(name="csi-driver-nfs", chart="csi-driver-nfs", repo="", version="4.13.4",
+                    namespace="kube-system", values={}, archive=str(nfs))
+    tool_helm.upgrade_install(fresh, kubeconfig, timeout=60, new_with=version)
+    leave_pending(cluster, "csi-driver-nfs", "kube-system", 1, "pending-install")
+    said.clear()
+    tool_helm.upgrade_install(fresh, kubeconfig, timeout=60, new_with=version, say=said.append)
+    assert said and "never deployed" in said[0]
+    status = json.loads(run(kubeconfig, HELM, "status", "csi-driver-nfs", "-n", "kube-system", "-o", "json").stdout)
+    assert (status["info"]["status"], status["version"]) == ("deployed", 1)
+
+
 # What kubectl 1.33 sent for `kubectl create namespace foo` (captured from the stand-in).
 KUBECTL_NAMESPACE_BODY = (b'k8s\x00\n\x0f\n\x02v1\x12\tNamespace\x12\x1b\n\x13\n\x03foo\x12\x00\x1a\x00"\x00*\x00'
                           b'2\x008\x00B\x00\x12\x00\x1a\x02\n\x00\x1a\x00"\x00')
