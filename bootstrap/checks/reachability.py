@@ -22,7 +22,8 @@ host changes. Nodes that both run k3s already are one cluster: the running clust
 evidence, so a converged cluster is not probed at all (a no-op `up` costs no round trip).
 
 The overlay's UDP probe also measures the path MTU (the "path MTU" section): flannel sizes
-its overlay from its interface's MTU, so a path that carries less passes pings and stalls TCP.
+its overlay from its interface's MTU, so a path that carries less fragments the overlay's
+full-size packets (slower: a warning), or loses them where it drops fragments (an error).
 
 A probe proves where it came from (the last section): every node knows the run, so a bare
 word would let any node (or anyone on the path) claim "A reached B" for a pair it is not
@@ -240,28 +241,38 @@ class Outcome:
     ok: bool | None  # None: not known (a host did not report)
     detail: str = ""  # "timed out", "refused", "no answer", ...
     path_mtu: int | None = None  # the largest datagram (IP bytes) that got through with don't-fragment
+    reassembled: int | None = None  # the largest without it that arrived (fragmented on the way)
 
     @property
     def mtu_short(self) -> bool:
-        """The overlay's probe got through, its full-size datagrams did not."""
+        """The overlay's probe got through, its full-size datagrams with don't-fragment did not."""
         return self.ok is True and bool(self.probe.mtu) and (self.path_mtu or 0) < self.probe.mtu
+
+    @property
+    def mtu_lost(self) -> bool:
+        """Short, and a full-size datagram without don't-fragment (as the overlay sends its
+        packets) did not arrive either: the path drops fragments, so those packets are lost."""
+        return self.mtu_short and (self.reassembled or 0) < self.probe.mtu
 
 
 def outcomes(plan: ProbePlan, sent: dict[str, dict[tuple, str]], received: dict[str, set[tuple]],
-             bound: dict[str, dict[tuple, str]], largest: dict[str, dict[tuple, int]] | None = None) -> list[Outcome]:
+             bound: dict[str, dict[tuple, str]], largest: dict[str, dict[tuple, int]] | None = None,
+             whole: dict[str, dict[tuple, int]] | None = None) -> list[Outcome]:
     """`sent[sender][(address, proto, port)]`: the prober's word ("ok", "timeout", "refused",
     "sent", an error); `received[receiver]`: the (sender, proto, port)s its listener logged;
     `bound[receiver][(proto, port)]`: "ok" or why its listener could not bind; `largest[receiver]
-    [(sender, proto, port)]`: the largest datagram it got (verified). A host that did not
-    report is missing from its dict."""
-    return [_with_size(o, (largest or {}).get(o.probe.receiver, {})) for o in _outcomes(plan, sent, received, bound)]
+    [(sender, proto, port)]`: the largest datagram it got with don't-fragment, `whole[...]`:
+    without it, reassembled (both verified). A host that did not report is missing from its dict."""
+    return [_with_size(o, (largest or {}).get(o.probe.receiver, {}), (whole or {}).get(o.probe.receiver, {}))
+            for o in _outcomes(plan, sent, received, bound)]
 
 
-def _with_size(outcome: Outcome, sizes: dict[tuple, int]) -> Outcome:
+def _with_size(outcome: Outcome, sizes: dict[tuple, int], whole: dict[tuple, int]) -> Outcome:
     p = outcome.probe
     if not p.mtu or outcome.ok is not True:
         return outcome
-    return replace(outcome, path_mtu=sizes.get((p.sender, p.proto, p.port)))
+    key = (p.sender, p.proto, p.port)
+    return replace(outcome, path_mtu=sizes.get(key), reassembled=whole.get(key))
 
 
 def _outcomes(plan: ProbePlan, sent: dict[str, dict[tuple, str]], received: dict[str, set[tuple]],
@@ -299,7 +310,7 @@ def render_matrix(names: list[str], results: list[Outcome], label=str) -> list[s
             cell.append(f"{r.probe.proto}/{r.probe.port}")
         elif r.ok is None:
             cell.append(f"{r.probe.proto}/{r.probe.port}?")
-        elif r.mtu_short:
+        elif r.mtu_lost:  # a short path that fragments is slower, not broken: not in the matrix
             cell.append(f"mtu{r.path_mtu}" if r.path_mtu else f"mtu<{min(sizes(r.probe.mtu))}")
 
     def cell(sender: str, receiver: str) -> str:
@@ -355,7 +366,7 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
     for (receiver, proto, port, _), rs in sorted(unknown.items()):
         out.append(Finding(receiver, "reachability", f"{proto.upper()} {port} from {', '.join(r.probe.sender for r in rs)} "
                            f"not tested: {rs[0].detail}", None, severity="warning"))
-    out += [_mtu_finding(plan, r, what) for r in results if r.mtu_short]
+    out += [_mtu_finding(plan, r, what) for r in results if r.mtu_short]  # a warning, or an error when lost
     untested: dict[tuple, list[Untested]] = {}
     for u in plan.untested:
         untested.setdefault((u.receiver, u.label, u.why), []).append(u)
@@ -373,11 +384,18 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
 # `MTU() = ExtIface.Iface.MTU - encapOverhead`, commit 067ed7f; pkg/backend/wireguard/
 # wireguard_network.go: `overhead = 80`, commit 0f89b8d). So the encapsulated packets are as
 # large as the interface's MTU, and a path between two nodes must carry that much. A provider
-# network that carries less (a tunnelled VPC, an internet path) drops them silently or with
-# an ICMP message a firewall eats: pings and handshakes pass, full-size TCP segments stall.
-# The overlay's UDP probe therefore also sends, with the don't-fragment bit, datagrams of the
-# sender's interface MTU and of each smaller size on MTU_LADDER (each carrying the probe's
-# MAC); the receiver reports the largest it got.
+# network that carries less (a tunnelled VPC, an internet path) must fragment them. Neither
+# overlay sets don't-fragment on its outer packets: flannel's VXLAN device is made without
+# `df` (Linux drivers/net/vxlan/vxlan_core.c, vxlan_xmit_one: DF only with VXLAN_DF_SET or
+# VXLAN_DF_INHERIT), WireGuard sends with df 0 and ignore_df (drivers/net/wireguard/socket.c,
+# send4). So the sender or a router on the way fragments them and the receiver reassembles:
+# slower (two packets for one, and reassembly), not broken; a warning with the cost and the
+# fix. Only a path that also drops fragments (a firewall that refuses them, a NAT that cannot
+# track them) loses full-size packets: pings and handshakes pass, full-size TCP segments
+# stall; that is an error. The overlay's UDP probe therefore also sends, with the
+# don't-fragment bit, datagrams of the sender's interface MTU and of each smaller size on
+# MTU_LADDER (each carrying the probe's MAC), and one of the interface's MTU without it; the
+# receiver reports the largest it got of each kind.
 
 OVERHEAD = {"flannel VXLAN": 50, "flannel WireGuard": 80}  # by Rule.what
 # Common path MTUs below 1500 and the jumbo sizes: what providers' networks actually carry.
@@ -398,11 +416,17 @@ def _mtu_finding(plan: ProbePlan, r: Outcome, what: dict) -> Finding:
     fix = (f"set the MTU of {p.sender}'s {p.interface} (flannel-iface) to {fit} on every node, so pods get "
            f"{fit - overhead}, or turn on the provider's jumbo frames / larger MTU on the network between "
            f"{p.sender} and {p.receiver} so {p.mtu} bytes get through")
-    return Finding(p.sender, "mtu",
-                   f"path MTU from {plan.label(p.sender)} to {plan.label(p.receiver)} ({p.address}): {got} get "
-                   f"through with don't-fragment, less than {p.sender}'s {p.interface} MTU {p.mtu}, which "
-                   f"{overlay} fills (it adds {overhead} bytes and gives pods {p.mtu - overhead}): full-size "
-                   "packets between pods would be lost (pings pass, TCP stalls)", fix)
+    path = (f"path MTU from {plan.label(p.sender)} to {plan.label(p.receiver)} ({p.address}): {got} get "
+            f"through with don't-fragment, less than {p.sender}'s {p.interface} MTU {p.mtu}, which "
+            f"{overlay} fills (it adds {overhead} bytes and gives pods {p.mtu - overhead})")
+    if r.mtu_lost:
+        return Finding(p.sender, "mtu", path + f"; and a {p.mtu}-byte datagram without don't-fragment, as "
+                       f"{overlay} sends, did not arrive either (the path neither carries nor fragments it, or drops the fragments): "
+                       "full-size packets between pods would be lost (pings pass, TCP stalls)", fix)
+    return Finding(p.sender, "mtu", path + f"; {overlay} does not set don't-fragment, so its full-size packets "
+                   "are fragmented on the way and arrive reassembled (a datagram of that size without "
+                   "don't-fragment did): slower, two packets for each full-size one and reassembly at the "
+                   "receiver, not lost", fix, severity="warning")
 
 
 def mtu_lines(results: list[Outcome]) -> list[str]:
@@ -413,7 +437,7 @@ def mtu_lines(results: list[Outcome]) -> list[str]:
     short = [r for r in measured if r.mtu_short]
     return [f"path MTU: {len(measured) - len(short)} of {len(measured)} pairs carry their interface's MTU"
             + "".join(f"; {r.probe.sender} -> {r.probe.receiver}: {r.path_mtu or 'under ' + str(min(sizes(r.probe.mtu)))}"
-                      f" of {r.probe.mtu}" for r in short)]
+                      f" of {r.probe.mtu} ({'fragments dropped' if r.mtu_lost else 'fragmented'})" for r in short)]
 
 
 # --- proof of origin: a MAC per ordered pair ----------------------------------------------------

@@ -56,7 +56,10 @@ MAX_ANSWER = 4 << 20  # characters: more is no honest answer
 # and at most ACKS acknowledgements are sent per sender and port.
 # Probing: a UDP probe with sizes also sends, with the don't-fragment bit (IP_MTU_DISCOVER =
 # IP_PMTUDISC_DO: never fragmented, here or on the path), datagrams of each size in IP bytes,
-# its line padded; one the local route cannot carry (EMSGSIZE) is skipped.
+# its line padded with "."; one the local route cannot carry (EMSGSIZE) is skipped. And one of
+# the largest size without it (IP_PMTUDISC_DONT, padded with ","), as the overlay's own packets
+# go: fragmented here or by a router on the way; the listener reports apart the largest of
+# those that arrived ("whole"), reassembled, so a path that drops fragments shows.
 REACH = r"""
 import json, os, selectors, socket, sys, threading, time
 cfg = json.loads(sys.stdin.buffer.read(16 << 20))
@@ -89,7 +92,7 @@ for proto, port, address in cfg["listen"]:
     except OSError as e:
         out.append("busy %s %d %s" % (proto, port, (e.strerror or "error").replace(" ", "_")))
 pending = {k for k in pending if (k[0], k[1]) in socks.values()}  # a port it could not bind hears nothing
-got, biggest, acks, conns = {}, {}, {}, {}
+got, biggest, whole, acks, conns = {}, {}, {}, {}, {}
 watch = selectors.DefaultSelector()
 for s in socks:
     watch.register(s, selectors.EVENT_READ)
@@ -101,6 +104,9 @@ def note(data, proto, port, size=0, sock=None, peer=None):
         return
     key = (proto, port, hit[0])
     got[key] = hit[1]
+    if size and data.endswith(b","):  # sent without don't-fragment: it says nothing of the path's MTU
+        whole[key] = max(size, whole.get(key, 0))
+        return
     biggest[key] = max(size, biggest.get(key, 0))
     if proto == "tcp" or biggest[key] >= need[key]:
         pending.discard(key)
@@ -192,12 +198,12 @@ def udp_probe(address, port, line, sizes):
     hello = (line + "\n").encode() if line else b"\n"
     want = max([int(x) for x in sizes] or [0])
     prefix = b"ack " + hello.strip() + b" "
+    level, option = ((socket.IPPROTO_IPV6, getattr(socket, "IPV6_MTU_DISCOVER", 23)) if v6
+                     else (socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10)))
     try:
         with socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
-            if sizes and v6:
-                s.setsockopt(socket.IPPROTO_IPV6, getattr(socket, "IPV6_MTU_DISCOVER", 23), getattr(socket, "IPV6_PMTUDISC_DO", 2))
-            elif sizes:
-                s.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU_DISCOVER", 10), getattr(socket, "IP_PMTUDISC_DO", 2))
+            if sizes:
+                s.setsockopt(level, option, 2)  # IP(V6)_PMTUDISC_DO
             for attempt in range(10000):
                 s.sendto(hello, (address, int(port)))
                 for size in sizes:
@@ -205,6 +211,14 @@ def udp_probe(address, port, line, sizes):
                         s.sendto(hello.ljust(int(size) - (48 if v6 else 28), b"."), (address, int(port)))
                     except OSError:
                         pass  # larger than this host's route allows: the receiver never gets it
+                if sizes:
+                    try:
+                        s.setsockopt(level, option, 0)  # IP(V6)_PMTUDISC_DONT: fragments, as the overlay's
+                        s.sendto(hello.ljust(want - (48 if v6 else 28), b","), (address, int(port)))
+                    except OSError:
+                        pass
+                    finally:
+                        s.setsockopt(level, option, 2)
                 if acked(s, prefix, want) if line else attempt >= 2:
                     break
                 if time.monotonic() >= window_end:
@@ -242,6 +256,7 @@ for t in threads:
 out += ["sent %s %s" % (k, v) for k, v in sorted(results.items())]
 out += ["got %s %s %s %s" % (p, n, s, m) for (p, n, s), m in sorted(got.items())]
 out += ["size %s %s %s %s %d" % (p, n, s, got[(p, n, s)], b) for (p, n, s), b in sorted(biggest.items()) if p == "udp"]
+out += ["whole %s %s %s %s %d" % (p, n, s, got[(p, n, s)], b) for (p, n, s), b in sorted(whole.items()) if p == "udp"]
 sys.stdout.write("\n".join(out + ["end"]) + "\n")
 sys.stdout.flush()
 os._exit(0)
@@ -344,14 +359,15 @@ def parse_received(text) -> set[tuple] | None:
             and rr.MAC_RE.fullmatch(w[4])}
 
 
-def parse_sizes(text) -> dict[tuple, int] | None:
-    """The listener's "size udp 8472 cp <mac> 1500" lines (the largest datagram of each probe,
-    IP bytes): {(sender, proto, port, mac): bytes}; cut short: no answer."""
+def parse_sizes(text, word: str = "size") -> dict[tuple, int] | None:
+    """The listener's "size udp 8472 cp <mac> 1500" lines (the largest datagram of each probe
+    with don't-fragment, IP bytes; `word` "whole": without it, reassembled): {(sender, proto,
+    port, mac): bytes}; cut short: no answer."""
     lines = _lines(text)
     if lines is None or not lines or lines[-1] != ["end"]:
         return None
     return {(w[3], w[1], _port(w[2]), w[4]): int(w[5]) for w in lines
-            if len(w) == 6 and w[0] == "size" and w[1] == "udp" and _port(w[2]) and _NODE.fullmatch(w[3])
+            if len(w) == 6 and w[0] == word and w[1] == "udp" and _port(w[2]) and _NODE.fullmatch(w[3])
             and rr.MAC_RE.fullmatch(w[4]) and w[5].isascii() and w[5].isdigit() and len(w[5]) <= 5}
 
 
@@ -382,17 +398,18 @@ def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_m
     sent = {n: parse_sent(t) for n, t in ended.items() if n in hellos}
     received = {n: rr.verified(plan, proof, n, parse_received(t)) for n, t in ended.items() if n in listeners}
     largest = {n: rr.verified_sizes(plan, proof, n, parse_sizes(t)) for n, t in ended.items() if n in listeners}
-    results = rr.outcomes(plan, sent, received, bound, largest)
+    whole = {n: rr.verified_sizes(plan, proof, n, parse_sizes(t, "whole")) for n, t in ended.items() if n in listeners}
+    results = rr.outcomes(plan, sent, received, bound, largest, whole)
     findings = rr.findings(inventory, plan, results)
     names = [n.name for n in inventory.nodes if n.name in facts]
-    bad = [r for r in results if r.ok is not True or r.mtu_short]
+    bad = [r for r in results if r.ok is not True or r.mtu_lost]
     counts = [(sum(r.ok is True for r in results), "got through"), (sum(r.ok is False for r in results), "failed"),
               (sum(r.ok is None for r in results), "not tested")]
     where = "their public addresses (network.mode public)" if plan.public else "the cluster's addresses"
     lines = [f"reachability: {len(results)} probes between {len(names)} nodes on {where}: "
              + ", ".join(f"{n} {words}" for n, words in counts if n)]
     lines += rr.mtu_lines(results)
-    if any(r.ok is False or r.mtu_short for r in results):
+    if any(r.ok is False or r.mtu_lost for r in results):
         involved = [n for n in names if any(n in (r.probe.sender, r.probe.receiver) for r in bad)]
         lines += ["  what did not get through (from the row's node to the column's):",
                   *rr.render_matrix(involved, results, plan.label)]

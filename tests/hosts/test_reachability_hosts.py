@@ -84,9 +84,12 @@ def test_dropped_ports_stop_up_before_any_change_and_name_the_rule_to_open(lab, 
 
 
 def test_a_link_with_a_lower_mtu_is_an_error_naming_the_pair_and_the_mtu_to_set(lab, tmp_path, airgap):
-    """mt-a2's port on the lab bridge carries 1400 bytes while every interface says 1500: the
-    bridge drops larger frames silently, as a tunnelled provider network does. Pings and the
-    small probes pass; the full-size datagrams with don't-fragment show the path's MTU."""
+    """mt-a2's port on the lab bridge carries 1400 bytes while every interface says 1500.
+    Pings and the small probes pass; the full-size datagrams with don't-fragment show the
+    path's MTU. mt-a2's own 1500-byte frames die on its veth (nothing there fragments: a
+    black hole, an error); towards mt-a2 the bridge fragments what lacks don't-fragment
+    (the machine's bridge netfilter refragments to the port's MTU, as a router would), so
+    those pairs are slower, not broken: a warning."""
     hosts = lab.start(["mt-cp", "mt-a1", "mt-a2"])
     cp, a1, a2 = hosts
     inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
@@ -98,9 +101,11 @@ def test_a_link_with_a_lower_mtu_is_an_error_naming_the_pair_and_the_mtu_to_set(
     out = check.stdout
     assert check.returncode == 1, out + check.stderr
     for sender, receiver in ((cp, a2), (a1, a2), (a2, cp), (a2, a1)):
-        assert f"FAIL {sender.name}: mtu: path MTU from {sender.name} to {receiver.name} ({receiver.address}): 1400 " \
-               f"bytes get through with don't-fragment, less than {sender.name}'s eth0 MTU 1500, which flannel VXLAN " \
-               "fills (it adds 50 bytes and gives pods 1450)" in out, out
+        tag = "FAIL" if sender is a2 else "WARN"
+        assert f"{tag} {sender.name}: mtu: path MTU from {sender.name} to {receiver.name} ({receiver.address}): " \
+               f"1400 bytes get through with don't-fragment, less than {sender.name}'s eth0 MTU 1500, which flannel " \
+               "VXLAN fills (it adds 50 bytes and gives pods 1450)" in out, out
+    assert "mt-a2 -> mt-cp: 1400 of 1500 (fragments dropped)" in out and "mt-cp -> mt-a2: 1400 of 1500 (fragmented)" in out
     assert f"fix: set the MTU of {cp.name}'s eth0 (flannel-iface) to 1400 on every node, so pods get 1350" in out
     assert "path MTU: 2 of 6 pairs carry their interface's MTU" in out  # mt-cp <-> mt-a1 is fine
     assert "FAIL mt-cp: reachability" not in out and "no host was changed" in check.stderr
@@ -108,3 +113,39 @@ def test_a_link_with_a_lower_mtu_is_an_error_naming_the_pair_and_the_mtu_to_set(
     again = run_bootstrap("check", inventory, "--hosts")  # the link back at 1500: no MTU finding
     assert "path MTU: 6 of 6 pairs carry their interface's MTU" in again.stdout, again.stdout
     assert ": mtu:" not in again.stdout
+
+
+def test_a_shorter_path_that_fragments_warns_and_one_that_drops_fragments_refuses(lab, tmp_path, airgap):
+    """fm-cp's route to fm-a1 carries 1400 bytes (as a path MTU it learned would): its
+    don't-fragment datagrams above that never leave, its full-size one without it (as
+    flannel's VXLAN sends) goes as fragments and arrives reassembled: a warning, nothing
+    stops. With fm-a1 dropping fragments (iptables -f) those packets are lost: an error."""
+    hosts = lab.start(["fm-cp", "fm-a1"])
+    cp, a1 = hosts
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={"k3s": {"airgap": str(airgap)}})
+    cp.ssh(f"ip route add {a1.address}/32 dev eth0 mtu 1400", user="root")
+    check = run_bootstrap("check", inventory, "--hosts")
+    out = check.stdout
+    assert check.returncode == 0, out + check.stderr
+    assert f"WARN fm-cp: mtu: path MTU from fm-cp to fm-a1 ({a1.address}): 1400 bytes get through with " \
+           "don't-fragment, less than fm-cp's eth0 MTU 1500" in out, out
+    assert "flannel VXLAN does not set don't-fragment, so its full-size packets are fragmented on the way and " \
+           "arrive reassembled" in out
+    assert "fix: set the MTU of fm-cp's eth0 (flannel-iface) to 1400 on every node, so pods get 1350" in out
+    assert "path MTU: 1 of 2 pairs carry their interface's MTU; fm-cp -> fm-a1: 1400 of 1500 (fragmented)" in out
+    assert "what did not get through" not in out
+
+    # The path drops fragments: fm-a1 drops every non-first fragment as it comes in (in raw's
+    # PREROUTING: an INPUT rule would see none, local delivery reassembles before INPUT).
+    a1.ssh("iptables -t raw -A PREROUTING -f -j DROP", user="root")
+    try:
+        dropped = run_bootstrap("check", inventory, "--hosts")
+    finally:
+        a1.ssh("iptables -t raw -F PREROUTING", user="root")
+    out = dropped.stdout
+    assert dropped.returncode == 1, out + dropped.stderr
+    assert f"FAIL fm-cp: mtu: path MTU from fm-cp to fm-a1 ({a1.address}): 1400 bytes get through" in out, out
+    assert "did not arrive either (the path neither carries nor fragments it, or drops the fragments): full-size " \
+           "packets between pods would be lost" in out
+    assert "fm-cp -> fm-a1: 1400 of 1500 (fragments dropped)" in out and "mtu1400" in out
+    assert "FAIL fm-a1" not in out  # fm-a1 -> fm-cp carries its full size

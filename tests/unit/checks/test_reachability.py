@@ -213,18 +213,48 @@ def test_the_matrix_shows_what_did_not_get_through_from_row_to_column():
     assert "tcp/6443?" in rr.render_matrix(["cp-1", "cp-2"], unknown)[2]
 
 
+def mtu_outcome(path_mtu, reassembled, v6=False):
+    plan = rr.plan_probes(INV, fresh(), False)
+    probe = next(p for p in plan.probes if (p.sender, p.receiver, p.proto) == ("cp-1", "gpu-1", "udp"))
+    return plan, rr.Outcome(replace(probe, mtu=1500, interface="ens5"), True, path_mtu=path_mtu, reassembled=reassembled)
+
+
+def test_a_short_path_that_fragments_is_a_warning_with_the_cost_and_one_that_drops_fragments_an_error():
+    """flannel's VXLAN (and WireGuard) send without don't-fragment: a path carrying 1400 of
+    1500 bytes fragments the overlay's packets (slower), loses them only where fragments are
+    dropped. The listener's answers decide: the full-size datagram without don't-fragment
+    arrived reassembled, or not."""
+    plan, fragments = mtu_outcome(1400, 1500)
+    (warning,) = rr.findings(INV, plan, [fragments])
+    assert (warning.node, warning.check, warning.severity) == ("cp-1", "mtu", "warning")
+    assert warning.message.startswith("path MTU from cp-1 to gpu-1 (10.0.0.21): 1400 bytes get through with "
+                                      "don't-fragment, less than cp-1's ens5 MTU 1500")
+    assert "fragmented on the way and arrive reassembled" in warning.message and "slower" in warning.message
+    assert warning.fix.startswith("set the MTU of cp-1's ens5 (flannel-iface) to 1400 on every node, so pods get 1350")
+    assert rr.render_matrix(["cp-1", "gpu-1"], [fragments])[1].split()[1:] == ["-", "ok"]  # not in the matrix
+    assert rr.mtu_lines([fragments]) == ["path MTU: 0 of 1 pairs carry their interface's MTU; cp-1 -> gpu-1: "
+                                         "1400 of 1500 (fragmented)"]
+    for dropped in (mtu_outcome(1400, None)[1], mtu_outcome(1400, 1400)[1]):  # none, or only a smaller one
+        (error,) = rr.findings(INV, plan, [dropped])
+        assert error.severity == "error" and "or drops the fragments" in error.message and "lost" in error.message
+        assert "mtu1400" in rr.render_matrix(["cp-1", "gpu-1"], [dropped])[1]
+    assert not rr.findings(INV, plan, [mtu_outcome(1500, None)[1]])  # the full size with don't-fragment: fine
+
+
 class LocalSession:
     """Runs each host's command here, all at once, as the hosts' session does."""
 
     def __init__(self):
         self.calls = 0
         self.commands = []
+        self.answers = {}
 
     def run_each(self, commands, what="command", stdin=None, timeout=None):
         self.calls += 1
         self.commands += list(commands.values())
         procs = {name: start_command(hr.Command(command, (stdin or {}).get(name, ""))) for name, command in commands.items()}
-        return {name: finish(proc) for name, proc in procs.items()}
+        self.answers = {name: finish(proc) for name, proc in procs.items()}
+        return self.answers
 
 
 def start_command(command):
@@ -301,6 +331,10 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
                             "1 not tested",
                             # b's 9000-byte datagrams with don't-fragment got through loopback
                             "path MTU: 1 of 1 pairs carry their interface's MTU"]
+    # ... and, reported apart, its 9000-byte datagram without don't-fragment (the overlay's kind)
+    mac = FIXED_PROOF.mac(next(p for p in rr.plan_probes(inv, facts, False).probes if p.proto == "udp"))
+    assert f"whole udp {udp} b {mac} 9000" in session.answers["a"].splitlines()
+    assert f"size udp {udp} b {mac} 9000" in session.answers["a"].splitlines()
     for port, kind in ((tcp, socket.SOCK_STREAM), (udp, socket.SOCK_DGRAM)):  # the listener is gone
         with socket.socket(socket.AF_INET, kind) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT is no listener
