@@ -5,6 +5,7 @@ The pure half (the taint, the decision) is bootstrap.cluster.gate_rules."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
@@ -13,13 +14,24 @@ from bootstrap.cluster import burn_in
 from bootstrap.cluster import nccl_pairs
 from bootstrap.cluster.checks import (CheckResult, check_capacity, check_gpu_pods, check_nccl, check_rdma,
                                       checks_namespace)
-from bootstrap.cluster.client import Cluster, ClusterError, get, merge_patch, request
+from bootstrap.cluster.client import Cluster, ClusterError, get, merge_patch, object_path, request
 from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has_gate, may_hold, with_gate,
                                           without_gate)
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 
-GATE_PASSED = "bootstrap.k3s/gate-passed"  # annotation: when the node last passed (a Unix time)
+# The verdict is kept where only the tool writes: a ConfigMap in kube-system (a kubelet may
+# write its own Node's annotations and labels, within NodeRestriction's limits, but no ConfigMap:
+# kubernetes plugin/pkg/admission/noderestriction/admission.go, plugin/pkg/auth/authorizer/node).
+# Per node, the uid of the Node object that passed: a Node deleted and registered again (by its
+# own agent, or `rebuild`) is another object, with another uid, and is judged again.
+VERDICTS = ("kube-system", "bootstrap-gate")
+VERDICTS_PATH = object_path("v1", "ConfigMap", VERDICTS[1], VERDICTS[0])
+# Where earlier versions kept the verdict, on the Node: never read, since its kubelet may write
+# it (issue 32 item 19); removed whenever the tool writes a node's verdict. So a node that
+# passed under an earlier version and carries no gate is gated through the API once and
+# checked again, as a node from before the gate is.
+OLD_GATE_PASSED = "bootstrap.k3s/gate-passed"
 PATCH_TRIES = 5
 
 
@@ -27,12 +39,47 @@ def node_path(name: str) -> str:
     return f"/api/v1/nodes/{name}"
 
 
+def read_verdicts(cluster: Cluster) -> dict[str, str]:
+    """Node name -> the uid of the Node object that passed the gate (the tool's record)."""
+    data = (get(cluster, VERDICTS_PATH) or {}).get("data") or {}
+    passed = {}
+    for name, value in data.items() if isinstance(data, dict) else ():
+        try:
+            uid = json.loads(value).get("uid") if isinstance(value, str) else None
+        except (ValueError, AttributeError):
+            uid = None
+        if isinstance(uid, str) and uid:
+            passed[name] = uid
+    return passed
+
+
+def passed_before(node_object: dict, verdicts: dict[str, str]) -> bool:
+    """Whether this very Node object (its uid, which the API server gives) passed the gate."""
+    meta = node_object.get("metadata") or {}
+    uid = meta.get("uid")
+    return isinstance(uid, str) and bool(uid) and verdicts.get(meta.get("name")) == uid
+
+
+def record_verdict(cluster: Cluster, name: str, uid: str | None) -> None:
+    """Record that the Node `name` with `uid` passed (None: forget it): one key of VERDICTS."""
+    value = json.dumps({"uid": uid, "passed": int(time.time())}) if uid else None
+    change = {"data": {name: value}}
+    status, body = request(cluster, "PATCH", VERDICTS_PATH, change, content_type="application/merge-patch+json")
+    if status == 404 and value is not None:  # the first verdict: the record made with it
+        status, body = request(cluster, "POST", object_path("v1", "ConfigMap", None, VERDICTS[0]), {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": VERDICTS[1], "namespace": VERDICTS[0]},
+            **change})
+    if status >= 300 and status != 404:
+        raise ClusterError(f"cannot record the gate's verdict in ConfigMap {VERDICTS[0]}/{VERDICTS[1]}: "
+                           f"{body.get('message', status)}")
+
+
 def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
-                   gpu: list) -> tuple[list, list]:
+                   gpu: list, verdicts: dict[str, str]) -> tuple[list, list]:
     """(to judge, to gate first): the GPU nodes that answered and hold the gate's taint, or are
     servers that never passed (judged open: gate_rules.may_hold); and the agents that registered
     before the gate existed (no taint, never passed): the tool gates those through the API,
-    since k3s sets node-taint only when a node registers."""
+    since k3s sets node-taint only when a node registers. `verdicts`: read_verdicts."""
     if not inventory.gpu.gate.enabled:
         return [], []
     gated, legacy = [], []
@@ -40,17 +87,17 @@ def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objec
         obj = node_objects.get(node.name)
         if obj is None or node.name not in facts:
             continue
-        annotations = (obj.get("metadata") or {}).get("annotations") or {}
         if has_gate(obj):
             gated.append(node)
-        elif GATE_PASSED not in annotations:
+        elif not passed_before(obj, verdicts):
             (legacy if may_hold(node) else gated).append(node)
     return gated, legacy
 
 
-def _patch_node(cluster: Cluster, name: str, change) -> None:
+def _patch_node(cluster: Cluster, name: str, change) -> dict:
     """`change(node) -> patch`, with the node's resourceVersion: the list of taints is replaced
-    whole, so a taint the node controller added meanwhile must not be lost (409: read again)."""
+    whole, so a taint the node controller added meanwhile must not be lost (409: read again).
+    Returns the node as it was read before the patch."""
     for _ in range(PATCH_TRIES):
         current = get(cluster, node_path(name))
         if current is None:
@@ -59,7 +106,7 @@ def _patch_node(cluster: Cluster, name: str, change) -> None:
         patch.setdefault("metadata", {})["resourceVersion"] = current["metadata"].get("resourceVersion")
         status, body = request(cluster, "PATCH", node_path(name), patch, content_type="application/merge-patch+json")
         if status < 300:
-            return
+            return current
         if status != 409:
             raise ClusterError(f"PATCH {node_path(name)}: {status} {body.get('message', '')}")
     raise ClusterError(f"node {name} kept changing: its gate was not updated")
@@ -78,16 +125,18 @@ def close_gate(cluster: Cluster, name: str, reason: str | None = None) -> None:
 
 def apply_decision(cluster: Cluster, decision: GateDecision) -> None:
     """A node that passed loses the taint (and any old reason); one that failed keeps it and
-    carries why; a server that failed carries why, and loses a taint an older run gave it."""
+    carries why; a server that failed carries why, and loses a taint an older run gave it. The
+    verdict is recorded apart (record_verdict), never on the Node."""
+    annotations = {GATE_REASON: decision.annotation, OLD_GATE_PASSED: None}
     if not decision.held:
-        annotations = {GATE_REASON: decision.annotation}
-        if decision.passed:
-            annotations[GATE_PASSED] = str(int(time.time()))
-        _patch_node(cluster, decision.node, lambda node: {
+        opened = _patch_node(cluster, decision.node, lambda node: {
             "spec": {"taints": without_gate((node.get("spec") or {}).get("taints")) or None},
             "metadata": {"annotations": annotations}})
+        uid = (opened.get("metadata") or {}).get("uid") if decision.passed else None
     else:
-        merge_patch(cluster, node_path(decision.node), {"metadata": {"annotations": {GATE_REASON: decision.annotation}}})
+        merge_patch(cluster, node_path(decision.node), {"metadata": {"annotations": annotations}})
+        uid = None
+    record_verdict(cluster, decision.node, uid if isinstance(uid, str) else None)
 
 
 # --- the checks, each node's own ------------------------------------------------------------
@@ -185,7 +234,8 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
     """Judge every gated GPU node and lift or keep its gate. Returns the decisions and the
     pre-gate nodes the tool gated first. `gpu`: the run's GPU nodes (bootstrap.topology);
     `failed_before`: nodes that failed on the cluster side already (their MIG layout), with why."""
-    gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu)
+    gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu,
+                                   read_verdicts(cluster) if inventory.gpu.gate.enabled else {})
     for node in legacy:
         close_gate(cluster, node.name)
     nodes = gated + legacy

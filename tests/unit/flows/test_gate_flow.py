@@ -18,7 +18,7 @@ from test_gpu_health_flow import XID79, probe_output
 
 from bootstrap import progress
 from bootstrap.cluster.client import Cluster as ApiCluster
-from bootstrap.cluster.gate import GATE_PASSED
+from bootstrap.cluster.gate import OLD_GATE_PASSED, VERDICTS, read_verdicts
 from bootstrap.cluster.gate_rules import GATE_KEY, GATE_REASON, taint_flag
 from bootstrap.errors import HostsFailed
 from bootstrap.flows.cluster_side import cluster_phase, validate_cluster
@@ -103,7 +103,10 @@ def test_the_healthy_node_passes_the_gate_and_the_broken_one_stays_gated(gated_l
     assert "gate: gpu-1: passed, takes workloads" in said
     assert "gate: gpu-2: not passed, stays gated: gpu-health:" in said and "Xid 79" in said
     assert GATE_KEY not in taint_keys(lab, "gpu-1")
-    assert GATE_PASSED in lab.node("gpu-1").metadata.annotations
+    # the verdict is kept where no kubelet writes (kube-system), for this very Node object
+    assert read_verdicts(ApiCluster(lab.api, tmp_path / "kubeconfig")) == {"gpu-1": lab.node("gpu-1").metadata.uid}
+    assert lab.core.read_namespaced_config_map(VERDICTS[1], VERDICTS[0]).data.keys() == {"gpu-1"}
+    assert OLD_GATE_PASSED not in (lab.node("gpu-1").metadata.annotations or {})
     assert GATE_KEY in taint_keys(lab, "gpu-2")
     reason = lab.node("gpu-2").metadata.annotations[GATE_REASON]
     assert "Xid 79" in reason and reason.isprintable()

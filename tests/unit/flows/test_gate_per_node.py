@@ -11,9 +11,11 @@ import io
 import pytest
 from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 from test_cluster_side_flow import helm_calls  # noqa: F401  (a fixture: the recording Helm)
-from test_gate_flow import GOOD, CPU, a_run, connector, inventory_for, taint_keys
+from test_gate_flow import CPU, GOOD, XID_79, a_run, connector, inventory_for, taint_keys
 
 from bootstrap.cluster import checks
+from bootstrap.cluster.client import Cluster as ApiCluster
+from bootstrap.cluster.gate import OLD_GATE_PASSED, passed_before, read_verdicts
 from bootstrap.cluster.gate_rules import GATE_KEY, GATE_REASON, taint_flag
 from bootstrap.errors import HostsFailed
 from bootstrap.flows.cluster_side import cluster_phase
@@ -44,16 +46,22 @@ def leave_terminating(lab, namespace: str) -> None:
     lab.core.delete_namespace(namespace)
 
 
-def test_a_kubelet_that_keeps_its_pods_fails_its_own_node_only(lab, helm_calls, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(checks, "CLEANUP_S", 5, raising=False)  # how long a deletion is waited for (120 s)
-    leave_terminating(lab, checks.NAMESPACE)  # the fixed namespace of earlier versions
+def up_failing(lab, tmp_path, facts: dict, failing: str) -> str:
+    """`up`'s cluster half on `lab` with these facts; it must end naming `failing`; its output."""
     inventory, state = inventory_for(tmp_path)
     out = io.StringIO()
     run = a_run(inventory, state, out, connector(lab, tmp_path))
-    run.set_facts({"cp-1": CPU, "gpu-1": GOOD, "gpu-2": GOOD})
-    with pytest.raises(HostsFailed, match="1 GPU node.* failed the acceptance gate .*gpu-2"):
+    run.set_facts(facts)
+    with pytest.raises(HostsFailed, match=failing):
         cluster_phase(run, validate=False)
-    said = out.getvalue()
+    return out.getvalue()
+
+
+def test_a_kubelet_that_keeps_its_pods_fails_its_own_node_only(lab, helm_calls, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(checks, "CLEANUP_S", 5, raising=False)  # how long a deletion is waited for (120 s)
+    leave_terminating(lab, checks.NAMESPACE)  # the fixed namespace of earlier versions
+    said = up_failing(lab, tmp_path, {"cp-1": CPU, "gpu-1": GOOD, "gpu-2": GOOD},
+                      "1 GPU node.* failed the acceptance gate .*gpu-2")
     assert "gate: gpu-1: passed, takes workloads" in said
     assert "gate: gpu-2: not passed, stays gated: cleanup: its kubelet did not confirm the deletion of gpu-test-" \
         in said
@@ -61,3 +69,33 @@ def test_a_kubelet_that_keeps_its_pods_fails_its_own_node_only(lab, helm_calls, 
     assert "its kubelet did not confirm" in lab.node("gpu-2").metadata.annotations[GATE_REASON]
     names = [n.metadata.name for n in lab.core.list_namespace().items]
     assert checks.NAMESPACE in names  # still Terminating: nothing waited on it
+
+
+def test_a_kubelet_that_writes_the_old_passed_annotation_is_gated_and_judged_all_the_same(k3s, helm_calls, tmp_path):  # noqa: F811
+    """Item 19: `bootstrap.k3s/gate-passed` on the Node was the verdict, and a kubelet may write
+    its own Node's annotations. Now the verdict is the tool's record (gate.VERDICTS); a node
+    that carries only the annotation, like every node that passed under an earlier version, is
+    gated through the API once and checked again."""
+    lab = Cluster(k3s, tmp_path / "hosts")
+    try:
+        lab.server(name="cp-1")
+        lab.agent("gpu-1", gpus=1)  # no node-taint: registered before the gate
+        lab.agent("gpu-2", gpus=1)
+        lab.wait_ready("cp-1", "gpu-1", "gpu-2")
+        lab.core.patch_node("gpu-1", {"metadata": {"annotations": {OLD_GATE_PASSED: "1767225600"}}})
+        said = up_failing(lab, tmp_path, {"cp-1": CPU, "gpu-1": GOOD, "gpu-2": XID_79}, "gpu-2")
+        assert "gate: gpu-1 registered before the acceptance gate: gated through the API" in said
+        assert "gate: gpu-1: passed, takes workloads" in said
+        assert OLD_GATE_PASSED not in (lab.node("gpu-1").metadata.annotations or {})  # the old mark is gone
+        assert GATE_KEY in taint_keys(lab, "gpu-2")  # failed: gated, not recorded
+        assert read_verdicts(ApiCluster(lab.api, tmp_path / "kubeconfig")) == {"gpu-1": lab.node("gpu-1").metadata.uid}
+    finally:
+        lab.stop()
+
+
+def test_a_verdict_holds_for_the_node_object_that_passed_only():
+    verdicts = {"gpu-1": "uid-a"}
+    assert passed_before({"metadata": {"name": "gpu-1", "uid": "uid-a"}}, verdicts)
+    assert not passed_before({"metadata": {"name": "gpu-1", "uid": "uid-b"}}, verdicts)  # registered again
+    assert not passed_before({"metadata": {"name": "gpu-1", "annotations": {OLD_GATE_PASSED: "1"}}}, verdicts)
+    assert not passed_before({"metadata": {"name": "gpu-2", "uid": "uid-a"}}, verdicts)
