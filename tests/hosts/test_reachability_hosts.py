@@ -149,3 +149,35 @@ def test_a_shorter_path_that_fragments_warns_and_one_that_drops_fragments_refuse
            "packets between pods would be lost" in out
     assert "fm-cp -> fm-a1: 1400 of 1500 (fragments dropped)" in out and "mtu1400" in out
     assert "FAIL fm-a1" not in out  # fm-a1 -> fm-cp carries its full size
+
+
+def test_validate_nccl_needs_its_port_block_and_the_ephemeral_range_between_the_gpu_nodes(lab, tmp_path, airgap):
+    """With validate.nccl the GPU nodes must reach each other on the NCCL job's pinned block
+    (sshd and Open MPI) and on the kernel's ephemeral ports (NCCL's own sockets): a firewall
+    that lets only k3s's ports through is named before any change, with the range to open.
+    The server takes no part in NCCL: nothing of it is probed to or from nc-cp."""
+    hosts = lab.start(["nc-cp", "nc-g1", "nc-g2"], gpu=["nc-g1", "nc-g2"])
+    cp, g1, g2 = hosts
+    inventory = write_inventory(tmp_path / "inv.yaml", hosts, extra={
+        "k3s": {"airgap": str(airgap)}, "validate": {"nccl": {"min_busbw_gbps": 10}}})
+    drop(g2, g1, "tcp", 12133)  # the top of Open MPI's block: only sshd's 12022 was opened
+    # No ephemeral ports from g2, as a stateful provider firewall: replies to g1's own
+    # connections (from an ephemeral port of its own) still come back.
+    g1.ssh(f"iptables -A INPUT -s {g2.address} -p tcp --dport 32768:60999 -m conntrack --ctstate NEW -j DROP",
+           user="root")
+    check = run_bootstrap("check", inventory, "--hosts")
+    out = check.stdout
+    assert check.returncode == 1, out + check.stderr
+    assert f"FAIL nc-g2: reachability: TCP 12133 (validate.nccl: sshd and Open MPI, TCP 12022-12133) on " \
+           f"{g2.address} is not reachable from nc-g1 (timed out)" in out, out
+    assert f"fix: open TCP 12022-12133 inbound on nc-g2 from nc-g1 ({g1.address})" in out
+    for port in (32768, 60999):  # both ends of the range
+        assert f"FAIL nc-g1: reachability: TCP {port} (validate.nccl: NCCL's sockets, the kernel's ephemeral " \
+               f"TCP 32768-60999) on {g1.address} is not reachable from nc-g2 (timed out)" in out, out
+    assert f"fix: open TCP 32768-60999 inbound on nc-g1 from nc-g2 ({g2.address})" in out
+    assert len([line for line in out.splitlines() if ": reachability:" in line]) == 3, out  # nothing else
+    assert "no host was changed" in check.stderr
+    for host in hosts:
+        host.ssh("iptables -F INPUT", user="root")
+    again = run_bootstrap("check", inventory, "--hosts")
+    assert ": reachability:" not in again.stdout, again.stdout
