@@ -99,3 +99,27 @@ def test_a_verdict_holds_for_the_node_object_that_passed_only():
     assert not passed_before({"metadata": {"name": "gpu-1", "uid": "uid-b"}}, verdicts)  # registered again
     assert not passed_before({"metadata": {"name": "gpu-1", "annotations": {OLD_GATE_PASSED: "1"}}}, verdicts)
     assert not passed_before({"metadata": {"name": "gpu-2", "uid": "uid-a"}}, verdicts)
+
+
+def test_one_nodes_failed_mig_layout_keeps_it_gated_and_the_others_go_on(k3s, helm_calls, tmp_path):  # noqa: F811
+    """Item 13: one node's nvidia.com/mig.config.state=failed (MIG Manager's, or its own
+    agent's: the node may write its labels) stopped the cluster side for every node."""
+    lab = Cluster(k3s, tmp_path / "hosts")
+    try:
+        lab.server(name="cp-1")
+        lab.agent("gpu-1", gpus=1, taints=[taint_flag()])
+        lab.agent("gpu-2", gpus=1, taints=[taint_flag()])
+        lab.wait_ready("cp-1", "gpu-1", "gpu-2")
+        inventory, state = inventory_for(tmp_path, mig_on="gpu-2")  # a layout the H200 cannot hold
+        out = io.StringIO()
+        run = a_run(inventory, state, out, connector(lab, tmp_path))
+        run.set_facts({"cp-1": CPU, "gpu-1": GOOD, "gpu-2": GOOD})
+        with pytest.raises(HostsFailed, match="MIG layout not applied on gpu-2"):
+            cluster_phase(run, validate=False)
+        said = out.getvalue()
+        assert "mig: MIG layout" in said and "failed on gpu-2" in said
+        assert "gate: gpu-1: passed, takes workloads" in said
+        assert "gate: gpu-2: not passed, stays gated: mig: MIG layout" in said
+        assert GATE_KEY not in taint_keys(lab, "gpu-1") and GATE_KEY in taint_keys(lab, "gpu-2")
+    finally:
+        lab.stop()
