@@ -14,31 +14,72 @@ Two nets, both always on:
 from __future__ import annotations
 
 import base64
+import json
 import re
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 MARK = "<redacted>"
 # Shorter values would turn ordinary words into holes; no secret the tool writes is this short.
 MIN_KNOWN_LENGTH = 6
+# A line longer than this (a journal line is at most 48 KiB: journald's LineMax) keeps its
+# first MAX_LINE_CHARS characters back to the last separator, so no value is kept in part,
+# and the rest becomes a count: the bundle stays readable and a host's one-line flood is cut.
+MAX_LINE_CHARS = 64 * 1024
+_SEPARATORS = " \t\r\"',;:=&@/<>"
 
-# A key that names a secret: the inventory's SECRET_WORDS, k3s's flag names (token,
-# agent-token, etcd-s3-access-key, etcd-s3-secret-key, etcd-s3-session-token), containerd's
-# and registries.yaml's (password, auth, identitytoken), kubeconfig's (client-key-data,
-# client-certificate-data, token).
-_SECRET_KEY = (r"[\w.-]*(?:token|password|passwd|passphrase|secret|access[-_]?key|credential|"
-               r"client-key-data|client-certificate-data)[\w.-]*|auth")
-# `key: value`, `"key": value`, `key = value`, `key=value` at the start of a line (YAML,
-# pretty-printed JSON, TOML, env files), the list dash of YAML allowed.
-_KEY_VALUE = re.compile(r"^(?P<head>[ \t]*(?:-[ \t]+)?[\"']?(?:" + _SECRET_KEY + r")[\"']?[ \t]*[:=][ \t]*)"
-                        r"(?P<value>\S.*?)(?P<tail>[ \t]*,?[ \t]*)$", re.IGNORECASE | re.MULTILINE)
-# A flag or variable on a command line or in a log line: --token=x, --token x, K3S_TOKEN=x.
-_INLINE = re.compile(r"(?P<head>(?:--?(?:[\w-]*-)?(?:token|password|secret-key|access-key)[= ]|"
-                     r"\b[A-Z0-9_]*(?:TOKEN|PASSWORD|SECRET|ACCESS_KEY)[A-Z0-9_]*=)[\"']?)(?P<value>[^\s\"',]+)")
+# Every pattern below is linear in its text under Python's backtracking engine, and cheap per
+# character (2 MiB of any shape in a fraction of a second): each starts with a literal or a
+# character class (so the engine skips ahead in C) and can match only where a name or a marker
+# starts; no two of its quantifiers can take the same characters (possessive `*+` where they
+# could); where a name must hold a secret word, a lookahead reads the name once. (Before:
+# `[\w.-]*(?:token|...)[\w.-]*` tried every split of a long word; a 16 KiB line of `-` took
+# 8 s, a 2 MiB one hours.)
+#
+# The words that make a name a secret's, anywhere in it: the inventory's SECRET_WORDS, k3s's
+# flag names (token, agent-token, etcd-s3-access-key, etcd-s3-secret-key,
+# etcd-s3-session-token), containerd's and registries.yaml's (password, auth, identitytoken),
+# kubeconfig's (client-key-data, client-certificate-data, token), WireGuard's (PrivateKey,
+# PresharedKey), API keys (apikey, api_key, x-api-key). As one tree of first letters: at each
+# character of a name the engine tries five letters, not twelve words.
+_WORD_TREE = (r"t(?:oken)|p(?:ass(?:word|wd|phrase)|rivate[-_]?key|reshared[-_]?key)|s(?:ecret)|"
+              r"c(?:redential|lient-(?:key|certificate)-data)|a(?:ccess[-_]?key|pi[-_]?key)")
+# A whole name (not the tail of one) that holds a secret word, or one of the exact names of a
+# credential: a registry's `auth`, an HTTP `Authorization` header. `dash`: a flag (--token x).
+# Its first character is read first, the class the engine skips ahead by (a lookbehind first
+# would make it try every position); the word is then looked for from that character on
+# (a lookahead inside a one-character lookbehind).
+_SECRET_NAME = (r"[\w.-](?<![\w.-].)(?:(?<=(?P<dash>-)))?"
+                r"(?:(?<=(?=[\w.-]*?(?:" + _WORD_TREE + r"))[\w.-])[\w.-]*+"
+                r"|(?<=a)uth(?:orization)?(?![\w.-])|(?<=p)roxy-authorization(?![\w.-]))")
+# An HTTP authorization scheme before the credentials it names (`Authorization: Bearer x`).
+_SCHEME_WORD = r"(?:bearer|basic|digest|token)[ \t]+"
+_SCHEME = "(?:" + _SCHEME_WORD + ")?"
+# `name: value`, `"name": value`, `name = value`, `name=value` wherever the name starts (YAML,
+# JSON compact or not, TOML, env files, WireGuard's INI, a query string: apikey=x), and a
+# flag's `--name value`; the value one word or one quoted string, never one that only opens a
+# mapping or a block, a null or a mark already put.
+_INLINE = re.compile(
+    r"(?P<head>" + _SECRET_NAME + r"(?:[\"']?[ \t]*+[:=][ \t]*+|(?(dash)[ \t]++|(?!)))" + _SCHEME + r")"
+    r"(?P<value>\"(?:[^\"\\\n]|\\.)+\"?|'[^'\n]+'?|"
+    r"(?!(?:[|>][-+]?|\{\}?|\[\]?|null|~)(?![^\s\"',])|<redacted|<cut|" + _SCHEME_WORD + r"<redacted)"
+    r"[^\s\"',]+)", re.IGNORECASE)
+# At the start of a line (YAML's list dash allowed) a plain value is the whole rest of the line
+# (a YAML plain scalar may hold spaces): `password: two words` redacted as `password: <redacted>`.
+# It follows _INLINE, whose mark shows the name held a secret: so this name is read once, plainly.
+_LINE_REST = re.compile(r"^(?P<head>[ \t]*+(?:-[ \t]+)?[\"']?[\w.-]++[\"']?[ \t]*+[:=][ \t]*+" + _SCHEME + r")"
+                        r"(?P<value>[\"']?<redacted>[^\n]*)", re.IGNORECASE | re.MULTILINE)
+_ONLY_THE_MARK = ("<redacted>", '"<redacted>"', "'<redacted>'")
+# A bearer token wherever it is (a curl line's header, a client's debug log). Letter by letter,
+# not IGNORECASE: the engine skips ahead only by a class it need not fold.
+_BEARER = re.compile(r"(?P<head>[Bb][Ee][Aa][Rr][Ee][Rr](?<![\w.-].{6})[ \t]+)(?P<value>[\w.~+/=-]{8,})")
+# The password of a URL's user info, `scheme://user:password@host` (up to the authority's
+# last `@`, as curl reads it).
+_URL_PASSWORD = re.compile(r"(?P<head>://[^\s/@:\"'<>]*:)(?P<value>[^\s/?#\"'<>]+)(?=@)")
 # k3s's secure token format, K10<sha256 of the CA>::<user>:<password> (k3s-io/k3s pkg/clientaccess/token.go).
 _K3S_TOKEN = re.compile(r"K10[0-9a-fA-F]{64}::[^\s:\"']+:[^\s\"',]+")
 _PEM_KEY = re.compile(r"-----BEGIN ([A-Z ]*)PRIVATE KEY-----.*?(-----END \1PRIVATE KEY-----|\Z)", re.DOTALL)
-# Values that only open a mapping or are plainly not a secret.
-_NOT_A_VALUE = re.compile(r"[|>][-+]?|\{\}|\[\]|null|~|\"\"|''|<redacted[^>]*>|\{|\[", re.IGNORECASE)
+_LONG_LINE = re.compile(r"^(?P<kept>[^\n]{%d})(?P<rest>[^\n]+)" % MAX_LINE_CHARS, re.MULTILINE)
 
 
 @dataclass
@@ -56,27 +97,53 @@ class Redactor:
                 self.known.setdefault(form, what)
 
     def apply(self, text: str) -> str:
-        # Longest first: a token that contains another known value goes whole.
+        # Longest first: a token that contains another known value goes whole. Known values
+        # go before lines are cut, so one that a cut would split is gone already.
         for value in sorted(self.known, key=len, reverse=True):
             if value in text:
                 text = text.replace(value, f"<redacted:{self.known[value]}>")
+        text = _LONG_LINE.sub(_cut, text)
         text = _PEM_KEY.sub(f"{MARK} private key", text)
         text = _K3S_TOKEN.sub(MARK, text)
-        text = _INLINE.sub(lambda m: m["head"] + MARK, text)
-        return _KEY_VALUE.sub(_by_name, text)
+        text = _URL_PASSWORD.sub(_value_gone, text)
+        # Bearer first: in Go's header map, `Authorization:[Bearer x]`, the next net's value is `[Bearer`.
+        text = _BEARER.sub(_value_gone, text)
+        text = _INLINE.sub(_value_gone, text)
+        return _LINE_REST.sub(_rest_of_line, text)
 
 
-def _by_name(match: re.Match) -> str:
+def _cut(match: re.Match) -> str:
+    """A long line: its start back to the last separator (the value it cuts is not kept in
+    part: `token=abc` cut inside `abc` keeps `token=`), then how much was left out."""
+    kept = match["kept"]
+    end = max(map(kept.rfind, _SEPARATORS)) + 1
+    return f"{kept[:end]}<cut: {len(kept) - end + len(match['rest'])} characters of a long line>"
+
+
+def _rest_of_line(match: re.Match) -> str:
+    """A line's value redacted whole, its trailing comma (JSON) and blanks kept."""
     value = match["value"]
-    if _NOT_A_VALUE.fullmatch(value.strip()):
+    core = value.rstrip(" \t\r")
+    if core.endswith(","):
+        core = core[:-1].rstrip(" \t")
+    if core in _ONLY_THE_MARK:
         return match.group(0)
-    return match["head"] + MARK + match["tail"]
+    return match["head"] + MARK + value[len(core):]
+
+
+def _value_gone(match: re.Match) -> str:
+    """The head kept, the value redacted; a quoted value keeps its quotes (compact JSON stays JSON)."""
+    value = match["value"]
+    quote_char = value[0] if value[0] in "\"'" else ""
+    closed = quote_char if len(value) > 1 and value.endswith(quote_char) else ""
+    return match["head"] + quote_char + MARK + closed
 
 
 def variants(value: str) -> list[str]:
-    """The forms a secret is written in: as is, base64 (kubeconfig *-data, registry auth),
-    each line of a multi-line value (a PEM body), the password part of a k3s token."""
-    forms = [value]
+    """The forms a secret is written in: as is, escaped in a quoted string (JSON, TOML, YAML,
+    a URL), base64 (kubeconfig *-data, registry auth), each line of a multi-line value (a PEM
+    body), the password part of a k3s token."""
+    forms = [value, *escaped(value)]
     encoded = value.encode()
     forms.append(base64.b64encode(encoded).decode())
     forms += [line.strip() for line in value.splitlines() if len(line.strip()) >= 16]
@@ -88,6 +155,47 @@ def variants(value: str) -> list[str]:
         forms += [line.strip() for line in decoded.splitlines()
                   if len(line.strip()) >= 16 and not line.startswith("-----")]
     return forms
+
+
+def escaped(value: str) -> list[str]:
+    r"""`value` as writers put it inside a quoted string, each form that differs from it:
+    JSON (Python's json, ASCII-only or not, `\/` for `/`, upper-case `\uXXXX`; Go's
+    encoding/json, which also writes <, > and & as \u003c, \u003e, \u0026 (golang/go
+    src/encoding/json/encode.go, appendString)), Go's %q (strconv.Quote), which is how k3s
+    writes registry passwords into containerd's TOML (k3s-io/k3s
+    pkg/agent/templates/templates_linux.go: `password = {{ printf "%q" ... }}`), YAML's
+    single-quoted form ('' for '), and URL percent-encoding (user info, a query)."""
+    ascii_json = json.dumps(value)[1:-1]
+    unicode_json = json.dumps(value, ensure_ascii=False)[1:-1]
+    go_json = unicode_json
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                         ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        go_json = go_json.replace(char, escape)
+    forms = [ascii_json, unicode_json, go_json, ascii_json.replace("/", "\\/"),
+             re.sub(r"\\u[0-9a-f]{4}", lambda m: m.group().upper().replace("\\U", "\\u"), ascii_json),
+             go_quoted(value), value.replace("'", "''"), quote(value, safe="")]
+    return list(dict.fromkeys(form for form in forms if form != value))
+
+
+_GO_SHORT_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+                     "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+
+
+def go_quoted(value: str) -> str:
+    """The inside of Go's strconv.Quote(value): short escapes, \\xXX below 0x80, \\uXXXX and
+    \\UXXXXXXXX for other characters that are not printable (lower-case hex), the rest as is."""
+    out = []
+    for char in value:
+        code = ord(char)
+        if char in _GO_SHORT_ESCAPES:
+            out.append(_GO_SHORT_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
 
 
 def _base64_text(value: str) -> str | None:
