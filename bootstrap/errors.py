@@ -115,7 +115,7 @@ def run_command(func, args, console, *, debug: bool = False) -> int:
         return EXIT_OK if result is None else int(result)
     except BootstrapError as exc:
         if debug:
-            traceback.print_exc()
+            console.warn(debug_traceback(exc))
         console.warn(exc.render())
         console.reporter.error(exc.text(), exc.exit_code)
         return exc.exit_code
@@ -125,10 +125,32 @@ def run_command(func, args, console, *, debug: bool = False) -> int:
     except BrokenPipeError:
         return EXIT_FAILED
     except Exception as exc:  # a bug: say so, keep the details out of the user's way
-        if debug:
-            raise
         # Its text may quote a host's answer: one line, whatever it holds.
-        console.warn(f"error: internal error: {type(exc).__name__}: {printable(exc)}\n"
-                     "hint: re-run with --debug for the traceback, and report it")
+        line = f"error: internal error: {type(exc).__name__}: {printable(exc)}"
+        if debug:
+            console.warn(debug_traceback(exc) + "\n" + line)
+        else:
+            console.warn(line + "\nhint: re-run with --debug for the traceback, and report it")
         console.reporter.error(f"internal error: {type(exc).__name__}: {exc}", EXIT_FAILED)
         return EXIT_FAILED
+
+
+def debug_traceback(exc: BaseException) -> str:
+    """The traceback --debug shows, for the console (which makes each line printable): the
+    frames as Python writes them (the tool's own files and code), and each exception's message
+    on one line of its own, escaped, since it may quote a host (Python's own printer, on stderr
+    past the console, wrote a host's escapes and line breaks as they were)."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    lines: list[str] = []
+    for earlier, later in zip([None, *reversed(chain)], reversed(chain)):
+        if earlier is not None:
+            lines += ["", "The above exception was the direct cause of the following exception:"
+                      if later.__cause__ is earlier else
+                      "During handling of the above exception, another exception occurred:", ""]
+        frames = "".join(traceback.format_tb(later.__traceback__)).rstrip("\n")
+        lines += ["Traceback (most recent call last):", *frames.split("\n")] if frames else []
+        lines.append(f"{type(later).__qualname__}: {printable(later)}")
+    return "\n".join(lines)

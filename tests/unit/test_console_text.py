@@ -240,6 +240,26 @@ def test_errors_printed_by_the_cli_are_escaped_and_exact_in_json(raised, capsys)
     assert event["event"] == "error" and event["message"] == original
 
 
+@pytest.mark.parametrize("raised", [BootstrapError(f"k3s said: {ATTACK}", ATTACK_LINES), UsageError(ATTACK_LINES),
+                                    RuntimeError(f"bad answer {ATTACK_LINES}")])
+def test_debug_tracebacks_go_through_the_console_too(raised, capsys):
+    """--debug shows the traceback, the exception's words printable on one line (Python's own
+    printer wrote a host's escapes and line breaks to the terminal as they were)."""
+    def command(args, console):
+        try:
+            raise ValueError(f"cause {ATTACK}")
+        except ValueError as cause:
+            raise raised from cause
+
+    code = run_command(command, None, progress.Console(progress.Reporter()), debug=True)
+    assert code == (raised.exit_code if isinstance(raised, BootstrapError) else 1)
+    err = capsys.readouterr().err
+    assert_no_fake_line(err)
+    assert err.count("Traceback (most recent call last):") == 2 and "in command" in err
+    assert "The above exception was the direct cause of the following exception:" in err
+    assert f"ValueError: cause {printable(ATTACK)}" in err
+
+
 def test_host_failures_are_one_line(capsys):
     from bootstrap.remote.connections import report_failures
 
