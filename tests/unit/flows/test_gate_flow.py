@@ -44,7 +44,7 @@ def gated_lab(k3s, tmp_path):  # noqa: F811
     sandbox.stop()
 
 
-def inventory_for(tmp_path, gate=None, mig_on=None):
+def inventory_for(tmp_path, gate=None, mig_on=None, validate=None):
     """`mig_on`: a node given a MIG layout no H200 holds (two 7g.141gb instances)."""
     path = tmp_path / "lab.yaml"
     gpu = {"gate": gate} if gate is not None else {}
@@ -53,8 +53,8 @@ def inventory_for(tmp_path, gate=None, mig_on=None):
     for node in nodes:
         if node["name"] == mig_on:
             node["gpu"] = {"sharing": {"mig": {"profiles": {"7g.141gb": 2}}}}
-    path.write_text(yaml.safe_dump({"cluster": "flow", "state_dir": "state", "gpu": gpu, "validate": {"timeout_s": 20},
-                                    "nodes": nodes}))
+    path.write_text(yaml.safe_dump({"cluster": "flow", "state_dir": "state", "gpu": gpu,
+                                    "validate": validate or {"timeout_s": 20}, "nodes": nodes}))
     inventory = load_inventory(path)
     return inventory, StateDir(inventory)
 

@@ -11,7 +11,7 @@ import io
 import pytest
 from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 from test_cluster_side_flow import helm_calls  # noqa: F401  (a fixture: the recording Helm)
-from test_gate_flow import CPU, GOOD, XID_79, a_run, connector, inventory_for, taint_keys
+from test_gate_flow import CPU, GOOD, XID_79, a_run, connector, gated_lab, inventory_for, taint_keys  # noqa: F401
 
 from bootstrap.cluster import checks
 from bootstrap.cluster.client import Cluster as ApiCluster
@@ -123,3 +123,21 @@ def test_one_nodes_failed_mig_layout_keeps_it_gated_and_the_others_go_on(k3s, he
         assert GATE_KEY not in taint_keys(lab, "gpu-1") and GATE_KEY in taint_keys(lab, "gpu-2")
     finally:
         lab.stop()
+
+
+def test_a_failing_nccl_pair_that_no_second_partner_can_explain_fails_no_node(gated_lab, helm_calls, tmp_path):  # noqa: F811
+    """Item 12: the pair's failure was pinned on the gated node. Two nodes, one pair, and it
+    fails (its bus bandwidth under the floor): whose fault cannot be told, so both pass the
+    gate with the failing pair said."""
+    inventory, state = inventory_for(tmp_path, validate={
+        "timeout_s": 20, "nccl": {"image": "example.com/nccl-tests:busbw-50", "min_busbw_gbps": 100}})
+    out = io.StringIO()
+    run = a_run(inventory, state, out, connector(gated_lab, tmp_path))
+    run.set_facts({"cp-1": CPU, "gpu-1": GOOD, "gpu-2": GOOD})
+    cluster_phase(run, validate=False)
+    said = out.getvalue()
+    for node, partner in (("gpu-1", "gpu-2"), ("gpu-2", "gpu-1")):
+        line = next(line for line in said.splitlines() if line.startswith(f"gate: {node}: "))
+        assert line.startswith(f"gate: {node}: passed, takes workloads") and \
+            f"nccl: the pair with {partner} failed" in line and "not attributed to this node" in line
+        assert GATE_KEY not in taint_keys(gated_lab, node)
