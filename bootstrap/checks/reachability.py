@@ -377,6 +377,24 @@ def findings(inventory: Inventory, plan: ProbePlan, results: list[Outcome]) -> l
     return out
 
 
+def ephemeral_findings(plan: ProbePlan, ranges: dict[str, tuple[int, int] | None]) -> list[Finding]:
+    """A GPU node whose kernel gives port-0 binds another range than the one probed (its own
+    net.ipv4.ip_local_port_range, which it reports): NCCL's sockets land there, so that is
+    the range to open. Its own answer changes only its own warning."""
+    out = []
+    for receiver in sorted({p.receiver for p in plan.probes if p.port == nccl_ports.EPHEMERAL[0]}):
+        got = ranges.get(receiver)
+        if got and got != nccl_ports.EPHEMERAL:
+            span = nccl_ports.span(got)
+            out.append(Finding(receiver, "reachability",
+                               f"NCCL's sockets on {plan.label(receiver)} take ports {span} (its "
+                               f"net.ipv4.ip_local_port_range), not the {nccl_ports.span(nccl_ports.EPHEMERAL)} probed",
+                               f"open TCP {span} inbound on {receiver} from the other GPU nodes at its provider, or "
+                               f"set net.ipv4.ip_local_port_range to {' '.join(map(str, nccl_ports.EPHEMERAL))} there",
+                               severity="warning"))
+    return out
+
+
 # --- path MTU ------------------------------------------------------------------------------------
 #
 # flannel gives its overlay device, and so every pod, its interface's MTU less the backend's

@@ -206,12 +206,7 @@ def udp_probe(address, port, line, sizes):
                 s.setsockopt(level, option, 2)  # IP(V6)_PMTUDISC_DO
             for attempt in range(10000):
                 s.sendto(hello, (address, int(port)))
-                for size in sizes:
-                    try:
-                        s.sendto(hello.ljust(int(size) - (48 if v6 else 28), b"."), (address, int(port)))
-                    except OSError:
-                        pass  # larger than this host's route allows: the receiver never gets it
-                if sizes:
+                if sizes:  # first: the listener may end once the full size with don't-fragment is in
                     try:
                         s.setsockopt(level, option, 0)  # IP(V6)_PMTUDISC_DONT: fragments, as the overlay's
                         s.sendto(hello.ljust(want - (48 if v6 else 28), b","), (address, int(port)))
@@ -219,6 +214,11 @@ def udp_probe(address, port, line, sizes):
                         pass
                     finally:
                         s.setsockopt(level, option, 2)
+                for size in sizes:
+                    try:
+                        s.sendto(hello.ljust(int(size) - (48 if v6 else 28), b"."), (address, int(port)))
+                    except OSError:
+                        pass  # larger than this host's route allows: the receiver never gets it
                 if acked(s, prefix, want) if line else attempt >= 2:
                     break
                 if time.monotonic() >= window_end:
@@ -257,6 +257,11 @@ out += ["sent %s %s" % (k, v) for k, v in sorted(results.items())]
 out += ["got %s %s %s %s" % (p, n, s, m) for (p, n, s), m in sorted(got.items())]
 out += ["size %s %s %s %s %d" % (p, n, s, got[(p, n, s)], b) for (p, n, s), b in sorted(biggest.items()) if p == "udp"]
 out += ["whole %s %s %s %s %d" % (p, n, s, got[(p, n, s)], b) for (p, n, s), b in sorted(whole.items()) if p == "udp"]
+try:  # where this kernel puts port-0 binds, as NCCL's sockets make them
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        out.append("ephemeral %d %d" % tuple(int(x) for x in f.read(64).split()[:2]))
+except (OSError, ValueError, TypeError):
+    pass
 sys.stdout.write("\n".join(out + ["end"]) + "\n")
 sys.stdout.flush()
 os._exit(0)
@@ -371,6 +376,14 @@ def parse_sizes(text, word: str = "size") -> dict[tuple, int] | None:
             and rr.MAC_RE.fullmatch(w[4]) and w[5].isascii() and w[5].isdigit() and len(w[5]) <= 5}
 
 
+def parse_ephemeral(text) -> tuple[int, int] | None:
+    """The host's "ephemeral 32768 60999" line (its net.ipv4.ip_local_port_range), or None."""
+    for w in _lines(text) or ():
+        if len(w) == 3 and w[0] == "ephemeral" and _port(w[1]) and _port(w[2]) and _port(w[1]) <= _port(w[2]):
+            return _port(w[1]), _port(w[2])
+    return None
+
+
 @dataclass
 class Report:
     findings: list
@@ -401,6 +414,7 @@ def check(session, inventory: Inventory, facts: dict[str, HostFacts], embedded_m
     whole = {n: rr.verified_sizes(plan, proof, n, parse_sizes(t, "whole")) for n, t in ended.items() if n in listeners}
     results = rr.outcomes(plan, sent, received, bound, largest, whole)
     findings = rr.findings(inventory, plan, results)
+    findings += rr.ephemeral_findings(plan, {n: parse_ephemeral(t) for n, t in ended.items()})
     names = [n.name for n in inventory.nodes if n.name in facts]
     bad = [r for r in results if r.ok is not True or r.mtu_lost]
     counts = [(sum(r.ok is True for r in results), "got through"), (sum(r.ok is False for r in results), "failed"),

@@ -177,6 +177,28 @@ def test_validate_nccl_probes_its_pinned_ports_and_ncclss_ephemeral_range_betwee
                                                      "in lambda's firewall (security group) and in the host's own firewall"}
 
 
+@pytest.mark.parametrize("line, reported", [("ephemeral 32768 60999", (32768, 60999)),
+                                            ("ephemeral 1024 65535", (1024, 65535)),
+                                            ("ephemeral 60999 32768", None), ("ephemeral 0 65535", None),
+                                            ("ephemeral 1024 99999", None), ("ephemeral 1024", None),
+                                            ("ephemeral \u0661\u0660\u0662\u0664 2000", None), ("junk", None)])
+def test_a_gpu_nodes_own_ephemeral_range_other_than_the_probed_one_is_a_warning_naming_the_range(line, reported):
+    """NCCL's sockets land in the host's own ip_local_port_range: a GPU node that reports
+    another (a checked line of its answer) is told which range to open. Its answer changes
+    only its own warning; nothing it can print raises."""
+    assert hr.parse_ephemeral(f"bound tcp 1\n{line}\nend\n") == reported
+    plan = rr.plan_probes(NCCL_INV, nccl_facts(), False, gpu_nodes=("gpu-1", "gpu-2"))
+    found = rr.ephemeral_findings(plan, {"gpu-1": reported, "gpu-2": (32768, 60999), "cp-1": (1024, 2000)})
+    if reported in (None, (32768, 60999)):
+        assert found == []
+        return
+    (warning,) = found
+    assert (warning.node, warning.severity) == ("gpu-1", "warning")
+    assert warning.message == ("NCCL's sockets on gpu-1 (lambda) take ports 1024-65535 (its "
+                               "net.ipv4.ip_local_port_range), not the 32768-60999 probed")
+    assert warning.fix.startswith("open TCP 1024-65535 inbound on gpu-1 from the other GPU nodes at its provider")
+
+
 def test_a_host_that_does_not_report_leaves_its_probes_untested_not_failed():
     plan = rr.plan_probes(INV, fresh(), False)
     sent, received, bound = answers(plan)
@@ -331,6 +353,9 @@ def test_the_probe_scripts_listen_probe_and_report_over_loopback(monkeypatch):
                             "1 not tested",
                             # b's 9000-byte datagrams with don't-fragment got through loopback
                             "path MTU: 1 of 1 pairs carry their interface's MTU"]
+    # ... and where this kernel puts port-0 binds (NCCL's sockets)
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        assert hr.parse_ephemeral(session.answers["a"]) == tuple(int(x) for x in f.read().split())
     # ... and, reported apart, its 9000-byte datagram without don't-fragment (the overlay's kind)
     mac = FIXED_PROOF.mac(next(p for p in rr.plan_probes(inv, facts, False).probes if p.proto == "udp"))
     assert f"whole udp {udp} b {mac} 9000" in session.answers["a"].splitlines()
