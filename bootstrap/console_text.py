@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import unicodedata
 
 MAX_LINE_BYTES = 4096
 
@@ -45,6 +46,33 @@ def write_text(stream, text: object, end: str = "\n") -> None:
     """Write the tool's own text (line breaks kept, each line printable) and flush."""
     stream.write(printable_lines(text) + end)
     stream.flush()
+
+
+def cells(text: str) -> int:
+    """How many terminal columns printable `text` takes: a wide or full-width East Asian
+    character two, a combining mark none (it joins the character before), the rest one."""
+    if text.isascii():
+        return len(text)
+    return sum(map(_cell_width, text))
+
+
+def cut_to_cells(text: str, width: int) -> str:
+    """The longest start of printable `text` that fits in `width` columns (never half a wide
+    character; combining marks stay with their base)."""
+    if text.isascii():
+        return text[:max(width, 0)]
+    used = 0
+    for index, char in enumerate(text):
+        used += _cell_width(char)
+        if used > width:
+            return text[:index]
+    return text
+
+
+def _cell_width(char: str) -> int:
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
 
 class PrintableStream:

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bootstrap.console_text import printable, write_text
+from bootstrap.console_text import cells, cut_to_cells, printable, write_text
 from bootstrap.errors import HostsFailed
 
 RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"
@@ -76,8 +76,10 @@ class HostRow:
 
 def render_row(row: HostRow, now: float, name_width: int, columns: int, color: bool) -> str:
     """One host's line, cut to the terminal's width (a wrapped line would break the redraw):
-    the newest steps are kept, older ones become '…'. Every part is made printable before
-    the row's own colour codes are added: the only control characters in it are those."""
+    the newest steps are kept, older ones become '…'. Widths are terminal cells, not
+    characters (a host's wide characters take two each: counted as one, the row wrapped and
+    the redraw's cursor moved up too few lines). Every part is made printable before the
+    row's own colour codes are added: the only control characters in it are those."""
     parts = [(f"{'✓' if ok else '✗'} {printable(step)} {secs:.1f}s", ok) for step, ok, secs in row.done]
     if row.current:
         parts.append((f"▸ {printable(row.current)} {now - row.since:.1f}s", True))
@@ -85,15 +87,20 @@ def render_row(row: HostRow, now: float, name_width: int, columns: int, color: b
         parts[-1] = (f"{parts[-1][0]}: {printable(row.error)}", False)
     if not parts:
         parts = [("waiting", True)]
-    head = f"{printable(row.host):<{name_width}}  "
-    room = max(columns - 1 - len(head), 10)
+    name = printable(row.host)
+    if cells(name) > columns // 2:  # a long name leaves the row room for its steps
+        name = cut_to_cells(name, columns // 2 - 1) + "…"
+    head = name + " " * max(name_width - cells(name), 0) + "  "
+    room = max(columns - 1 - cells(head), 10)
     shown: list[tuple[str, bool]] = []
     used = 0
-    for text, ok in reversed(parts):
-        need = len(text) + (2 if shown else 0)
-        if used + need > room:
-            if not shown:  # even the newest part is too long: cut it
-                shown.append((text[: room - 1] + "…", ok))
+    for index in range(len(parts) - 1, -1, -1):
+        text, ok = parts[index]
+        need = cells(text) + (2 if shown else 0)
+        older = 3 if index else 0  # room for the '…  ' that stands for older parts
+        if used + need + older > room:
+            if not shown:  # the newest part alone, cut when even it is too long
+                shown.append((text if need <= room else cut_to_cells(text, room - 1) + "…", ok))
             else:
                 shown.append(("…", True))
             break
@@ -155,7 +162,7 @@ class LiveReporter(Reporter):
 
     def redraw(self):
         columns = shutil.get_terminal_size((100, 24)).columns
-        width = max((len(printable(h)) for h in self.rows), default=0)
+        width = min(max((cells(printable(h)) for h in self.rows), default=0), columns // 2)
         now = time.monotonic()
         lines = [render_row(r, now, width, columns, color=True) for r in self.rows.values()]
         text = f"\033[{self.drawn}F" if self.drawn else ""

@@ -2,11 +2,13 @@
 
 import io
 import json
+import os
 import re
 
 import pytest
 
 from bootstrap import progress
+from bootstrap.console_text import cells, cut_to_cells
 from bootstrap.progress import HostRow, render_row
 
 ANSI = re.compile(r"\033\[[0-9;]*[A-Za-z]")
@@ -36,6 +38,43 @@ def test_a_long_row_keeps_the_newest_steps_and_fits_the_terminal():
     assert len(line) <= 59
     assert line.endswith("▸ last 2.0s") and "…" in line
     assert "step number 0 " not in line
+
+
+def test_terminal_cells_count_wide_characters_twice_and_combining_marks_not_at_all():
+    assert cells("gpu-1") == 5 and cells("节点一") == 6 and cells("ｇｐｕ") == 6 and cells("e\u0301") == 1
+    assert cut_to_cells("节点一", 3) == "节" and cut_to_cells("节点一", 4) == "节点" and cut_to_cells("ab", 9) == "ab"
+    assert cut_to_cells("e\u0301x", 1) == "e\u0301"
+
+
+@pytest.mark.parametrize("columns", [40, 60, 101])
+def test_a_row_of_wide_characters_fits_the_terminals_cells(columns):
+    """A host's wide characters take two cells: counted as characters, the row wrapped and
+    the redraw moved the cursor up too few lines."""
+    rows = [HostRow("节点一", done=[(f"准备主机第{i}步", True, 1.0) for i in range(12)], current="启动代理", since=0),
+            HostRow("gpu-1", done=[("准备", False, 1.0)], error="磁盘已满" * 40),
+            HostRow("节" * 80, current="x", since=0)]
+    for row in rows:
+        line = render_row(row, 2.0, 6, columns, color=False)
+        assert cells(line) <= columns - 1, line
+    first = render_row(rows[0], 2.0, 6, columns, color=False)
+    assert first.startswith("节点一  ") and first.endswith("▸ 启动代理 2.0s")
+    # Names line up by cells: the step column starts at the same cell for every host.
+    assert cells(render_row(rows[1], 2.0, 6, columns, color=False).split("✗")[0]) == cells(first.split("…")[0])
+
+
+def test_the_live_view_moves_up_exactly_the_rows_it_drew_with_wide_characters(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(progress.shutil, "get_terminal_size", lambda fallback: os.terminal_size((40, 24)))
+    term = FakeTerminal()
+    reporter = progress.make_console(stream=term).reporter
+    reporter.run_started(["节点一", "gpu-2"])
+    for step in ("准备主机", "安装组件", "启动代理"):
+        reporter.step_started("节点一", step)
+        reporter.step_finished("节点一", step, "ok", 1.0)
+    reporter.step_finished("gpu-2", "准备", "failed", 1.0, "磁盘已满" * 20)
+    reporter.run_finished()
+    drawn = ANSI.sub("", term.getvalue().split("\033[2F")[-1]).splitlines()
+    assert len(drawn) == 2 and all(cells(line) <= 39 for line in drawn), drawn
 
 
 def test_the_live_view_redraws_its_rows_in_place(monkeypatch):
