@@ -65,8 +65,8 @@ def nodes_failed(gate_failed: str | None, mig_failed: dict[str, str]) -> HostsFa
         if mig_failed else []
     if gate_failed:
         parts.append(gate_failed)
-        hints.append("see the gate: lines above (the reason is also on the node, annotation bootstrap.k3s/gate-reason); "
-                     "fix or replace the machine (`bootstrap rebuild`), then `bootstrap up`")
+        hints.append("see the gate: lines above (the reason is also on the node, annotation "
+                     "bootstrap.k3s/gate-reason); fix or replace the machine (`bootstrap rebuild`), then `bootstrap up`")
     return HostsFailed("; ".join(parts), "; ".join(hints))
 
 
