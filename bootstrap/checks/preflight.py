@@ -184,7 +184,11 @@ CLOCK_FIX = ("turn on time synchronisation on the host (sudo timedatectl set-ntp
 
 def check_clock_skew(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:
     """Each host's clock against the others' (their median), as read at the end of the
-    probe; a few hundred milliseconds are the network's, not the clock's."""
+    probe; a few hundred milliseconds are the network's, not the clock's. The median is the
+    peers' word: a host reporting a clock far off moves it (of two nodes, both are then off
+    from it), so a node fails only when its own clock is off from this machine's as well
+    (`clock_offset_s`: its clock less this machine's when its answer came); off from the
+    others alone, it is a warning."""
     offsets = {n.name: facts[n.name].clock_offset_s for n in inventory.nodes
                if n.name in facts and facts[n.name].clock_offset_s is not None}
     if len(offsets) < 2:
@@ -195,10 +199,13 @@ def check_clock_skew(inventory: Inventory, facts: dict[str, HostFacts]) -> list[
         skew = offset - median
         if abs(skew) < CLOCK_WARN_S:
             continue
-        severity = "error" if abs(skew) >= CLOCK_FAIL_S else "warning"
+        own = abs(offset) >= CLOCK_FAIL_S  # this machine's clock says so too
+        severity = "error" if abs(skew) >= CLOCK_FAIL_S and own else "warning"
+        agrees = "" if own or abs(skew) < CLOCK_FAIL_S else \
+            f"; this machine's clock is within {CLOCK_FAIL_S:.0f} s of it, so another clock may be the one off"
         findings.append(Finding(name, "clock", f"its clock is {abs(skew):.1f} s {'ahead of' if skew > 0 else 'behind'} "
-                                "the other nodes' (etcd and TLS certificates need clocks within a second or so)",
-                                CLOCK_FIX, severity))
+                                "the other nodes' (etcd and TLS certificates need clocks within a second or so)"
+                                + agrees, CLOCK_FIX, severity))
     return findings
 
 
@@ -281,14 +288,19 @@ def check_unique_hostnames(inventory: Inventory, facts: dict[str, HostFacts]) ->
     for node in inventory.nodes:
         if node.name in facts and facts[node.name].hostname:
             by_hostname[facts[node.name].hostname].append(node.name)
+    # A warning only: a hostname is each host's own answer, which a rented host may copy from
+    # another to stop it, and k3s does not go by it here: every node registers under its
+    # inventory name (config.yaml's node-name, bootstrap.host.plan.k3sconfig), whose node
+    # password and etcd member name are keyed by that name.
     findings = []
     for hostname, names in by_hostname.items():
         if len(names) > 1:
             for name in names:
                 findings.append(Finding(name, "hostname",
-                                        f"hostname {hostname!r} is shared by {', '.join(names)}; duplicate "
-                                        "hostnames break k3s node passwords on re-join",
-                                        f"on {name}: sudo hostnamectl set-hostname {name}"))
+                                        f"hostname {hostname!r} is shared by {', '.join(names)} (each joins under "
+                                        "its inventory name, so k3s tells them apart; logs and tools that go by "
+                                        "hostnames may not)",
+                                        f"on {name}: sudo hostnamectl set-hostname {name}", "warning"))
     return findings
 
 

@@ -110,6 +110,21 @@ def test_clock_skew_is_a_warning_from_a_second_and_an_error_from_thirty():
     assert [(f.node, f.severity) for f in check_clock_skew(inventory, skewed)] == [("gpu-2", "error")]
 
 
+def test_a_host_reporting_a_clock_far_off_fails_itself_never_an_honest_node():
+    """The median is the peers' word: with two nodes, one reporting 95 s had put both 47.5 s
+    off it and failed the honest server too. A node fails only when this machine's clock also
+    says it is off; the other way round (this machine's clock wrong, the nodes agreeing) no node fails."""
+    two = parse_inventory(PUBLIC.replace("  - {name: gpu-2, address: 192.0.2.31, provider: runpod}\n", ""))
+    found = check_clock_skew(two, {"cp-1": nat_host("cp-1", clock_offset_s=0.1),
+                                   "gpu-1": nat_host("gpu-1", clock_offset_s=95.0)})
+    assert {(f.node, f.severity) for f in found} == {("cp-1", "warning"), ("gpu-1", "error")}
+    (honest,) = [f for f in found if f.node == "cp-1"]
+    assert "this machine's clock is within 30 s of it" in honest.message
+    # this machine 100 s behind every node, the nodes together: nothing to say
+    assert check_clock_skew(two, {"cp-1": nat_host("cp-1", clock_offset_s=100.1),
+                                  "gpu-1": nat_host("gpu-1", clock_offset_s=100.3)}) == []
+
+
 def test_servers_at_several_providers_behind_nat_cannot_form_etcd_and_rdma_does_not_cross_providers():
     three = PUBLIC.replace("gpu-1, address: 203.0.113.21,", "gpu-1, address: 203.0.113.21, role: server,") \
                   .replace("gpu-2, address: 192.0.2.31,", "gpu-2, address: 192.0.2.31, role: server,")
