@@ -49,7 +49,7 @@ _WORD_TREE = (r"t(?:oken)|p(?:ass(?:word|wd|phrase)|rivate[-_]?key|reshared[-_]?
 # Its first character is read first, the class the engine skips ahead by (a lookbehind first
 # would make it try every position); the word is then looked for from that character on
 # (a lookahead inside a one-character lookbehind).
-_SECRET_NAME = (r"[\w.-](?<![\w.-].)(?:(?<=(?P<dash>-)))?"
+_SECRET_NAME = (r"[\w.-](?<![\w.-].)(?:(?<=(?P<dash>-)))?+"
                 r"(?:(?<=(?=[\w.-]*?(?:" + _WORD_TREE + r"))[\w.-])[\w.-]*+"
                 r"|(?<=a)uth(?:orization)?(?![\w.-])|(?<=p)roxy-authorization(?![\w.-]))")
 # An HTTP authorization scheme before the credentials it names (`Authorization: Bearer x`).

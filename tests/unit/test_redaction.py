@@ -18,7 +18,7 @@ from bootstrap.redaction import MARK, MAX_LINE_CHARS, Redactor, go_quoted
 SIZE = 2 * 1024 * 1024
 # Shapes that made the old patterns backtrack (a line of '-' took 8 s for 16 KiB), and shapes
 # that start every net's match at every character: names, separators, quotes, markers.
-SHAPES = ["-", "=", '"', "'", "key=", "a:", "a.", "- ", "-\t", " ", "\\", "a", "tok_", "--token", "--token ",
+SHAPES = ["-", "=", '"', "'", "key=", "a:", "a.", "- ", "a ", " ", "\\", "a", "tok_", "--token", "--token ",
           "TOKEN=", "token: ", "token:", "password=", '"token":"\\', '"auth":"', "auth ", "bearer ", "Bearer",
           "://a:", "@", "K10" + "ab" * 32 + "::", "-----BEGIN ", "-----BEGIN A PRIVATE KEY-----",
           "authorization: basic ", "password: x ,"]
@@ -29,7 +29,7 @@ def adversarial(shape: str, width: int) -> str:
     return "\n".join([line] * max(1, SIZE // (width + 1)))
 
 
-@pytest.mark.parametrize("width", [80, 4096, SIZE])
+@pytest.mark.parametrize("width", [80, SIZE])  # many short lines; one line, cut at MAX_LINE_CHARS
 @pytest.mark.parametrize("shape", SHAPES)
 def test_two_mib_of_any_shape_is_redacted_in_well_under_a_second(shape, width):
     redactor = Redactor()
