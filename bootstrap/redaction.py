@@ -3,12 +3,16 @@
 Two nets, both always on:
 - by value: every secret the tool knows (the join tokens and kubeconfig keys in the state
   folder, the registry, S3 and SSH credentials the inventory names), wherever it appears,
-  in any form it is commonly written in (as is, base64 of it, the password part of a k3s
-  `K10<hash>::server:<password>` token);
-- by name: the value after a key that names a secret (`token:`, `"password": ...`,
-  `etcd-s3-secret-key=...`, `client-key-data:`, `auth = ...`), and anything shaped like a k3s
-  secure token or a PEM private key, whether the tool knows the value or not (a host's file
-  may hold a secret the tool never saw).
+  in any form it is commonly written in (as is, escaped in a JSON, TOML or YAML string or a
+  URL, base64 of it, the password part of a k3s `K10<hash>::server:<password>` token);
+- by name: the value after a name that holds a secret (`token:`, `"password": ...`,
+  `etcd-s3-secret-key=...`, `--agent-token x`, `PrivateKey = ...`, `apikey=...`,
+  `{"auth":"..."}`, `Authorization: Bearer ...`), and anything shaped like a bearer token, a
+  URL's `user:password@`, a k3s secure token or a PEM private key, whether the tool knows the
+  value or not (a host's file may hold a secret the tool never saw).
+
+A host writes what it likes into its journal and files, so every net is linear in the text
+(see the patterns' comment) and a line longer than MAX_LINE_CHARS is cut (`_cut`).
 """
 
 from __future__ import annotations
