@@ -195,8 +195,12 @@ def pull_in_background_lines(images: list[str], watches_folder: bool | None) -> 
               f"printf '%s\\n' {refs} > \"$l.part\" && mv -f \"$l.part\" \"$l\"",
               pin_when_pulled(names)]
     # Detached from the session (setsid, no terminal, no open output): the command returns
-    # while the pulls go on; one failing does not stop the others.
-    pull_and_pin = 'for i in "$@"; do k3s crictl pull "$i" >/dev/null 2>&1; done; ' + pin_lines('"$@"')
+    # while the pulls go on; one failing does not stop the others. They end by the list's
+    # deadline (PULLS_DEADLINE_S): a registry that stalls a pull (crictl sets none) would
+    # otherwise keep the helper on the host for good.
+    pull_and_pin = (f'end=$(($(date +%s) + {PULLS_DEADLINE_S})); for i in "$@"; do left=$((end - $(date +%s))); '
+                    '[ $left -gt 0 ] || break; timeout $left k3s crictl pull "$i" >/dev/null 2>&1; done; '
+                    + pin_lines('"$@"'))
     pulled = [f"setsid sh -c {shlex.quote(pull_and_pin)} pull {names} </dev/null >/dev/null 2>&1 &"]
     if watches_folder is None:
         return [f"if k3s --version 2>/dev/null | {WATCHES_FOLDER_AWK}; then", *listed, "else", *pulled, "fi"]

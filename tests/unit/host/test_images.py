@@ -335,3 +335,29 @@ def test_up_says_which_gpu_node_is_still_downloading_what():
     everything = held + tuple(prepull_images(inv))
     assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)}, gpu_nodes(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=everything)})) == []
     assert download_lines(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)}, gpu_nodes(inv, {**facts, "gpu-1": replace(facts["gpu-1"], images=None)})) == []  # k3s not read
+
+
+def test_the_detached_pulls_of_an_older_k3s_end_by_the_deadline(tmp_path, monkeypatch):
+    """A k3s that does not watch agent/images gets detached `crictl pull`s: a registry that
+    stalls one (crictl's pull has no time-out of its own) had kept the helper on the host for
+    good. Each pull gets what is left of PULLS_DEADLINE_S, and what was pulled is pinned after."""
+    import subprocess
+    import time
+
+    from bootstrap.host.parts import k3s_images
+
+    monkeypatch.setattr(k3s_images, "PULLS_DEADLINE_S", 2)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "k3s").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\n"
+                                "[ \"$1 $2\" = 'crictl pull' ] && exec sleep 300\nexit 0\n")
+    (bindir / "k3s").chmod(0o755)
+    (line,) = k3s_images.pull_in_background_lines(["busybox:1.36", "ghcr.io/example/train:1.0"], watches_folder=False)
+    assert line.startswith("setsid sh -c ") and line.endswith(" &")
+    started = time.monotonic()
+    subprocess.run(["sh", "-c", line.removeprefix("setsid ").removesuffix(" &")], timeout=60, check=True,
+                   env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    assert time.monotonic() - started < 10
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == "crictl pull docker.io/library/busybox:1.36"  # the second: no time left
+    assert "ctr -n k8s.io images label docker.io/library/busybox:1.36 io.cri-containerd.pinned=pinned" in calls[-2]
