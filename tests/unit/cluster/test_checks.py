@@ -140,3 +140,18 @@ def test_the_first_waiting_container_says_why_init_containers_first():
                                                                                             "message": 7}}}]}
     assert _waiting(status) == ("ErrImagePull", "")
     assert _waiting({"containerStatuses": {"state": "x"}}) == ("", "")
+
+
+def test_a_node_whose_mig_profiles_were_not_read_gets_a_request_not_an_index_error():
+    # MIG mixed names the MIG resources from the node's own profile table; without one the
+    # list was empty and the gang job and the GPU pods raised IndexError for the whole run.
+    from bootstrap.cluster.checks import gang_job, gpu_request
+
+    inventory = inv("{sharing: {mig: {layout: all-balanced, strategy: mixed}}}")
+    unread = replace(H200, mig_profiles=[])
+    assert expected_gpu_resources(inventory, inventory.node("g"), unread) == {}
+    assert gpu_request(inventory, inventory.node("g"), unread) == "nvidia.com/gpu"
+    assert gpu_request(inventory, inventory.node("g"), H200) == "nvidia.com/mig-1g.18gb"
+    job = gang_job(inventory, [inventory.node("g")], {"g": unread})
+    limits = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "1"}
