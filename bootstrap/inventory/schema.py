@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootstrap.inventory import model as m
+from bootstrap.inventory import go_duration, model as m
 from bootstrap.inventory.addresses import DNS_LABEL, SSH_USER, endpoint_error, host_error, ip_error, jump_error, url_error
 from bootstrap.inventory.cron import schedule_error
 from bootstrap.inventory.kube import label_value_error, node_label_key_error, taint_error
@@ -214,6 +214,37 @@ def _eviction_once(values: dict, path: Path, ck: Checker) -> None:
                        f"remove it and set each argument here")
 
 
+_GRACE_ARG = "node-monitor-grace-period"
+GRACE_FLOOR_REASON = (f"a node is marked lost {NODE_MONITOR_GRACE_MIN_S} s after its last status at the earliest: "
+                      "a healthy kubelet may take 45 s to drop a stalled connection to the API server "
+                      "(kubernetes/kubernetes#121793; 50 s is kube-controller-manager's default since "
+                      "v1.32, kubernetes/kubernetes#126287), and an earlier eviction would evict every "
+                      "pod of that healthy node")
+
+
+def _grace_period_floor(values: dict, path: Path, ck: Checker) -> None:
+    """The floor k3s.lost_node_eviction_s keeps holds for the raw argument too: a
+    node-monitor-grace-period under server_config below NODE_MONITOR_GRACE_MIN_S, in any form
+    Go's ParseDuration reads (20s, 1m, 500ms, 1m30s), is refused with the reason."""
+    server_config = values.get("server_config") if isinstance(values.get("server_config"), dict) else {}
+    flag = "kube-controller-manager-arg"
+    if flag not in server_config or values.get("lost_node_eviction_s") is not None:
+        return  # with the key set, _eviction_once refuses the argument already
+    listed = isinstance(server_config[flag], list)
+    for i, arg in enumerate(component_args(server_config[flag])):
+        _, eq, text = str(arg).partition("=")
+        if arg_name(arg) != _GRACE_ARG or not eq:
+            continue
+        where = path + ("server_config", flag) + ((i,) if listed else ())
+        value = go_duration.seconds(text)
+        if value is None:
+            ck.problem(where, f"{_GRACE_ARG}={text} is not a duration kube-controller-manager reads",
+                       f"write a Go duration of at least {NODE_MONITOR_GRACE_MIN_S}s, e.g. {_GRACE_ARG}=60s")
+        elif value < NODE_MONITOR_GRACE_MIN_S:
+            ck.problem(where, f"{_GRACE_ARG}={text} is below the minimum of {NODE_MONITOR_GRACE_MIN_S}s: "
+                       f"{GRACE_FLOOR_REASON}", f"write {_GRACE_ARG}={NODE_MONITOR_GRACE_MIN_S}s or more")
+
+
 K3S = Record(
     fields={
         "version": Field(Str(pattern=K3S_VERSION, expected="a k3s release", example="v1.33.5+k3s1")),
@@ -233,16 +264,12 @@ K3S = Record(
         # NODE_MONITOR_GRACE_MIN_S (a kubelet's stalled connection), so neither is the total.
         "lost_node_eviction_s": Field(Int(
             min=NODE_MONITOR_GRACE_MIN_S, max=3600, expected="seconds", example="60",
-            min_reason=(f"a node is marked lost {NODE_MONITOR_GRACE_MIN_S} s after its last status at the earliest: "
-                        "a healthy kubelet may take 45 s to drop a stalled connection to the API server "
-                        "(kubernetes/kubernetes#121793; 50 s is kube-controller-manager's default since "
-                        "v1.32, kubernetes/kubernetes#126287), and an earlier eviction would evict every "
-                        "pod of that healthy node"))),
+            min_reason=GRACE_FLOOR_REASON)),
         "server_config": Field(k3s_flags("server")),
         "agent_config": Field(k3s_flags("agent")),
     },
     build=m.K3sSettings,
-    checks=[_version_xor_channel, _eviction_once],
+    checks=[_version_xor_channel, _eviction_once, _grace_period_floor],
 )
 
 

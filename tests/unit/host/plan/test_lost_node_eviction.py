@@ -94,11 +94,11 @@ def test_the_shipped_spot_inventory_keeps_a_50_s_grace_period():
 def test_a_users_argument_of_the_same_name_wins_and_is_not_written_twice():
     server, _ = server_and_agent(inventory(
         '{server_config: {kube-apiserver-arg: ["--default-unreachable-toleration-seconds=30", "audit-log-maxage=7"], '
-        'kube-controller-manager-arg: "node-monitor-grace-period=45s"}, agent_config: {kubelet-arg: '
+        'kube-controller-manager-arg: "node-monitor-grace-period=90s"}, agent_config: {kubelet-arg: '
         '["shutdown-grace-period=90s"]}}'))
     assert server["kube-apiserver-arg"] == ["default-not-ready-toleration-seconds=10",
                                             "--default-unreachable-toleration-seconds=30", "audit-log-maxage=7"]
-    assert server["kube-controller-manager-arg"] == ["node-monitor-grace-period=45s"]
+    assert server["kube-controller-manager-arg"] == ["node-monitor-grace-period=90s"]
     _, agent = server_and_agent(inventory('{agent_config: {kubelet-arg: ["shutdown-grace-period=90s"]}}'))
     assert agent["kubelet-arg"] == ["shutdown-grace-period-critical-pods=10s", "shutdown-grace-period=90s"]
     assert [k3s_flags.arg_name(a) for a in ("--a=1", "a+=2", "a-=3", "a")] == ["a"] * 4  # k3s's GetArgs
@@ -130,3 +130,34 @@ def test_the_key_and_the_same_argument_under_server_config_are_refused_with_the_
 def test_a_value_out_of_range_is_refused(value, words):
     (found,) = problems(f"{{lost_node_eviction_s: {value}}}")
     assert found.path == "k3s.lost_node_eviction_s" and words in found.message
+
+
+@pytest.mark.parametrize("value", ["20s", "45s", "500ms", "49.9s", "0.5m", "40s", "-60s", "0", "+30s", "49s999ms",
+                                   "49000000us"])
+def test_a_raw_grace_period_below_the_floor_is_refused_at_load_with_the_reason(value):
+    """The floor of k3s.lost_node_eviction_s holds for the argument written by hand under
+    server_config too, in every form Go's ParseDuration reads."""
+    (found,) = problems(f'{{server_config: {{kube-controller-manager-arg: ["audit-log-maxage=7", '
+                        f'"--node-monitor-grace-period={value}"]}}}}')
+    assert found.path == "k3s.server_config.kube-controller-manager-arg[1]" and found.line == 2
+    assert found.message.startswith(f"node-monitor-grace-period={value} is below the minimum of 50s: ")
+    assert "kubernetes/kubernetes#121793" in found.message and "healthy" in found.message
+    assert found.hint == "write node-monitor-grace-period=50s or more"
+
+
+def test_a_raw_grace_period_of_one_value_is_checked_too():
+    (found,) = problems('{server_config: {kube-controller-manager-arg: "node-monitor-grace-period+=30s"}}')
+    assert found.path == "k3s.server_config.kube-controller-manager-arg" and "below the minimum of 50s" in found.message
+
+
+@pytest.mark.parametrize("value", ["50s", "1m", "1m30s", "0.84h", "50000ms", "3000000000us", "1h2m3.5s", "50.s"])
+def test_a_raw_grace_period_at_or_above_the_floor_is_kept(value):
+    server, _ = server_and_agent(inventory(f'{{server_config: {{kube-controller-manager-arg: '
+                                           f'"node-monitor-grace-period={value}"}}}}'))
+    assert server["kube-controller-manager-arg"] == [f"node-monitor-grace-period={value}"]
+
+
+@pytest.mark.parametrize("value", ["60", "1x", ".s", "", "1m 30s", "99999999999h"])
+def test_a_raw_grace_period_go_does_not_read_is_refused(value):
+    (found,) = problems(f'{{server_config: {{kube-controller-manager-arg: "node-monitor-grace-period={value}"}}}}')
+    assert found.message == f"node-monitor-grace-period={value} is not a duration kube-controller-manager reads"
