@@ -28,7 +28,7 @@ def gpu_nodes(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Node]:
     return [n for n in inventory.nodes if is_gpu_node(inventory, n, facts.get(n.name))]
 
 
-def _named_gpu_node(node: Node) -> bool:
+def named_gpu_node(node: Node) -> bool:
     """The inventory names this node a GPU node: gpu.enabled: true, or a GPU setting of its
     own (sharing, count) without gpu.enabled: false."""
     return node.gpu.enabled is True or (node.gpu.enabled is None and node.gpu != NodeGpu())
@@ -43,7 +43,7 @@ def gpu_cluster(inventory: Inventory, facts: dict[str, HostFacts]) -> bool:
     claim: one line of PCI output changes no other host. A `charts.gpu_operator` pin is no
     such word: an air-gapped inventory pins every chart it brings (the tests' lab does)."""
     asked = (inventory.gpu.written or inventory.gpu != GpuSettings() or inventory.validate.nccl is not None
-             or any(_named_gpu_node(n) for n in inventory.nodes))
+             or any(named_gpu_node(n) for n in inventory.nodes))
     return asked or any(is_gpu_node(inventory, n, facts.get(n.name)) for n in inventory.servers)
 
 

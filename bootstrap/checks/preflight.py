@@ -15,7 +15,7 @@ from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER_DIR
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks import cuda, machine_kind, mig
-from bootstrap.topology import Topology, is_gpu_node, resolve_topology
+from bootstrap.topology import Topology, is_gpu_node, named_gpu_node, resolve_topology
 from bootstrap.host.parts.manifest import MANIFEST
 from bootstrap.checks.ownership import ownership
 from bootstrap.checks.gpu_health import health_issues
@@ -241,13 +241,37 @@ def check_providers(inventory: Inventory, facts: dict[str, HostFacts], gpu: list
                 "keep every server at one provider (they share its private network) and spread the agents, or "
                 "use servers whose public address is on their own interface"))
     if inventory.network.rdma:
-        groups = provider_groups(gpu)
-        if len(groups) > 1:
-            findings.append(Finding(
-                inventory.nodes[0].name, "rdma", "RDMA does not cross providers: the GPU nodes are at "
-                + ", ".join(f"{p} ({', '.join(n.name for n in ns)})" for p, ns in groups.items()),
-                "remove network.rdma, or keep the RDMA nodes at one provider in a cluster of their own"))
+        findings += rdma_across_providers(inventory, gpu)
     return findings
+
+
+def _layout(groups: dict[str, list[Node]]) -> str:
+    return ", ".join(f"{p} ({', '.join(n.name for n in ns)})" for p, ns in groups.items())
+
+
+def rdma_across_providers(inventory: Inventory, gpu: list[Node]) -> list[Finding]:
+    """RDMA stays within one provider. The GPU nodes the operator named (and the GPU servers,
+    whose operator holds the cluster) set where: split among providers, that is the
+    inventory's error. An agent that is a GPU node only by its own GPUs is judged alone: at
+    another provider it fails itself (host-error), and with no named GPU node to say where
+    RDMA runs it is a warning of its own, so one host's PCI line never stops the run."""
+    named = [n for n in gpu if n.role == Role.SERVER or named_gpu_node(n)]
+    groups = provider_groups(named)
+    if len(groups) > 1:
+        return [Finding(inventory.nodes[0].name, "rdma", "RDMA does not cross providers: the GPU nodes are at "
+                        + _layout(groups), "remove network.rdma, or keep the RDMA nodes at one provider in a "
+                        "cluster of their own")]
+    claimed = provider_groups([n for n in gpu if n not in named])
+    if not groups:  # nothing the operator wrote says where RDMA runs: each claimant is told
+        split = len(claimed) > 1
+        return [Finding(n.name, "rdma", "RDMA does not cross providers, and the nodes whose own GPUs make them "
+                        f"GPU nodes are at {_layout(claimed)}", "name the RDMA nodes GPU nodes (nodes[].gpu: "
+                        "{enabled: true}) at one provider, the others gpu: {enabled: false}", "warning")
+                for ns in claimed.values() if split for n in ns]
+    return [Finding(n.name, "rdma", f"its own GPUs make it a GPU node at {p}, and RDMA does not cross providers: "
+                    f"the RDMA nodes are at {_layout(groups)}", "set gpu: {enabled: false} on this node (it joins "
+                    "without its GPUs), or move it to that provider", "host-error")
+            for p, ns in claimed.items() if p not in groups for n in ns]
 
 
 def check_node_addresses(inventory: Inventory, facts: dict[str, HostFacts]) -> list[Finding]:

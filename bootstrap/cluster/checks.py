@@ -461,9 +461,13 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
         # Beside the workers: its ssh to their sshd leaves from one of the measured nodes
         # (pod traffic to a node's address is masqueraded to its node's own), never from
         # another provider's or a CPU node, whose path the reachability check did not probe.
+        # By the Node's name, never its kubernetes.io/hostname label: a kubelet may write that
+        # label on its own Node (NodeRestriction lets it), so any node could have claimed a
+        # measured node's hostname and drawn the launcher, and with it the private key that
+        # logs in to every worker (nccl_ssh).
         launcher_pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [n.name for n in gpu_nodes]}]}]}}}
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [n.name for n in gpu_nodes]}]}]}}}
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "nccl", "namespace": NAMESPACE},
             "spec": {"minAvailable": workers + 1, "schedulerName": "volcano",

@@ -211,3 +211,48 @@ def test_plan_names_the_mode_and_each_probe_and_status_groups_nodes_by_provider(
     text = render_status(report)
     assert text.index("provider hetzner (fsn1):") < text.index(next(t for t in text if t.startswith("gpu-3")))
     assert text.index("provider lambda (us-east-1):") > text.index(next(t for t in text if t.startswith("gpu-3")))
+
+
+RDMA_AT_LAMBDA = PUBLIC.replace("network: {mode: public}", "network: {mode: public, rdma: {interfaces: [ib0]}}") \
+                       .replace("provider: lambda,", "provider: lambda, gpu: {enabled: true},")
+
+
+def claiming(*names):
+    """The hosts' facts, with `names` reporting an NVIDIA GPU on their PCI bus (their own claim)."""
+    from bootstrap.host.facts.host_facts import PciDevice  # imported here: only these tests claim GPUs
+
+    gpu = [PciDevice("0000:00:06.0", "0x2335", "0x030200")]
+    return {n: nat_host(n, nvidia_pci=gpu if n in names else []) for n in PRIVATE}
+
+
+def rdma_findings(inventory, facts_):
+    return sorted((f.node, f.severity) for f in preflight(inventory, facts_) if across(f))
+
+
+def across(finding):
+    return finding.check == "rdma" and "cross providers" in finding.message
+
+
+def test_an_agent_whose_own_gpus_put_it_at_another_provider_fails_alone_never_the_server():
+    """gpu-1 is named a GPU node at lambda; gpu-2's PCI line makes it one at runpod. Only
+    gpu-2 fails (host-error: left out, the others go on); before, cp-1 carried the RDMA error
+    and the run stopped for everyone."""
+    inventory = parse_inventory(RDMA_AT_LAMBDA)
+    assert rdma_findings(inventory, claiming("gpu-2")) == [("gpu-2", "host-error")]
+    (found,) = [f for f in preflight(inventory, claiming("gpu-2")) if across(f)]
+    assert "runpod" in found.message and "lambda (gpu-1)" in found.message and "enabled: false" in found.fix
+    assert rdma_findings(inventory, claiming()) == []  # no claim: nothing to say
+
+
+def test_gpu_nodes_by_their_own_claim_alone_at_two_providers_are_each_warned():
+    """Nothing the operator wrote says where RDMA runs (a gpu: section only): each claimant is
+    told, none stops the run."""
+    inventory = parse_inventory(PUBLIC.replace("network: {mode: public}",
+                                               "network: {mode: public, rdma: {interfaces: [ib0]}}\ngpu: {}"))
+    assert rdma_findings(inventory, claiming("gpu-1", "gpu-2")) == [("gpu-1", "warning"), ("gpu-2", "warning")]
+    assert rdma_findings(inventory, claiming("gpu-2")) == []
+
+
+def test_named_gpu_nodes_at_two_providers_are_still_the_inventorys_error():
+    inventory = parse_inventory(RDMA_AT_LAMBDA.replace("provider: runpod", "provider: runpod, gpu: {enabled: true}"))
+    assert rdma_findings(inventory, claiming()) == [("cp-1", "error")]

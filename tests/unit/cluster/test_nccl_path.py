@@ -164,8 +164,10 @@ def test_open_mpi_is_pinned_to_the_node_ip_interfaces_and_the_port_block_the_rea
     low, high = nccl_ports.PINNED
     assert low <= 12030 and 12061 < 12070 and 12070 + 64 - 1 <= high == 12133 and low == NCCL_SSH_PORT
     placement = spec(job, "launcher")["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert placement["nodeSelectorTerms"][0]["matchExpressions"] == [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["a", "b"]}]
+    # By the Node's name: a kubelet may write its own Node's kubernetes.io/hostname label, so
+    # a node claiming "a" as its hostname would have drawn the launcher and its private key.
+    assert placement["nodeSelectorTerms"] == [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}]
     # Off the host network (an address unknown) nothing is pinned: the pods' own network carries it.
     unknown = {"a": host("10.0.0.2", "ens5"), "b": replace(H200, addresses=None)}
     words = shlex.split(spec(nccl_job(inv, nodes, unknown), "launcher")["containers"][0]["command"][2])
