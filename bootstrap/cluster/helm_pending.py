@@ -100,6 +100,12 @@ def recovery(name: str, history: list[Revision], now: datetime, settle_s: int) -
         return Recovery(REFUSE, f"{said}; {why}, so a Helm may still be running it", wait_s=wait)
     deployed = [r for r in history if r.status == "deployed"]
     if last.status == "pending-install" and not any(r.status in WAS_DEPLOYED for r in history):
+        # "Never deployed" holds only of a whole history: `--max` shows the newest revisions,
+        # and Helm prunes the oldest (pkg/storage/storage.go, removeLeastRecent), so a history
+        # that does not run from revision 1 without a gap may hide a deployed one.
+        if [r.number for r in history] != list(range(1, len(history) + 1)):
+            return Recovery(REFUSE, f"{said}; its history from revision {history[0].number} on shows no deployed "
+                                    "revision, but the older ones are not shown, so it may have been deployed")
         return Recovery(UNINSTALL, f"{said}; it was never deployed, so it is uninstalled and installed again")
     if last.status == "pending-upgrade" and deployed:
         target = deployed[-1].number

@@ -37,6 +37,19 @@ def test_a_pending_install_after_a_deployed_revision_is_refused():
     assert decide(history("superseded", "uninstalled", "pending-install")).action == hp.REFUSE
 
 
+def test_a_pending_install_whose_older_revisions_are_not_shown_is_refused():
+    """`helm history --max` shows the newest revisions only (and Helm prunes the oldest): a
+    history that does not start at revision 1 may hide a deployed one, so nothing is uninstalled."""
+    cut = history(*["failed"] * (hp.HISTORY_MAX - 1), "pending-install")
+    for i, entry in enumerate(cut):
+        entry["revision"] = 40 + i  # revisions 1-39, a deployed one among them, are not shown
+    found = decide(cut)
+    assert found.action == hp.REFUSE and "not shown" in found.said
+    gap = history("failed", "failed", "pending-install")
+    gap[2]["revision"] = 4  # revisions 1, 2, 4: revision 3 is not shown
+    assert decide(gap).action == hp.REFUSE
+
+
 def test_a_pending_upgrade_is_rolled_back_to_the_revision_still_deployed():
     found = decide(history("superseded", "deployed", "pending-upgrade"))
     assert (found.action, found.to_revision) == (hp.ROLLBACK, 2)
