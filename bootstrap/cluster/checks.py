@@ -561,14 +561,21 @@ def checks_namespace(cluster: Cluster):
         space.left_on = cleanup(cluster, space.name)
 
 
+# The names checks_namespace gives (and the fixed one of older versions). The label alone does
+# not make a namespace ours: anyone who may patch namespaces can put it on one (a chart's
+# ServiceAccount, a mistaken kubectl label), and a namespace deleted here takes its volumes.
+_OUR_NAMESPACE = re.compile(re.escape(NAMESPACE) + r"(?:-[0-9a-f]{8})?", re.ASCII)
+
+
 def delete_earlier(cluster: Cluster) -> None:
-    """Delete the checks' namespaces earlier runs left (the fixed one of older versions too)."""
+    """Delete the checks' namespaces earlier runs left (the fixed one of older versions too):
+    those labelled PART_OF whose name is one checks_namespace gives, never another."""
     selector = ",".join(f"{k}={v}" for k, v in PART_OF.items())
     status, listed = request(cluster, "GET", "/api/v1/namespaces", query=[("labelSelector", selector)])
     listed = listed if status < 300 and isinstance(listed, dict) else {}
     names = {(n.get("metadata") or {}).get("name") for n in _dicts(listed.get("items"))
              if (n.get("status") or {}).get("phase") != "Terminating"}
-    for name in sorted(n for n in names | {NAMESPACE} if isinstance(n, str)):
+    for name in sorted(n for n in names | {NAMESPACE} if isinstance(n, str) and _OUR_NAMESPACE.fullmatch(n)):
         request(cluster, "DELETE", f"/api/v1/namespaces/{name}")
 
 
