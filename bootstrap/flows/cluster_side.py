@@ -13,6 +13,7 @@ from bootstrap.cluster.apply import apply_cluster
 from bootstrap.cluster.client import connect as connect_to_cluster
 from bootstrap.cluster.read_ahead import remember
 from bootstrap.cluster.components.cluster_plan import plan_cluster
+from bootstrap.cluster.components.rdma import warning_lines as rdma_warning_lines
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, HostsFailed
 from bootstrap.flows.gate import failure, gate_phase
 from bootstrap.flows.run import Run
@@ -43,6 +44,7 @@ def cluster_phase(run: Run, *, validate: bool, hosts_changed: bool = True,
         remember(run.state, summary.pop("compared"))
         mig_failed = summary.pop("mig_failed", {})  # each node's own: the others went on
         run.console.say_lines(f"mig: {why}" for why in mig_failed.values())
+        run.console.say_lines(rdma_warning_lines(run.inventory, run.settled_facts()))  # each node's own
         gate_failed = failure(gate_phase(run, cluster, summary.pop("nodes", None), mig_failed))
     for line in download_lines(run.inventory, run.settled_facts(), run.topology.gpu_nodes_of(run.inventory)):  # k3s pulls them in the background
         run.console.say(line)

@@ -252,6 +252,11 @@ def check_derived_names(data: dict, nodes: list, located: Located, ck: Checker) 
                        "which is not a DNS label", "name the interface as the host does, e.g. ibp26s0")
     report_duplicates(nads, "RDMA interface", "two interface names may not differ only in case or in '.', '_' "
                       "and '-': each gets its own NetworkAttachmentDefinition", located, ck, derived=True)
+    named = {name for _, name in interfaces}
+    for key in _as_dict(_as_dict(_as_dict(data.get("network")).get("rdma")).get("link_layer")):
+        if isinstance(key, str) and key not in named:  # a typo would leave the name to decide
+            ck.problem(("network", "rdma", "link_layer", key), f"link_layer names {key!a}, which is no RDMA interface",
+                       "use a name from network.rdma.interfaces or a node's rdma_interfaces", key=True)
     pods = [(("nodes", i, "name"), n["name"], derived_name("gpu-test-", n["name"])) for i, n in enumerate(nodes)
             if isinstance(n, dict) and isinstance(n.get("name"), str)]
     report_duplicates(pods, "node name", "give the nodes names that differ earlier", located, ck, derived=True)

@@ -208,6 +208,8 @@ class Rdma:
     interfaces: tuple[str, ...] = ()
     subnet: str | None = None
     resource_name: str = "rdma/rdma_shared_device_a"
+    # interface -> "infiniband" | "ethernet", where its name does not say (ib*: InfiniBand)
+    link_layer: dict = field(default_factory=dict)
 
 
 class NetworkMode(StrEnum):

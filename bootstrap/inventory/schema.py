@@ -410,6 +410,8 @@ NODE = Record(
     checks=[_server_is_trusted],
 )
 
+LINK_LAYERS = ("infiniband", "ethernet")  # network.rdma.link_layer's values
+
 RDMA = Record(
     fields={
         "mode": Field(Enum(("shared",), what="RDMA mode")),
@@ -418,6 +420,8 @@ RDMA = Record(
         "subnet": Field(Str(validator=cidr_error, example="192.168.100.0/24")),
         "resource_name": Field(Str(pattern=r"[a-z0-9.-]+/[a-z0-9_]+", expected="a resource name",
                                    example="rdma/rdma_shared_device_a")),
+        "link_layer": Field(MapOf(Str(pattern=INTERFACE, expected="an interface name", example="ibp26s0"),
+                                  Enum(LINK_LAYERS, what="link layer"))),
     },
     build=m.Rdma,
 )

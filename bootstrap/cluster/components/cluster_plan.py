@@ -38,7 +38,7 @@ def desired_prerequisites(inventory: Inventory, facts_by_node: dict[str, HostFac
 def desired_manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> list[dict]:
     manifests: list[dict | None] = []
     if inventory.network.rdma:
-        manifests += rdma.manifests(inventory, facts_by_node, rdma.cni_dirs(inventory, facts_by_node), gpu)
+        manifests += rdma.manifests(inventory, rdma.cni_dirs(inventory, facts_by_node), gpu)
     manifests.append(storage.nfs_storage_class(inventory))
     manifests += volcano.queues(inventory)
     return [m for m in manifests if m is not None]
@@ -51,11 +51,13 @@ def desired_patches(inventory: Inventory) -> list[Patch]:
 
 def node_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict[str, dict[str, str]]:
     """Every node's wanted labels: its provider and region, the inventory's own, then the
-    GPU-sharing ones (which win, since the operator acts on them), then the trust label."""
+    GPU-sharing ones (which win, since the operator acts on them), then the trust and RDMA
+    labels (the tool's own selectors)."""
     sharing = gpu_sharing.sharing_labels(inventory, facts_by_node, gpu)
     trusted = trust.trust_labels(inventory)
+    with_rdma = rdma.rdma_labels(inventory, facts_by_node)
     return {node.name: {**topology_labels(node), **{str(k): str(v) for k, v in node.labels.items()},
-                        **sharing.get(node.name, {}), **trusted.get(node.name, {})}
+                        **sharing.get(node.name, {}), **trusted.get(node.name, {}), **with_rdma.get(node.name, {})}
             for node in inventory.nodes}
 
 

@@ -22,12 +22,20 @@ from bootstrap.inventory.model import Component, Inventory, Node
 NAMESPACE = "kube-system"
 NAD_NAMESPACE = "default"
 CONFIGMAP = "rdma-devices"
-# k3s's CNI config dir (the kubelet's --cni-conf-dir under k3s); the bin dir is read per
-# cluster from containerd's generated config, since it moved between k3s releases.
+# k3s's CNI config dir (the kubelet's --cni-conf-dir under k3s); the bin dir is read from
+# containerd's generated config on the servers, since it moved between k3s releases.
 K3S_CNI_CONF_DIR = f"{K3S_DATA_DIR}/agent/etc/cni/net.d"
 DEFAULT_SUBNET = "172.29.0.0/16"  # used when network.rdma.subnet is not given
 RDMA_HCA_MAX = 63  # pods that may share one HCA; the value NVIDIA's Network Operator examples use
 PLUGIN_UPDATE_INTERVAL = 300  # seconds between device rescans (upstream example value)
+INFINIBAND, ETHERNET = "InfiniBand", "Ethernet"  # as sysfs spells ports/N/link_layer
+# Multus, whereabouts and the RDMA device plugin run only where this label is "true". The
+# tool sets it on every node, "false" where the node's own answers do not fit the cluster's
+# RDMA settings (node_problems). Under node-restriction.kubernetes.io/ so that a kubelet
+# cannot set it on its own Node (see bootstrap.cluster.components.trust).
+RDMA_LABEL = "node-restriction.kubernetes.io/bootstrap.k3s-rdma"
+RDMA_NODES = {RDMA_LABEL: "true"}
+SHOWN = 120  # characters of a host's answer quoted in a warning
 
 
 @dataclass(frozen=True)
@@ -36,21 +44,20 @@ class CniDirs:
     conf_dir: str = K3S_CNI_CONF_DIR
 
 
+def _bin_dir(facts: HostFacts | None) -> str | None:
+    return facts.containerd.cni_bin_dir if facts and facts.containerd else None
+
+
 def cni_dirs(inventory: Inventory, facts_by_node: dict[str, HostFacts], conf_dir: str = K3S_CNI_CONF_DIR) -> CniDirs:
-    """The CNI bin dir k3s's containerd uses: one chart value, so every node must agree."""
-    seen = {}
-    for node in inventory.nodes:
-        facts = facts_by_node.get(node.name)
-        if facts and facts.containerd and facts.containerd.cni_bin_dir:
-            seen.setdefault(facts.containerd.cni_bin_dir, []).append(node.name)
-    if not seen:
-        raise ComponentError("the CNI bin dir is unknown: no node's containerd config was read",
-                             "run `bootstrap facts` after k3s is installed on the nodes")
-    if len(seen) > 1:
-        where = "; ".join(f"{d} on {', '.join(names)}" for d, names in seen.items())
-        raise ComponentError(f"nodes use different CNI bin dirs ({where})",
-                             "upgrade k3s to one version on every node (from the October 2024 releases it is data/cni)")
-    return CniDirs(next(iter(seen)), conf_dir)
+    """The CNI bin dir k3s's containerd uses: one chart value for every node, so it is the
+    first server's answer (inventory order), never an agent's: whoever runs a server holds
+    the cluster anyway. A node that reports another is named by node_problems and left out
+    of RDMA; it never stops the others."""
+    for server in inventory.servers:
+        if found := _bin_dir(facts_by_node.get(server.name)):
+            return CniDirs(found, conf_dir)
+    raise ComponentError("the CNI bin dir is unknown: no server's containerd config was read",
+                         "run `bootstrap facts` after k3s is installed on the servers")
 
 
 # --- Multus + whereabouts -------------------------------------------------------------
@@ -70,8 +77,14 @@ def multus_values(dirs: CniDirs) -> dict:
             "multusAutoconfigDir": dirs.conf_dir,
         }},
         "rke2-whereabouts": {"enabled": True, "fullnameOverride": "whereabouts",
-                             "cniConf": {"confDir": dirs.conf_dir, "binDir": dirs.bin_dir}},
+                             "cniConf": {"confDir": dirs.conf_dir, "binDir": dirs.bin_dir},
+                             "nodeSelector": dict(RDMA_NODES)},
         "thickPlugin": {"enabled": False},
+        # Off the nodes left out of RDMA: on one whose containerd reads another bin dir,
+        # 00-multus.conf would name a binary it cannot find and no pod there would start.
+        # The thin DaemonSet's selector is labels.nodeSelector (rke2-multus
+        # templates/daemonSet.yaml); Helm merges it with the chart's kubernetes.io/os.
+        "labels": {"nodeSelector": dict(RDMA_NODES)},
     }
 
 
@@ -127,19 +140,71 @@ def plugin_manifests(inventory: Inventory, gpu: list[Node]) -> list[dict]:
     src = versions.source(inventory, Component.RDMA_SHARED_DEVICE_PLUGIN)
     daemonset = yaml.safe_load(templates.render(
         "components/rdma-shared-dev-plugin.yaml.j2", namespace=NAMESPACE, configmap=CONFIGMAP,
-        image=f"{src.image}:{src.version}", config_sha256=hashlib.sha256(config.encode()).hexdigest()))
+        image=f"{src.image}:{src.version}", label=RDMA_LABEL, config_sha256=hashlib.sha256(config.encode()).hexdigest()))
     return [configmap, daemonset]
 
 
 # --- NetworkAttachmentDefinitions --------------------------------------------------------
 
-def _link_layer(interface: str, facts_by_node: dict[str, HostFacts]) -> str | None:
-    layers = {dev.link_layer for facts in facts_by_node.values() for dev in facts.rdma
-              if interface in dev.netdevs and dev.link_layer}
-    if len(layers) > 1:
-        raise ComponentError(f"RDMA interface {interface} is InfiniBand on some nodes and Ethernet on others",
-                             "give the nodes their own rdma_interfaces so one name means one link type")
-    return next(iter(layers), None)
+def link_layer(inventory: Inventory, interface: str) -> str:
+    """An RDMA interface's link type, one for the cluster (its NetworkAttachmentDefinition):
+    network.rdma.link_layer when the inventory names it, else its name, as the kernel and
+    udev give it: IPoIB netdevs are ib* (linux drivers/infiniband/ulp/ipoib/ipoib_main.c
+    names them "ib%d"; systemd src/udev/udev-builtin-net_id.c gives ARPHRD_INFINIBAND the
+    prefix "ib"), RoCE ones eth* or en*. Never a host's answer: one node claiming InfiniBand
+    would turn every node's pods to host-device (node_problems names it instead)."""
+    named = (inventory.network.rdma.link_layer or {}).get(interface)
+    if named:
+        return INFINIBAND if named == "infiniband" else ETHERNET
+    return INFINIBAND if interface.startswith("ib") else ETHERNET
+
+
+def node_problems(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, str]:
+    """Per node, why its own answers do not fit the cluster's RDMA settings (its containerd's
+    CNI bin dir, its interfaces' link types): such a node is left out of RDMA (RDMA_LABEL
+    "false"), and only it. Nodes whose facts are missing are not judged here."""
+    if not inventory.network.rdma:
+        return {}
+    dirs = _cluster_bin_dir(inventory, facts_by_node)
+    problems = {}
+    for node in inventory.nodes:
+        facts = facts_by_node.get(node.name)
+        if not facts:
+            continue
+        why = []
+        if dirs and (own := _bin_dir(facts)) and own != dirs:
+            why.append(f"its containerd uses the CNI bin dir {own[:SHOWN]}, the cluster's (the servers') is {dirs}")
+        wanted = node.rdma_interfaces if node.rdma_interfaces is not None else inventory.network.rdma.interfaces
+        for interface in wanted:
+            own_layers = sorted({d.link_layer for d in facts.rdma if interface in d.netdevs and d.link_layer})
+            if own_layers and own_layers != [cluster_layer := link_layer(inventory, interface)]:
+                why.append(f"it reports {interface} as {'/'.join(own_layers)[:SHOWN]}, the cluster has it as "
+                           f"{cluster_layer}")
+        if why:
+            problems[node.name] = "; ".join(why)
+    return problems
+
+
+def _cluster_bin_dir(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> str | None:
+    try:
+        return cni_dirs(inventory, facts_by_node).bin_dir
+    except ComponentError:
+        return None
+
+
+def rdma_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> dict[str, dict[str, str]]:
+    """RDMA_LABEL on every node once network.rdma is set: "false" on those node_problems names."""
+    if not inventory.network.rdma:
+        return {}
+    left_out = node_problems(inventory, facts_by_node)
+    return {n.name: {RDMA_LABEL: "false" if n.name in left_out else "true"} for n in inventory.nodes}
+
+
+def warning_lines(inventory: Inventory, facts_by_node: dict[str, HostFacts]) -> list[str]:
+    """For `up`'s output: each node left out of RDMA, and why (the others go on)."""
+    return [f"rdma: {name} is left out of RDMA (no Multus or RDMA device plugin there): {why}; "
+            "fix that host (same k3s as the servers, or network.rdma.link_layer / its own rdma_interfaces)"
+            for name, why in node_problems(inventory, facts_by_node).items()]
 
 
 def subnets(subnet: str, count: int) -> list[str]:
@@ -173,13 +238,12 @@ def network_attachment(interface: str, ip_range: str, link_layer: str | None, di
             "spec": {"config": json.dumps(cni, indent=2)}}
 
 
-def network_attachments(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs,
-                        gpu: list[Node]) -> list[dict]:
+def network_attachments(inventory: Inventory, dirs: CniDirs, gpu: list[Node]) -> list[dict]:
     names = interfaces(inventory, gpu)
     ranges = subnets(inventory.network.rdma.subnet or DEFAULT_SUBNET, len(names))
-    return [network_attachment(i, r, _link_layer(i, facts_by_node), dirs) for i, r in zip(names, ranges)]
+    return [network_attachment(i, r, link_layer(inventory, i), dirs) for i, r in zip(names, ranges)]
 
 
-def manifests(inventory: Inventory, facts_by_node: dict[str, HostFacts], dirs: CniDirs, gpu: list[Node]) -> list[dict]:
+def manifests(inventory: Inventory, dirs: CniDirs, gpu: list[Node]) -> list[dict]:
     """`gpu`: the run's GPU nodes (bootstrap.topology)."""
-    return plugin_manifests(inventory, gpu) + network_attachments(inventory, facts_by_node, dirs, gpu)
+    return plugin_manifests(inventory, gpu) + network_attachments(inventory, dirs, gpu)

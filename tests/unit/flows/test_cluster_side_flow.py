@@ -23,6 +23,7 @@ from bootstrap.cluster.client import Cluster as ApiCluster, warm_connections
 from bootstrap.cluster.read_ahead import READS_FILE, remembered
 from bootstrap.flows.cluster_side import cluster_phase
 from bootstrap.flows.run import Run
+from bootstrap.host.facts.host_facts import ContainerdConfig, RdmaDevice
 from bootstrap.inventory.loader import load_inventory
 from bootstrap.state.folder import StateDir
 from repo_paths import TESTS
@@ -61,6 +62,18 @@ def inventory_for(tmp_path, **gpu):
     inventory = load_inventory(path)
     return inventory, StateDir(inventory)
 
+
+
+def applied_once(lab, tmp_path, inventory, state, facts) -> str:
+    """One cluster_phase that changed something; what it said."""
+    @contextlib.contextmanager
+    def connect(inv, st):
+        yield ApiCluster(lab.api, tmp_path / "kubeconfig")
+
+    out = io.StringIO()
+    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
+                         validate=False)
+    return out.getvalue()
 
 
 def a_run(inventory, state, facts, console, connect) -> Run:
@@ -113,18 +126,12 @@ def test_a_release_a_killed_helm_left_pending_is_recovered_and_said(lab, helm_ca
     (history / "gpu-operator.json").write_text(json.dumps(
         [{"revision": 1, "status": "pending-install", "updated": "2026-01-01T00:00:00Z"}]))
 
-    @contextlib.contextmanager
-    def connect(inv, st):
-        yield ApiCluster(lab.api, tmp_path / "kubeconfig")
-
-    out = io.StringIO()
-    assert cluster_phase(a_run(inventory, state, facts, progress.Console(progress.Reporter(out)), connect),
-                         validate=False)
+    out = applied_once(lab, tmp_path, inventory, state, facts)
     verbs = [c["argv"][:2] for c in helm_calls() if "gpu-operator" in c["argv"][:3]]
     assert verbs == [["install", "gpu-operator"], ["upgrade", "--install"], ["history", "gpu-operator"],
                      ["uninstall", "gpu-operator"], ["upgrade", "--install"]]
-    assert "release gpu-operator was left pending-install at revision 1" in out.getvalue()
-    assert "never deployed, so it is uninstalled and installed again" in out.getvalue()
+    assert "release gpu-operator was left pending-install at revision 1" in out
+    assert "never deployed, so it is uninstalled and installed again" in out
 
 
 def test_a_changed_sharing_setting_upgrades_only_what_it_touches(lab, helm_calls, tmp_path):
@@ -210,3 +217,30 @@ def test_a_reads_file_that_is_a_symlink_is_not_followed(tmp_path):
     elsewhere.write_text('["/api/v1/nodes"]')
     (state.path / READS_FILE).symlink_to(elsewhere)
     assert remembered(state) == []
+
+
+def test_an_agent_claiming_another_cni_bin_dir_is_named_and_the_cluster_side_goes_on(lab, helm_calls, tmp_path):
+    """Issue 32: gpu-1's agent reports another containerd CNI bin dir and InfiniBand on an
+    Ethernet name. Before, the plan raised for the whole cluster; now Multus gets the
+    server's bin dir, gpu-1 alone is labelled out of RDMA, and the run says why."""
+    path = tmp_path / "rdma.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "flow", "state_dir": "state", "gpu": {"gate": False},
+                                    "network": {"rdma": {"interfaces": ["ens1f0np0"]}}, "nodes": [
+        {"name": "cp-1", "address": "10.0.0.1", "role": "server", "gpu": {"enabled": False}},
+        {"name": "gpu-1", "address": "10.0.0.2"}]}))
+    inventory = load_inventory(path)
+    state = StateDir(inventory)
+    cni = "/var/lib/rancher/k3s/data/cni"
+    liar = RdmaDevice("mlx5_1", 1, "InfiniBand", "ACTIVE", ["ens1f0np0"])
+    facts = {"cp-1": replace(healthy_host("cp-1"), gpus=[], containerd=ContainerdConfig(["runc"], cni)),
+             "gpu-1": replace(healthy_host("gpu-1"), containerd=ContainerdConfig(["runc", "nvidia"], "/tmp/evil"),
+                              rdma=[liar])}
+
+    out = applied_once(lab, tmp_path, inventory, state, facts)
+    multus = [c for c in helm_calls() if c["argv"][:2] in (["install", "multus"], ["upgrade", "--install"])
+              and "multus" in c["argv"][:3]]
+    assert multus and all(cni in json.dumps(c) and "/tmp/evil" not in json.dumps(c) for c in multus)
+    labels = lab.node("gpu-1").metadata.labels
+    assert labels["node-restriction.kubernetes.io/bootstrap.k3s-rdma"] == "false"
+    assert lab.node("cp-1").metadata.labels["node-restriction.kubernetes.io/bootstrap.k3s-rdma"] == "true"
+    assert "rdma: gpu-1 is left out of RDMA" in out and "ens1f0np0 as InfiniBand" in out

@@ -17,6 +17,7 @@ from upstream import upstream
 from bootstrap.cluster.components import (ComponentError, desired_manifests, desired_patches, desired_prerequisites, desired_releases, gpu_operator, gpu_sharing, node_labels, rdma, storage, versions)
 from bootstrap.host.facts.host_facts import ContainerdConfig, RdmaDevice
 from bootstrap.host.facts.probe import parse_host_facts
+from bootstrap.errors import InvalidInput
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.inventory.model import Mig
 from bootstrap.topology import gpu_nodes  # the run's GPU nodes, as its topology resolves them
@@ -323,12 +324,13 @@ def test_time_slicing_mps_and_mig_nodes_get_distinct_configs_and_labels():
     assert config["default"] == "ts-4"
     assert set(config["data"]) == {"ts-4", "mps-2", "mig-single"}
     labels = node_labels(inv, facts, gpu_nodes(inv, facts))
-    assert labels["g1"] == {"nvidia.com/device-plugin.config": "ts-4", "nvidia.com/mig.config": "all-disabled"}
+    in_rdma = {rdma.RDMA_LABEL: "true"}  # the mixed cluster has network.rdma
+    assert labels["g1"] == {"nvidia.com/device-plugin.config": "ts-4", "nvidia.com/mig.config": "all-disabled", **in_rdma}
     assert labels["g-mps"]["nvidia.com/device-plugin.config"] == "mps-2"
     assert labels["g-mig"] == {"nvidia.com/device-plugin.config": "mig-single", "nvidia.com/mig.config": "all-1g.18gb",
-                               "nvidia.com/mig.strategy": "single"}
+                               "nvidia.com/mig.strategy": "single", **in_rdma}
     assert labels["g-prof"]["nvidia.com/mig.config"].startswith("custom-")
-    assert labels["cp-1"] == {}  # no GPU, no sharing labels
+    assert labels["cp-1"] == in_rdma  # no GPU, no sharing labels
 
 
 def test_device_plugin_configs_have_the_upstream_format():
@@ -491,7 +493,9 @@ def test_multus_and_whereabouts_use_the_cni_dirs_from_facts():
         "confDir": conf, "binDir": old_bin, "kubeconfig": f"{conf}/multus.d/multus.kubeconfig",
         "multusAutoconfigDir": conf}
     assert releases["multus"].values["rke2-whereabouts"] == {
-        "enabled": True, "fullnameOverride": "whereabouts", "cniConf": {"confDir": conf, "binDir": old_bin}}
+        "enabled": True, "fullnameOverride": "whereabouts", "cniConf": {"confDir": conf, "binDir": old_bin},
+        "nodeSelector": {rdma.RDMA_LABEL: "true"}}
+    assert releases["multus"].values["labels"] == {"nodeSelector": {rdma.RDMA_LABEL: "true"}}
     assert (releases["multus"].chart, releases["multus"].repo) == ("rke2-multus", "https://rke2-charts.rancher.io")
     # The CRD chart comes first and carries the same number without the v.
     names = [r.name for r in desired_releases(inv, facts, gpu_nodes(inv, facts))]
@@ -499,14 +503,83 @@ def test_multus_and_whereabouts_use_the_cni_dirs_from_facts():
     assert (releases["multus-crd"].chart, releases["multus-crd"].version) == ("rke2-multus-crd", "4.3.017")
 
 
-def test_cni_bin_dir_must_be_known_and_agreed():
+def test_cni_bin_dir_is_the_servers_and_must_be_known():
     inv = inventory("network: {rdma: {interfaces: [ibp26s0]}}\n")
     unknown = facts_for(inv, gpu=replace(H200, containerd=None), cpu=replace(CPU, containerd=None))
-    with pytest.raises(ComponentError, match="CNI bin dir is unknown"):
+    with pytest.raises(ComponentError, match="CNI bin dir is unknown: no server's"):
         desired_releases(inv, unknown, gpu_nodes(inv, unknown))
-    split = facts_for(inv, cpu=replace(CPU, containerd=ContainerdConfig([], "/opt/cni/bin")))
-    with pytest.raises(ComponentError, match="different CNI bin dirs"):
-        desired_releases(inv, split, gpu_nodes(inv, split))
+    # An agent's answer alone never sets the chart value.
+    only_agent = facts_for(inv, cpu=replace(CPU, containerd=None))
+    with pytest.raises(ComponentError, match="CNI bin dir is unknown"):
+        desired_releases(inv, only_agent, gpu_nodes(inv, only_agent))
+
+
+HOSTILE_NODES = "  - {name: g2, address: 10.0.0.3}\n"
+
+
+def test_an_agent_reporting_another_cni_bin_dir_changes_nothing_for_the_others():
+    """Issue 32: g2's agent claims another containerd bin dir. Before, that stopped the
+    cluster side for every node ("nodes use different CNI bin dirs"); now the chart value is
+    the server's, and g2 alone is named and left out of RDMA (its Multus could not work)."""
+    inv = inventory("network: {rdma: {interfaces: [ibp26s0]}}\n", HOSTILE_NODES)
+    hostile = replace(H200, rdma=[IB], containerd=ContainerdConfig(["runc"], "/tmp/evil" + "x" * 5000))
+    facts = {**facts_for(inv, gpu=replace(H200, rdma=[IB])), "g2": hostile}
+    releases = releases_by_name(inv, facts)
+    assert releases["multus"].values["config"]["cni_conf"]["binDir"] == CNI_BIN
+    assert releases["multus"].values["rke2-whereabouts"]["cniConf"]["binDir"] == CNI_BIN
+    [nad] = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "NetworkAttachmentDefinition")
+    assert cni_config(nad)["type"] == "host-device"
+    labels = node_labels(inv, facts, gpu_nodes(inv, facts))
+    assert {n: labels[n][rdma.RDMA_LABEL] for n in ("cp-1", "g1", "g2")} == {"cp-1": "true", "g1": "true", "g2": "false"}
+    [line] = rdma.warning_lines(inv, facts)
+    assert line.startswith("rdma: g2 is left out of RDMA") and f"the cluster's (the servers') is {CNI_BIN}" in line
+    assert len(line) < 600  # the host's answer is quoted cut short
+    assert rdma.warning_lines(inv, facts_for(inv)) == []  # agents that agree with the server
+
+
+def test_an_agent_claiming_infiniband_changes_nothing_for_the_others():
+    """Issue 32: g2 claims InfiniBand on ens1f0np0, which g1 has as Ethernet (RoCE). Before,
+    that stopped the cluster side ("InfiniBand on some nodes and Ethernet on others"), and a
+    lone claim turned the attachment to host-device for every node. Now the link type follows
+    the inventory (here the interface's name), and only g2 is left out."""
+    inv = inventory("network: {rdma: {interfaces: [ens1f0np0]}}\n", HOSTILE_NODES)
+    liar = RdmaDevice("mlx5_1", 1, "InfiniBand", "ACTIVE", ["ens1f0np0"])
+    facts = {**facts_for(inv, gpu=replace(H200, rdma=[ROCE])), "g2": replace(H200, rdma=[liar])}
+    [nad] = by_kind(desired_manifests(inv, facts, gpu_nodes(inv, facts)), "NetworkAttachmentDefinition")
+    assert (cni_config(nad)["type"], cni_config(nad)["master"]) == ("macvlan", "ens1f0np0")
+    labels = node_labels(inv, facts, gpu_nodes(inv, facts))
+    assert (labels["g1"][rdma.RDMA_LABEL], labels["g2"][rdma.RDMA_LABEL]) == ("true", "false")
+    [line] = rdma.warning_lines(inv, facts)
+    assert line.startswith("rdma: g2 ") and "ens1f0np0 as InfiniBand, the cluster has it as Ethernet" in line
+    # A lone node claiming InfiniBand does not turn the cluster's attachment to host-device.
+    inv_alone = inventory("network: {rdma: {interfaces: [ens1f0np0]}}\n")
+    alone = {"cp-1": CPU, "g1": replace(H200, rdma=[liar])}
+    [nad] = by_kind(desired_manifests(inv_alone, alone, gpu_nodes(inv_alone, alone)), "NetworkAttachmentDefinition")
+    assert cni_config(nad)["type"] == "macvlan"
+
+
+def test_link_layer_from_the_inventory_where_the_name_does_not_say():
+    inv = inventory("network: {rdma: {interfaces: [rdma0, ibp26s0], link_layer: {rdma0: infiniband, ibp26s0: ethernet}}}\n")
+    assert inv.network.rdma.link_layer == {"rdma0": "infiniband", "ibp26s0": "ethernet"}
+    nads = by_kind(desired_manifests(inv, facts_for(inv), gpu_nodes(inv, facts_for(inv))), "NetworkAttachmentDefinition")
+    assert [cni_config(n)["type"] for n in nads] == ["host-device", "macvlan"]
+    assert rdma.link_layer(inventory("network: {rdma: {interfaces: [ib0]}}\n"), "ib0") == rdma.INFINIBAND
+    assert rdma.link_layer(inventory("network: {rdma: {interfaces: [eth2]}}\n"), "eth2") == rdma.ETHERNET
+
+
+def test_link_layer_values_are_checked_with_their_place():
+    with pytest.raises(InvalidInput) as caught:
+        parse_inventory("cluster: t\nnodes:\n  - {name: cp-1, address: 10.0.0.1, role: server}\n"
+                        "network:\n  rdma:\n    interfaces: [rdma0]\n    link_layer: {rdma0: roce, 'bad name!': ethernet}\n",
+                        "inv.yaml")
+    where = {p.path: (p.line, p.message) for p in caught.value.problems}
+    assert set(where) == {"network.rdma.link_layer.rdma0", "network.rdma.link_layer.bad name!"}
+    assert where["network.rdma.link_layer.rdma0"][0] == 7 and "not a valid link layer" in where["network.rdma.link_layer.rdma0"][1]
+    assert "is not an interface name" in where["network.rdma.link_layer.bad name!"][1]
+    with pytest.raises(InvalidInput) as caught:  # a typo would leave the name to decide: refused
+        inventory("network: {rdma: {interfaces: [rdma0], link_layer: {rdma1: infiniband}}}\n")
+    [problem] = caught.value.problems
+    assert problem.path == "network.rdma.link_layer.rdma1" and "is no RDMA interface" in problem.message
 
 
 def test_older_multus_has_no_crd_chart():
@@ -548,6 +621,7 @@ def test_rdma_daemonset_is_upstreams_with_pinned_image_and_tolerations():
     theirs["spec"]["template"]["spec"]["containers"][0].pop("image")
     assert spec.pop("tolerations") == [{"operator": "Exists"}]
     assert spec.pop("automountServiceAccountToken") is False  # the plugin never calls the API
+    assert spec.pop("nodeSelector") == {rdma.RDMA_LABEL: "true"}  # not on a node left out of RDMA
     checksum = ours["spec"]["template"]["metadata"].pop("annotations")["checksum/config"]
     assert len(checksum) == 64
     ours["metadata"].pop("labels")
