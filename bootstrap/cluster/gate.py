@@ -234,8 +234,12 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
     """Judge every gated GPU node and lift or keep its gate. Returns the decisions and the
     pre-gate nodes the tool gated first. `gpu`: the run's GPU nodes (bootstrap.topology);
     `failed_before`: nodes that failed on the cluster side already (their MIG layout), with why."""
+    # The tool's record is read only where a node's own taint does not settle it (a cluster
+    # without GPU nodes, or whose GPU nodes are all gated, costs no read).
+    open_nodes = [n for n in gpu if n.name in facts and n.name in node_objects
+                  and not has_gate(node_objects[n.name])]
     gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu,
-                                   read_verdicts(cluster) if inventory.gpu.gate.enabled else {})
+                                   read_verdicts(cluster) if inventory.gpu.gate.enabled and open_nodes else {})
     for node in legacy:
         close_gate(cluster, node.name)
     nodes = gated + legacy
