@@ -8,7 +8,7 @@ after Volcano.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bootstrap.cluster.components import gpu_operator, gpu_sharing, rdma, storage, trust, volcano
 from bootstrap.cluster.components.release import Patch, Release
@@ -70,6 +70,9 @@ class ClusterPlan:
     releases: list[Release]
     manifests: list[dict]
     patches: list[Patch]
+    # GPU nodes whose MIG layout could not be spelled out from their own profile table, each
+    # with why: that node's failure (the gate keeps it gated), never the cluster side's.
+    mig_failed: dict[str, str] = field(default_factory=dict)
 
 
 def plan_cluster(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> ClusterPlan:
@@ -78,4 +81,5 @@ def plan_cluster(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu:
                        prerequisites=desired_prerequisites(inventory, facts_by_node, gpu),
                        releases=desired_releases(inventory, facts_by_node, gpu),
                        manifests=desired_manifests(inventory, facts_by_node, gpu),
-                       patches=desired_patches(inventory))
+                       patches=desired_patches(inventory),
+                       mig_failed=gpu_sharing.mig_plan(inventory, facts_by_node, gpu).failed)

@@ -8,10 +8,11 @@ GPU Operator docs' time-slicing ConfigMaps, and mig-parted v0.15.0 `examples/con
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import yaml
 
-from bootstrap.cluster.components.release import ComponentError, canonical_json
+from bootstrap.cluster.components.release import canonical_json
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory, Mig, Node, Sharing
 from bootstrap.checks import mig as mig_rules
@@ -90,6 +91,10 @@ def mig_config_name(mig: Mig) -> str:
     return mig.layout or MIG_DISABLED
 
 
+class MigUnbuilt(ValueError):
+    """A node's named MIG layout cannot be spelled out from its own profile table."""
+
+
 def _mig_entry(node: Node, mig: Mig, facts: HostFacts | None) -> list[dict]:
     if mig.profiles:
         return [{"devices": "all", "mig-enabled": True, "mig-devices": dict(sorted(mig.profiles.items()))}]
@@ -101,30 +106,59 @@ def _mig_entry(node: Node, mig: Mig, facts: HostFacts | None) -> list[dict]:
     # operator's per-node generated) layouts, so spell it out from the node's profile table.
     table = mig_rules.table_for_gpu(facts.mig_profiles if facts else [])
     if not table:
-        raise ComponentError(f"{node.name}: MIG layout {mig.layout} must be spelled out (another node uses "
-                             "MIG profiles), but no MIG profile table is known for this node",
-                             "run `bootstrap facts` on the node, or give it profiles: {...} instead of a layout")
+        raise MigUnbuilt(f"MIG layout {mig.layout} on {node.name} must be spelled out (another node uses "
+                         "MIG profiles), but no MIG profile table is known for this node; run `bootstrap facts` "
+                         "on it, or give it profiles: {...} instead of a layout")
     try:
         wanted = mig_rules.requested(mig, table)
     except mig_rules.MigMisfit as exc:
-        raise ComponentError(f"{node.name}: {exc}") from None
+        raise MigUnbuilt(f"MIG layout {mig.layout} on {node.name}: {exc}") from None
     return [{"devices": "all", "mig-enabled": True, "mig-devices": dict(sorted(wanted.items()))}]
+
+
+@dataclass(frozen=True)
+class MigPlan:
+    """Our own mig-parted config (None: the operator's own layouts), the config each MIG node's
+    label names, and the nodes whose layout could not be spelled out, each with why."""
+
+    config: dict | None
+    names: dict[str, str]  # node -> its nvidia.com/mig.config
+    failed: dict[str, str]
+
+
+def _spelled_name(mig: Mig, entry: list[dict]) -> str:
+    """A named layout spelled out from a node's own table is named by what it holds as well:
+    nodes whose tables differ (another GPU model, or a host that reports a made-up table) get
+    entries of their own, so one node's table never changes another's config or label."""
+    if mig.profiles or mig.layout in (MIG_DISABLED, "all-enabled"):
+        return mig_config_name(mig)
+    return f"{mig.layout}-{hashlib.sha256(canonical_json(entry).encode()).hexdigest()[:8]}"
+
+
+def mig_plan(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> MigPlan:
+    """Our own mig-parted config is needed only when some node asks for `profiles:`. A node
+    whose layout cannot be spelled out from its own table is that node's failure (named in
+    `failed`, left out of the config; the gate keeps it gated), never the cluster's."""
+    mig_nodes = [(n, m) for n in gpu if (m := inventory.sharing_for(n).mig)]
+    if not any(m.profiles for _, m in mig_nodes):
+        return MigPlan(None, {n.name: mig_config_name(m) for n, m in mig_nodes}, {})
+    configs: dict[str, list] = {MIG_DISABLED: [{"devices": "all", "mig-enabled": False}]}
+    names, failed = {}, {}
+    for node, mig in mig_nodes:
+        try:
+            entry = _mig_entry(node, mig, facts_by_node.get(node.name))
+        except MigUnbuilt as exc:
+            names[node.name], failed[node.name] = mig_config_name(mig), str(exc)
+            continue
+        names[node.name] = _spelled_name(mig, entry)
+        configs[names[node.name]] = entry
+    return MigPlan({"version": "v1", "mig-configs": configs}, names, failed)
 
 
 def mig_parted_config(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict | None:
     """Our own mig-parted config, needed only when some node asks for `profiles:`; else
     None and the operator's own layouts (generated per node since v26.3) are used."""
-    mig_nodes = [(n, inventory.sharing_for(n).mig) for n in gpu]
-    mig_nodes = [(n, m) for n, m in mig_nodes if m]
-    if not any(m.profiles for _, m in mig_nodes):
-        return None
-    configs: dict[str, list] = {MIG_DISABLED: [{"devices": "all", "mig-enabled": False}]}
-    for node, mig in mig_nodes:
-        name, entry = mig_config_name(mig), _mig_entry(node, mig, facts_by_node.get(node.name))
-        if configs.setdefault(name, entry) != entry:
-            raise ComponentError(f"MIG layout {name} means different slices on different GPU models "
-                                 f"({node.name} differs)", "give these nodes profiles: {...} instead")
-    return {"version": "v1", "mig-configs": configs}
+    return mig_plan(inventory, facts_by_node, gpu).config
 
 
 # --- node labels ------------------------------------------------------------------------
@@ -132,6 +166,7 @@ def mig_parted_config(inventory: Inventory, facts_by_node: dict[str, HostFacts],
 def sharing_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts], gpu: list[Node]) -> dict[str, dict[str, str]]:
     strategy = mig_strategy(inventory)
     with_plugin_config = device_plugin_configs(inventory, gpu) is not None
+    mig_names = mig_plan(inventory, facts_by_node, gpu).names
     labels: dict[str, dict[str, str]] = {}
     for node in gpu:
         sharing, facts = inventory.sharing_for(node), facts_by_node.get(node.name) or HostFacts()
@@ -139,7 +174,7 @@ def sharing_labels(inventory: Inventory, facts_by_node: dict[str, HostFacts], gp
         if with_plugin_config:
             mine[DEVICE_PLUGIN_LABEL] = device_plugin_key(sharing, strategy)
         if sharing.mig:
-            mine[MIG_LABEL] = mig_config_name(sharing.mig)
+            mine[MIG_LABEL] = mig_names[node.name]
             mine[MIG_STRATEGY_LABEL] = strategy  # what GFD would set; known before it runs
         elif facts.mig_capable:
             # Explicit, so a node taken off MIG in the inventory is switched back.

@@ -15,6 +15,7 @@ from test_facts_parsers import h200_probe_output
 from upstream import upstream
 
 from bootstrap.cluster.components import (ComponentError, desired_manifests, desired_patches, desired_prerequisites, desired_releases, gpu_operator, gpu_sharing, node_labels, rdma, storage, versions)
+from bootstrap.cluster.components.cluster_plan import plan_cluster
 from bootstrap.host.facts.host_facts import ContainerdConfig, RdmaDevice
 from bootstrap.host.facts.probe import parse_host_facts
 from bootstrap.errors import InvalidInput
@@ -327,8 +328,10 @@ def test_time_slicing_mps_and_mig_nodes_get_distinct_configs_and_labels():
     in_rdma = {rdma.RDMA_LABEL: "true"}  # the mixed cluster has network.rdma
     assert labels["g1"] == {"nvidia.com/device-plugin.config": "ts-4", "nvidia.com/mig.config": "all-disabled", **in_rdma}
     assert labels["g-mps"]["nvidia.com/device-plugin.config"] == "mps-2"
-    assert labels["g-mig"] == {"nvidia.com/device-plugin.config": "mig-single", "nvidia.com/mig.config": "all-1g.18gb",
-                               "nvidia.com/mig.strategy": "single", **in_rdma}
+    # spelled out from its own table (g-prof uses profiles), and named by what it holds
+    assert labels["g-mig"].pop("nvidia.com/mig.config").startswith("all-1g.18gb-")
+    assert labels["g-mig"] == {"nvidia.com/device-plugin.config": "mig-single", "nvidia.com/mig.strategy": "single",
+                               **in_rdma}
     assert labels["g-prof"]["nvidia.com/mig.config"].startswith("custom-")
     assert labels["cp-1"] == in_rdma  # no GPU, no sharing labels
 
@@ -395,7 +398,8 @@ def test_mig_profiles_make_a_custom_mig_parted_config():
     # what the operator's own default layout of that name says for the H200.
     operator_default = yaml.safe_load(load_yaml("mig-parted/gpu-operator-v26.7.0/0400_configmap.yaml")
                                       ["data"]["config.yaml"])
-    assert parted["mig-configs"]["all-1g.18gb"] == operator_default["mig-configs"]["all-1g.18gb"]
+    spelled = node_labels(inv, facts, gpu_nodes(inv, facts))["g-mig"]["nvidia.com/mig.config"]
+    assert parted["mig-configs"][spelled] == operator_default["mig-configs"]["all-1g.18gb"]
 
 
 def test_a_media_engine_layout_uses_mig_parteds_name_and_a_valid_label():
@@ -404,11 +408,11 @@ def test_a_media_engine_layout_uses_mig_parteds_name_and_a_valid_label():
     inv = inventory(MIXED_EXTRA, MIXED.replace("layout: all-1g.18gb}", "layout: all-1g.18gb.me}"))
     facts = facts_for(inv, gpu=replace(H200, rdma=[IB, ROCE]))
     label = node_labels(inv, facts, gpu_nodes(inv, facts))["g-mig"]["nvidia.com/mig.config"]
-    assert label == "all-1g.18gb.me" and label_value_error(label) is None
+    assert label.startswith("all-1g.18gb.me-") and label_value_error(label) is None
     parted = yaml.safe_load(operator_values(inv, facts)["migManager"]["config"]["data"]["config.yaml"])
     operator_default = yaml.safe_load(load_yaml("mig-parted/gpu-operator-v26.7.0/0400_configmap.yaml")
                                       ["data"]["config.yaml"])
-    assert parted["mig-configs"]["all-1g.18gb.me"] == operator_default["mig-configs"]["all-1g.18gb.me"]
+    assert parted["mig-configs"][label] == operator_default["mig-configs"]["all-1g.18gb.me"]
 
 
 def test_custom_mig_config_names_are_stable_and_distinct():
@@ -419,10 +423,49 @@ def test_custom_mig_config_names_are_stable_and_distinct():
 
 
 def test_named_layout_next_to_profiles_needs_the_nodes_profile_table():
+    """Without its own table the node's layout cannot be spelled out: that node's failure
+    (plan_cluster's mig_failed, the gate keeps it gated), and the cluster side goes on."""
     inv, facts = mixed()
     facts["g-mig"] = replace(H200, mig_profiles=[])
-    with pytest.raises(ComponentError, match="g-mig"):
-        desired_releases(inv, facts, gpu_nodes(inv, facts))
+    plan = plan_cluster(inv, facts, gpu_nodes(inv, facts))
+    assert set(plan.mig_failed) == {"g-mig"} and "no MIG profile table is known" in plan.mig_failed["g-mig"]
+    parted = gpu_sharing.mig_parted_config(inv, facts, gpu_nodes(inv, facts))
+    assert not any(name.startswith("all-1g.18gb") for name in parted["mig-configs"])
+
+
+def made_up_table(facts):
+    """A host's own MIG profile table, rewritten: 1g.18gb holds 1 instance, not 7."""
+    return replace(facts, mig_profiles=[replace(p, instances_total=1, instances_free=1, placements=p.placements[:1])
+                                        if p.name == "1g.18gb" else p for p in facts.mig_profiles])
+
+
+def test_one_nodes_made_up_mig_table_changes_no_other_nodes_config_or_label():
+    """g-mig2 reports a table of its own making for the same layout: it gets an entry of its
+    own; g-mig's entry and label stay what they are without it. Before, the two entries under
+    one name raised a ComponentError and the cluster side stopped for everyone."""
+    two = MIXED + "  - {name: g-mig2, address: 10.0.0.6, gpu: {sharing: {mig: {layout: all-1g.18gb}}}}\n"
+    inv = inventory(MIXED_EXTRA, two)
+    honest = facts_for(inv, gpu=replace(H200, rdma=[IB, ROCE]))
+    hostile = {**honest, "g-mig2": made_up_table(honest["g-mig2"])}
+    assert plan_cluster(inv, hostile, gpu_nodes(inv, hostile)).mig_failed == {}
+    alone = gpu_sharing.mig_plan(inv, honest, gpu_nodes(inv, honest))
+    plan = gpu_sharing.mig_plan(inv, hostile, gpu_nodes(inv, hostile))
+    assert plan.failed == {} and plan.names["g-mig"] == alone.names["g-mig"] != plan.names["g-mig2"]
+    assert plan.config["mig-configs"][plan.names["g-mig"]] == alone.config["mig-configs"][alone.names["g-mig"]]
+    assert plan.config["mig-configs"][plan.names["g-mig2"]] == [
+        {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 1}}]
+    labels = node_labels(inv, hostile, gpu_nodes(inv, hostile))
+    assert labels["g-mig"]["nvidia.com/mig.config"] == plan.names["g-mig"]
+    assert labels["g-mig2"]["nvidia.com/mig.config"] == plan.names["g-mig2"]
+
+
+def test_a_table_the_layout_cannot_fit_fails_that_node_alone():
+    inv, facts = mixed()
+    facts["g-mig"] = replace(H200, mig_profiles=[p for p in H200.mig_profiles if p.name != "1g.18gb"])
+    plan = plan_cluster(inv, facts, gpu_nodes(inv, facts))
+    assert set(plan.mig_failed) == {"g-mig"} and plan.mig_failed["g-mig"].startswith("MIG layout all-1g.18gb on g-mig")
+    custom = plan.labels["g-prof"]["nvidia.com/mig.config"]
+    assert custom in yaml.safe_load(plan.prerequisites[-1]["data"]["config.yaml"])["mig-configs"]
 
 
 @pytest.mark.parametrize("driver, driver_enabled, toolkit_enabled", [
