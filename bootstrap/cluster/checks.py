@@ -81,12 +81,23 @@ def _pod(name: str, node: str | None, image: str, resources: dict | None = None,
         container["volumeMounts"] = mounts
     spec: dict = {"restartPolicy": "Never", "tolerations": TOLERATE_ALL, "containers": [container]}
     if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        spec["affinity"] = on_nodes([node])
     if volumes:
         spec["volumes"] = volumes
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE,
                                                            "labels": {"app.kubernetes.io/part-of": "bootstrap-validate"}},
             "spec": spec}
+
+
+def on_nodes(names: list[str]) -> dict:
+    """The affinity that keeps a pod to these Nodes, by the Node's name (matchFields
+    metadata.name), never by a label: a kubelet may write its own Node's labels, its
+    kubernetes.io/hostname and bootstrap.k3s/provider among them (NodeRestriction forbids only
+    node-restriction.kubernetes.io/ and unknown kubernetes.io labels: kubernetes
+    plugin/pkg/admission/noderestriction/admission.go, getForbiddenLabels). A node that claimed
+    another's hostname drew that node's check pod and answered for it."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(names)}]}]}}}
 
 
 def _create(cluster: Cluster, obj: dict, namespace: str | None = None) -> None:
@@ -449,8 +460,12 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     if inventory.network.rdma and path.hcas:
         # RDMA registers (pins) memory: RLIMIT_MEMLOCK is raised only with IPC_LOCK.
         worker_pod["containers"][0]["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    worker_pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"volcano.sh/task-spec": "worker"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    # The measured nodes only, by name (on_nodes): a node labelled with their provider, which
+    # any kubelet may write on its own Node, would otherwise draw a worker in a pair test it is
+    # not in, and fail the pair for the node being judged.
+    worker_pod["affinity"] = {**on_nodes([n.name for n in gpu_nodes]), "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"volcano.sh/task-spec": "worker"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     providers = {n.provider for n in gpu_nodes}
     if len(providers) == 1 and None not in providers:  # the chosen provider's nodes, not another's
         worker_pod["nodeSelector"] = {PROVIDER_LABEL: next(iter(providers))}
@@ -461,13 +476,10 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
         # Beside the workers: its ssh to their sshd leaves from one of the measured nodes
         # (pod traffic to a node's address is masqueraded to its node's own), never from
         # another provider's or a CPU node, whose path the reachability check did not probe.
-        # By the Node's name, never its kubernetes.io/hostname label: a kubelet may write that
-        # label on its own Node (NodeRestriction lets it), so any node could have claimed a
-        # measured node's hostname and drawn the launcher, and with it the private key that
-        # logs in to every worker (nccl_ssh).
-        launcher_pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [n.name for n in gpu_nodes]}]}]}}}
+        # By the Node's name (on_nodes): any node could have claimed a measured node's
+        # hostname and drawn the launcher, and with it the private key that logs in to every
+        # worker (nccl_ssh).
+        launcher_pod["affinity"] = on_nodes([n.name for n in gpu_nodes])
     return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "nccl", "namespace": NAMESPACE},
             "spec": {"minAvailable": workers + 1, "schedulerName": "volcano",

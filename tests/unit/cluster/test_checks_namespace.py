@@ -1,14 +1,15 @@
-"""The checks' namespaces (checks.checks_namespace): each use gets its own, and earlier ones are
-deleted first. Only the names the tool gives are ever deleted: the label PART_OF is no proof,
-since anyone who may patch namespaces can put it on one, and a namespace deleted takes its
-volumes with it. Against the k3s stand-in's API."""
+"""The checks' namespaces and pods, against the k3s stand-in's API. Each use of the checks gets
+a namespace of its own (checks.checks_namespace), and earlier ones are deleted first: only by
+the names the tool gives, since the label PART_OF is no proof (anyone who may patch namespaces
+can put it on one, and a namespace deleted takes its volumes with it). A check's pod for a
+node runs on that Node, chosen by its name: never by a label its kubelet may write."""
 
 from __future__ import annotations
 
 import pytest
 from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 
-from bootstrap.cluster import checks
+from bootstrap.cluster import burn_in, checks
 from bootstrap.cluster.client import Cluster as ApiCluster
 
 
@@ -34,3 +35,25 @@ def test_only_the_checks_own_names_are_deleted_whatever_else_carries_their_label
     assert state(lab, "longhorn-system") == "kept"  # labelled by someone else
     assert state(lab, "bootstrap-validate-prod") == "kept"  # not a name checks_namespace gives
     assert state(lab, "bootstrap-validate-0a1b2c3d") in ("gone", "deleting")  # an earlier run's
+
+
+def test_a_node_that_claims_another_nodes_hostname_draws_none_of_its_pods(k3s, tmp_path):  # noqa: F811
+    """Before, each node's GPU pod, burn-in pod and gang member chose its node by the
+    kubernetes.io/hostname label, which a kubelet may write on its own Node: a-evil (first in
+    the scheduler's order) labelled itself gpu-1 and ran gpu-1's pods, answering for it."""
+    lab = Cluster(k3s, tmp_path / "hosts")
+    try:
+        lab.server(name="cp-1")
+        lab.agent("a-evil", gpus=1)
+        lab.agent("gpu-1", gpus=1)
+        lab.wait_ready("cp-1", "a-evil", "gpu-1")
+        lab.core.patch_node("a-evil", {"metadata": {"labels": {"kubernetes.io/hostname": "gpu-1"}}})
+        cluster = ApiCluster(lab.api, tmp_path / "kubeconfig")
+        with checks.checks_namespace(cluster) as space:
+            checks._create(cluster, checks._pod("gpu-test", "gpu-1", "busybox", {"nvidia.com/gpu": 1},
+                                                command=["true"]), space.name)
+            checks._create(cluster, burn_in.burn_in_pod("gpu-1", burn_in.Slots("nvidia.com/gpu", 1), 1), space.name)
+            placed = [lab.pod_done(name, space.name).spec.node_name for name in ("gpu-test", burn_in.pod_name("gpu-1"))]
+        assert placed == ["gpu-1", "gpu-1"]
+    finally:
+        lab.stop()

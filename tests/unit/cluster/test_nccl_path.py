@@ -168,6 +168,10 @@ def test_open_mpi_is_pinned_to_the_node_ip_interfaces_and_the_port_block_the_rea
     # a node claiming "a" as its hostname would have drawn the launcher and its private key.
     assert placement["nodeSelectorTerms"] == [{"matchFields": [
         {"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}]
+    # The workers too: a node labelled with the provider (any kubelet may write that label)
+    # would have drawn a worker of a pair it is not in, and failed the pair.
+    workers = spec(job, "worker")["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert workers == placement
     # Off the host network (an address unknown) nothing is pinned: the pods' own network carries it.
     unknown = {"a": host("10.0.0.2", "ens5"), "b": replace(H200, addresses=None)}
     words = shlex.split(spec(nccl_job(inv, nodes, unknown), "launcher")["containers"][0]["command"][2])

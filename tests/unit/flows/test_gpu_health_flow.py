@@ -188,6 +188,7 @@ def test_burn_in_runs_the_images_own_entrypoint_with_arguments_one_container_per
     ["/cuda-samples/sample"], not on PATH (NVIDIA/k8s-samples deployments/container/Dockerfile):
     a shell running `nbody` never produced a result."""
     from bootstrap.cluster.burn_in import Slots, burn_in_pod, iterations, pod_name
+    from bootstrap.cluster.checks import on_nodes
 
     pod = burn_in_pod("g1", Slots("nvidia.com/gpu", 2), 60)
     containers = pod["spec"]["containers"]
@@ -196,7 +197,7 @@ def test_burn_in_runs_the_images_own_entrypoint_with_arguments_one_container_per
         assert "command" not in container  # the image's ENTRYPOINT runs
         assert container["args"] == ["-benchmark", "-numbodies=256000", f"-i={iterations(60)}"]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "g1"}
+    assert pod["spec"]["affinity"] == on_nodes(["g1"]) and "nodeSelector" not in pod["spec"]  # by name: a kubelet writes its labels
     assert iterations(60) == 900 and iterations(1) == 15
     long_name = "gpu-" + "a" * 240 + ".example"
     name = pod_name(long_name)
