@@ -45,9 +45,12 @@ def helm_binary() -> str:
 
 
 def _run(argv: list[str], timeout: float, text: bool = True) -> subprocess.CompletedProcess:
-    """`text=False` for output that is cluster text, which remote_data decodes (never assumed UTF-8)."""
+    """`text=False` for output that is cluster text, which remote_data decodes (never assumed UTF-8).
+    As text, bytes that are not UTF-8 are replaced: Helm quotes the cluster's own words in its
+    errors (a release's notes, a hook's log), which a strict decode would turn into a traceback."""
+    decoding = {"encoding": "utf-8", "errors": "replace"} if text else {}
     try:
-        return subprocess.run(argv, capture_output=True, text=text, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, **decoding)
     except FileNotFoundError:
         raise HelmError(f"helm was not found at {argv[0]}",
                         f"install Helm 3.8 or newer, or point {HELM_ENV} at it") from None

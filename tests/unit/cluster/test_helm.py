@@ -329,3 +329,13 @@ def test_helms_version_is_asked_when_the_caller_did_not_say(recorder, tmp_path):
     helm.upgrade_install(operator, tmp_path / "kubeconfig", timeout=60)  # the recorder says v3.14.4
     version, upgrade = recorder()
     assert version["argv"] == ["version", "--short"] and "--disable-openapi-validation" in upgrade["argv"]
+
+
+def test_helm_output_that_is_not_utf8_is_a_message_not_a_traceback(monkeypatch, tmp_path):
+    # Helm quotes cluster text in its errors; a strict decode raised UnicodeDecodeError.
+    program = tmp_path / "helm"
+    program.write_text("#!/bin/sh\nprintf 'Error: hook said \\377\\376 \\033[2J\\n' >&2\nexit 1\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("BOOTSTRAP_HELM", str(program))
+    with pytest.raises(helm.HelmError, match="failed: Error: hook said \ufffd\ufffd"):
+        helm.check_version()
