@@ -192,6 +192,15 @@ def recover_pending(helm: str, release: Release, kubeconfig_path: str | Path, ti
     if found is None or found.action == REFUSE:
         raise HelmError(found.said if found else f"helm says another operation holds release {release.name}, "
                         "but its history shows none pending", _pending_hint(release, found))
+    if found.action == UNINSTALL and release.chart == "longhorn":
+        # Longhorn's pre-delete hook refuses unless its deleting-confirmation-flag setting is
+        # true (longhorn/charts values.yaml defaultSettings.deletingConfirmationFlag): the tool
+        # does not set that flag for anyone, since it is what keeps volumes from an uninstall.
+        raise HelmError(f"{found.said}; Longhorn is not uninstalled by the tool (its uninstall hook "
+                        "needs the deleting-confirmation-flag setting, which guards its volumes)",
+                        f"if nothing is stored on it: `kubectl -n {release.namespace} patch settings.longhorn.io "
+                        "deleting-confirmation-flag --type merge -p '{\"value\":\"true\"}'`, then "
+                        f"`helm uninstall {release.name} -n {release.namespace}`, then re-run")
     say(f"  {found.said}")
     wait = ["--wait", "--timeout", f"{int(timeout)}s"]
     argv = ([helm, "uninstall", release.name, *wait, *where] if found.action == UNINSTALL else

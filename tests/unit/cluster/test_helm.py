@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -339,3 +340,19 @@ def test_helm_output_that_is_not_utf8_is_a_message_not_a_traceback(monkeypatch, 
     monkeypatch.setenv("BOOTSTRAP_HELM", str(program))
     with pytest.raises(helm.HelmError, match="failed: Error: hook said \ufffd\ufffd"):
         helm.check_version()
+
+
+def test_a_never_deployed_pending_longhorn_is_refused_with_its_confirmation_flag(recorder, tmp_path):
+    # Longhorn's uninstall hook refuses without deleting-confirmation-flag: the tool's uninstall
+    # would fail and its hint would name the same failing command.
+    longhorn = replace(RELEASE, name="longhorn", namespace="longhorn-system", chart="longhorn")
+    folder = tmp_path / "record.jsonl.history"
+    folder.mkdir()
+    stamp = (datetime.now(timezone.utc) - timedelta(seconds=3600)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    (folder / "longhorn.json").write_text(json.dumps([{"revision": 1, "updated": stamp, "status": "pending-install",
+                                                        "chart": "longhorn-1.12.1"}]))
+    with pytest.raises(helm.HelmError) as caught:
+        helm.upgrade_install(longhorn, tmp_path / "kubeconfig", timeout=60, version=(3, 14, 4))
+    assert "never deployed" in caught.value.message and "not uninstalled by the tool" in caught.value.message
+    assert "deleting-confirmation-flag" in caught.value.hint and "helm uninstall longhorn" in caught.value.hint
+    assert "uninstall" not in verbs(recorder)
