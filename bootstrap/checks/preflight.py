@@ -89,6 +89,7 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts], topology: Topol
             continue  # unreachable: reported by the session
         findings += check_host(inventory, node, host, ports, gpu_node=topology.is_gpu(node.name))
     findings += unused_gpus(topology)
+    findings += gpu_setup_dropped(inventory, facts, topology)
     findings += check_unique_hostnames(inventory, facts)
     findings += check_node_addresses(inventory, facts)
     findings += check_clock_skew(inventory, facts)
@@ -337,6 +338,28 @@ def unused_gpus(topology: Topology) -> list[Finding]:
                     "to use them, name it a GPU node: gpu: {enabled: true} on this node (nodes[].gpu), "
                     "or write the cluster's gpu: settings", "warning")
             for name in topology.unused_gpus]
+
+
+def gpu_setup_dropped(inventory: Inventory, facts: dict[str, HostFacts], topology: Topology) -> list[Finding]:
+    """A cluster an earlier version made a GPU cluster (it counted the agents' own GPUs) whose
+    inventory does not make one now: its next `up` would drop every agent's GPU setup and the
+    embedded mirror and restart the servers. Told by the servers' own answers alone (whoever
+    runs a server holds the cluster): one started with `embedded-registry: true`, the tool's
+    default only in a GPU cluster. Refused before any host is changed; an agent's answer
+    counts for nothing here."""
+    if inventory.images.embedded_mirror is not None or topology.embedded_mirror:
+        return []  # the operator chose the mirror, or the cluster is a GPU cluster
+    running = [s.name for s in inventory.servers
+               if s.name in facts and facts[s.name].k3s and facts[s.name].k3s.embedded_registry]
+    if not running:
+        return []
+    return [Finding(running[0], "gpu-cluster", f"{', '.join(running)} run{'s' if len(running) == 1 else ''} "
+                    "k3s with the embedded registry mirror, which the tool turns on only in a GPU cluster, and "
+                    "this inventory makes none (nothing asks for GPUs and no server has one; an earlier version "
+                    "counted the agents' own GPUs): this run would drop every agent's GPU setup and the mirror "
+                    "and restart the servers",
+                    "keep it a GPU cluster: add `gpu: {}` to the inventory, or gpu: {enabled: true} on the GPU "
+                    "nodes (nodes[].gpu); to end its GPU setup on purpose, set images.embedded_mirror: false")]
 
 
 def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | None = None,

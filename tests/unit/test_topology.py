@@ -11,7 +11,8 @@ from test_golden import TOKENS, online_artifacts
 
 from bootstrap.checks.preflight import preflight
 from bootstrap.cluster.components import plan_cluster
-from bootstrap.host.facts.host_facts import HostFacts, PciDevice
+from bootstrap.host.facts.host_facts import HostFacts, K3sInstall, PciDevice
+from bootstrap.host.facts.parsers import parse_k3s
 from bootstrap.host.parts.k3s_service import CONFIG
 from bootstrap.host.parts.registries import REGISTRIES
 from bootstrap.host.plan.all_hosts import make_plans
@@ -126,3 +127,53 @@ def test_the_inventory_still_decides_the_mirror_and_a_named_node_without_facts_c
     named = cpu_cluster("", ", gpu: {enabled: true}")
     assert resolve_topology(named, {}).gpu_nodes == ("cpu-2",)  # no answer yet: the inventory's word
     assert replace(named.gpu, cuda="12.4") != named.gpu  # `written` is not compared
+
+
+# --- an upgrade from before the rule: refused while the servers run the GPU cluster's mirror ----
+
+def running_server(mirror: bool | None) -> HostFacts:
+    """A server as the probe reads it: k3s installed, config.yaml's embedded-registry line."""
+    return replace(CPU, k3s=K3sInstall("/usr/local/bin/k3s", "v1.33.5+k3s1", True, [], "10.0.0.1", mirror))
+
+
+def dropped(inv, facts):
+    return [f for f in preflight(inv, facts, resolve_topology(inv, facts)) if f.check == "gpu-cluster"]
+
+
+def test_an_earlier_gpu_cluster_whose_inventory_names_no_gpu_is_refused_before_any_change():
+    """Built by a version that counted the agents' own GPUs: its server runs with the mirror
+    that version's default turned on. This `up` would drop the GPU setup and the mirror and
+    restart the servers: an error (preflight stops before any host is changed), with the fix.
+    Before, only cpu-2's warning was said and the run went on."""
+    inv = cpu_cluster()
+    facts = {"cp-1": running_server(True), "cpu-1": CPU, "cpu-2": CLAIMED_GPU}
+    (refused,) = dropped(inv, facts)
+    assert (refused.node, refused.severity) == ("cp-1", "error")
+    assert "drop every agent's GPU setup" in refused.message and "restart the servers" in refused.message
+    assert "gpu: {}" in refused.fix and "gpu: {enabled: true}" in refused.fix and "embedded_mirror: false" in refused.fix
+
+
+@pytest.mark.parametrize("extra, server_mirror", [
+    ("gpu: {}\n", True),  # the fix: a GPU cluster again, nothing dropped
+    ("images: {embedded_mirror: false}\n", True),  # the operator ends it on purpose
+    ("images: {embedded_mirror: true}\n", True),  # the operator's own choice of the mirror
+    ("", False), ("", None),  # a CPU cluster the tool made: no mirror on its server
+])
+def test_nothing_is_refused_where_the_inventory_or_the_server_says_otherwise(extra, server_mirror):
+    inv = cpu_cluster(extra)
+    assert dropped(inv, {"cp-1": running_server(server_mirror), "cpu-1": CPU, "cpu-2": CLAIMED_GPU}) == []
+
+
+def test_an_agents_answer_never_refuses_the_run():
+    """Only the servers' answers count: an agent reporting the mirror in its config.yaml is not
+    the cluster's word."""
+    inv = cpu_cluster()
+    agent = replace(running_server(True), hostname="cpu-1")
+    assert dropped(inv, {"cp-1": running_server(None), "cpu-1": agent, "cpu-2": CLAIMED_GPU}) == []
+
+
+def test_the_probe_reads_the_servers_embedded_registry_line():
+    assert parse_k3s(["config: present", "node-ip: 10.0.0.1", "embedded-registry: true"]).embedded_registry is True
+    assert parse_k3s(["config: present", "embedded-registry: 'false'"]).embedded_registry is False
+    assert parse_k3s(["config: present", "node-ip: 10.0.0.1"]).embedded_registry is None
+    assert parse_k3s(["embedded-registry: " + "true" * 100000]).embedded_registry is False

@@ -94,6 +94,9 @@ class K3sInstall(_ToDict):
     config_present: bool = False  # /etc/rancher/k3s/config.yaml
     units: list[SystemdUnit] = field(default_factory=list)  # k3s.service, k3s-agent.service
     node_ip: str | None = None  # config.yaml's node-ip: the address the node runs with
+    # config.yaml's embedded-registry (None: no such line): a server the tool started with
+    # the mirror (the default of a GPU cluster); preflight's gpu_setup_dropped reads it.
+    embedded_registry: bool | None = None
 
     def unit(self, name: str) -> SystemdUnit | None:
         wanted = name if "." in name else f"{name}.service"

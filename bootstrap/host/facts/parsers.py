@@ -395,6 +395,7 @@ class K3sFiles(NamedTuple):
     version: str | None
     config_present: bool
     node_ip: str | None = None
+    embedded_registry: bool | None = None
 
 
 def _node_ip(value: str) -> str | None:
@@ -409,8 +410,8 @@ def _node_ip(value: str) -> str | None:
 
 def parse_k3s(lines: Iterable[str] | None) -> K3sFiles:
     """Probe's k3s section: "binary: PATH", `k3s --version` output, "config: present", and
-    config.yaml's first `node-ip:` line."""
-    binary = version = node_ip = None
+    config.yaml's first `node-ip:` and `embedded-registry:` lines (the tool writes `true`)."""
+    binary = version = node_ip = mirror = None
     config = False
     for line in _clean(lines):
         line = line.strip()
@@ -422,7 +423,9 @@ def parse_k3s(lines: Iterable[str] | None) -> K3sFiles:
             config = True
         elif line.startswith("node-ip:") and node_ip is None:
             node_ip = _node_ip(line[len("node-ip:"):])
-    return K3sFiles(binary, version, config, node_ip)
+        elif line.startswith("embedded-registry:") and mirror is None:
+            mirror = line[len("embedded-registry:"):].strip()[:8].strip("'\"").lower() == "true"
+    return K3sFiles(binary, version, config, node_ip, mirror)
 
 
 def parse_systemd_units(lines: Iterable[str] | None) -> list[SystemdUnit]:

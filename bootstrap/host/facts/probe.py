@@ -114,11 +114,12 @@ p_pci() {
   done
   return 0
 }
-# The node-ip a running node was given (bootstrap.checks.node_addresses keeps it); config.yaml
-# holds the token, so it is root's: read as root, its node-ip line only.
+# The node-ip a running node was given (bootstrap.checks.node_addresses keeps it) and whether it
+# runs the embedded registry mirror (bootstrap.checks.gpu_setup); config.yaml holds the token,
+# so it is root's: read as root, those two lines only.
 p_node_ip() {
-  if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n grep -m1 '^node-ip:' @@K3S_CONFIG@@
-  else grep -m1 '^node-ip:' @@K3S_CONFIG@@; fi
+  if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n grep -m2 -E '^(node-ip|embedded-registry):' @@K3S_CONFIG@@
+  else grep -m2 -E '^(node-ip|embedded-registry):' @@K3S_CONFIG@@; fi
 }
 p_k3s() {
   if has k3s; then echo "binary: $(command -v k3s)"; k3s --version; fi
@@ -414,7 +415,8 @@ def _k3s(sections: dict[str, Section]) -> K3sInstall | None:
     units = [u for u in p.parse_systemd_units(_ok(sections, "k3s-units")) if u.present]
     if files.binary is None and not files.config_present and not units:
         return None
-    return K3sInstall(files.binary, files.version, files.config_present, units, files.node_ip)
+    return K3sInstall(files.binary, files.version, files.config_present, units, files.node_ip,
+                      files.embedded_registry)
 
 
 def _xid_facts(sections: dict[str, Section]) -> dict:

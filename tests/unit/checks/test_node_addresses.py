@@ -329,7 +329,7 @@ def test_an_existing_cluster_with_a_hostile_peer_keeps_its_config_and_k3s_runnin
 def test_the_probe_reads_the_node_ip_a_node_runs_with():
     lines = ["config: present", "node-ip: 172.31.5.10", "node-ip: 10.9.9.9"]
     assert parse_host_facts(section("k3s", lines)).k3s.node_ip == "172.31.5.10"  # the first, as k3s reads it
-    assert "grep -m1 '^node-ip:' /etc/rancher/k3s/config.yaml" in PROBE_SCRIPT
+    assert "grep -m2 -E '^(node-ip|embedded-registry):' /etc/rancher/k3s/config.yaml" in PROBE_SCRIPT
     for value, read in [("'fd10::5'", "fd10::5"), ('"172.31.5.10"', "172.31.5.10"), ("fd10:0::5", "fd10::5"),
                         ("10.0.0.1,fd10::5", None), ("[10.0.0.1]", None), ("x" * 100000, None), ("", None)]:
         assert parse_k3s(["config: present", f"node-ip: {value}"]).node_ip == read
