@@ -19,6 +19,7 @@ from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has
                                           without_gate)
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
+from bootstrap.remote_data import RemoteDataError, loads
 
 # The verdict is kept where only the tool writes: a ConfigMap in kube-system (a kubelet may
 # write its own Node's annotations and labels, within NodeRestriction's limits, but no ConfigMap:
@@ -33,6 +34,7 @@ VERDICTS_PATH = object_path("v1", "ConfigMap", VERDICTS[1], VERDICTS[0])
 # checked again, as a node from before the gate is.
 OLD_GATE_PASSED = "bootstrap.k3s/gate-passed"
 PATCH_TRIES = 5
+VERDICT_CHARS = 1024  # one verdict as record_verdict writes it is some 60 characters
 
 
 def node_path(name: str) -> str:
@@ -44,9 +46,10 @@ def read_verdicts(cluster: Cluster) -> dict[str, str]:
     data = (get(cluster, VERDICTS_PATH) or {}).get("data") or {}
     passed = {}
     for name, value in data.items() if isinstance(data, dict) else ():
-        try:
-            uid = json.loads(value).get("uid") if isinstance(value, str) else None
-        except (ValueError, AttributeError):
+        try:  # capped: a value nested deep would raise RecursionError past any ValueError handler
+            uid = loads(value, what="a gate verdict", max_chars=VERDICT_CHARS, max_depth=2).get("uid") \
+                if isinstance(value, str) else None
+        except (RemoteDataError, AttributeError):
             uid = None
         if isinstance(uid, str) and uid:
             passed[name] = uid
