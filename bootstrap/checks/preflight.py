@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from bootstrap.console_text import printable
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.host.parts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER_DIR
+from bootstrap.inventory.kube import parse_taint
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks import cuda, machine_kind, mig
 from bootstrap.topology import Topology, is_gpu_node, named_gpu_node, resolve_topology
@@ -90,6 +91,7 @@ def preflight(inventory: Inventory, facts: dict[str, HostFacts], topology: Topol
         findings += check_host(inventory, node, host, ports, gpu_node=topology.is_gpu(node.name))
     findings += unused_gpus(topology)
     findings += gpu_setup_dropped(inventory, facts, topology)
+    findings += nowhere_to_schedule(inventory, topology)
     findings += check_unique_hostnames(inventory, facts)
     findings += check_node_addresses(inventory, facts)
     findings += check_clock_skew(inventory, facts)
@@ -360,6 +362,27 @@ def gpu_setup_dropped(inventory: Inventory, facts: dict[str, HostFacts], topolog
                     "and restart the servers",
                     "keep it a GPU cluster: add `gpu: {}` to the inventory, or gpu: {enabled: true} on the GPU "
                     "nodes (nodes[].gpu); to end its GPU setup on purpose, set images.embedded_mirror: false")]
+
+
+def nowhere_to_schedule(inventory: Inventory, topology: Topology) -> list[Finding]:
+    """Every server tainted NoSchedule or NoExecute by the inventory and every agent a GPU node
+    the acceptance gate holds: the Deployments the tool installs tolerate the control-plane
+    taint at most (the GPU Operator's, NFD's; Volcano's none: bootstrap.cluster.gate_rules.
+    may_hold), so none has a node, `helm install --wait` times out and the gate never opens
+    (the all-GPU deadlock of issue 32 item 1, by the inventory's own taints)."""
+    if not inventory.gpu.gate.enabled or any(n.role == Role.AGENT and not topology.is_gpu(n.name) for n in inventory.nodes):
+        return []
+    blocking = {s.name: [t for t in s.taints if (parts := parse_taint(t)) and parts[2] in ("NoSchedule", "NoExecute")]
+                for s in inventory.servers}
+    if not all(blocking.values()):
+        return []
+    return [Finding(inventory.servers[0].name, "schedulable", "every server is tainted ("
+                    + "; ".join(f"{name}: {', '.join(taints)}" for name, taints in blocking.items())
+                    + ") and every agent is a GPU node the acceptance gate holds until it passes: the Deployments "
+                    "the tool installs tolerate the control-plane taint at most (Volcano's none), so they have "
+                    "nowhere to run, the Helm installs time out and the gate never opens",
+                    "leave one server without a NoSchedule/NoExecute taint (PreferNoSchedule keeps work off it "
+                    "while leaving room), add a CPU agent, or set gpu: {gate: false}", "warning")]
 
 
 def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | None = None,

@@ -177,3 +177,30 @@ def test_the_probe_reads_the_servers_embedded_registry_line():
     assert parse_k3s(["config: present", "embedded-registry: 'false'"]).embedded_registry is False
     assert parse_k3s(["config: present", "node-ip: 10.0.0.1"]).embedded_registry is None
     assert parse_k3s(["embedded-registry: " + "true" * 100000]).embedded_registry is False
+
+
+# --- the all-GPU deadlock by the inventory's own taints (issue 32 item 1) ---------------------
+
+ALL_GPU = "cluster: t\n%snodes:\n  - {name: cp-1, address: 10.0.0.1, role: server%s}\n" \
+          "  - {name: gpu-1, address: 10.0.0.2, gpu: {enabled: true}}\n%s"
+
+
+@pytest.mark.parametrize("taint", ["CriticalAddonsOnly=true:NoExecute", "node-role.kubernetes.io/control-plane:NoSchedule"])
+def test_tainted_servers_and_only_gated_gpu_agents_are_warned_with_the_fix(taint):
+    inv = parse_inventory(ALL_GPU % ("", f", taints: [{taint}]", ""))
+    facts = {"cp-1": CPU, "gpu-1": CLAIMED_GPU}
+    (warned,) = [f for f in preflight(inv, facts, resolve_topology(inv, facts)) if f.check == "schedulable"]
+    assert (warned.node, warned.severity) == ("cp-1", "warning") and f"cp-1: {taint}" in warned.message
+    assert "nowhere to run" in warned.message and "gate: false" in warned.fix and "CPU agent" in warned.fix
+
+
+@pytest.mark.parametrize("extra, server, more", [
+    ("", ", taints: ['dedicated=infra:PreferNoSchedule']", ""),  # PreferNoSchedule leaves room
+    ("", "", ""),  # an untainted server takes the Deployments
+    ("", ", taints: ['CriticalAddonsOnly=true:NoExecute']", "  - {name: cpu-1, address: 10.0.0.3}\n"),  # a CPU agent
+    ("gpu: {gate: false}\n", ", taints: ['CriticalAddonsOnly=true:NoExecute']", ""),  # no gate holds the agents
+])
+def test_a_node_left_to_schedule_on_is_not_warned(extra, server, more):
+    inv = parse_inventory(ALL_GPU % (extra, server, more))
+    facts = {"cp-1": CPU, "gpu-1": CLAIMED_GPU, "cpu-1": CPU}
+    assert [f for f in preflight(inv, facts, resolve_topology(inv, facts)) if f.check == "schedulable"] == []
