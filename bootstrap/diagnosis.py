@@ -53,6 +53,13 @@ TRUNCATED = "\n[bootstrap diagnose: cut at {cap} bytes]\n"
 LOG_TAIL_LINES = 200
 LOG_LIMIT_BYTES = 256 * KIB
 MAX_PODS_DESCRIBED = 50
+# A pod's containers are what its spec lists, and a node's kubelet makes the spec of each
+# mirror pod it runs: the logs of this many containers of a pod are read (the GPU Operator's
+# validator, the largest the tool installs, has 5), in at most LOGS_S for all pods together.
+# Before, 50 failing pods of thousands of containers each were read whole: hours with the
+# cluster's lock held, and gigabytes.
+MAX_CONTAINERS_LOGGED = 8
+LOGS_S = 600
 MAX_EVENTS = 1000
 CRASHLOOP_RESTARTS = 3
 SUMMARY_MAX_LINES = 200

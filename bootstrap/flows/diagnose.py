@@ -236,11 +236,13 @@ def read_cluster(cluster, list_releases, members: dict[str, str], findings: d.Fi
         f"{p.get('metadata', {}).get('namespace')}/{p.get('metadata', {}).get('name')} "
         f"{p.get('status', {}).get('phase')} node={p.get('spec', {}).get('nodeName')}\n" for p in pods)
     failing = [p for p in pods if d.pod_failing(p)]
+    logs_until = time.monotonic() + d.LOGS_S
     for index, pod in enumerate(failing[:d.MAX_PODS_DESCRIBED]):
         findings.problems.append(d.pod_problem(pod))
         meta = pod.get("metadata", {})
         members[d.pod_member(index, meta.get("namespace", ""), meta.get("name", ""))] = describe_pod(
-            cluster, pod, [e for e in events if (e.get("involvedObject") or {}).get("uid") == meta.get("uid")])
+            cluster, pod, [e for e in events if (e.get("involvedObject") or {}).get("uid") == meta.get("uid")],
+            logs_until)
     if len(failing) > d.MAX_PODS_DESCRIBED:
         findings.notes.append(f"{len(failing) - d.MAX_PODS_DESCRIBED} more failing pods not described")
     try:
@@ -261,16 +263,22 @@ def node_view(node: dict) -> dict:
             "allocatable": status.get("allocatable")}
 
 
-def describe_pod(cluster, pod: dict, events: list[dict]) -> str:
-    """The pod (without managedFields), its events, each container's log tail."""
+def describe_pod(cluster, pod: dict, events: list[dict], logs_until: float | None = None) -> str:
+    """The pod (without managedFields), its events, the log tail of each of its first
+    MAX_CONTAINERS_LOGGED containers, read until `logs_until` (time.monotonic())."""
     meta = dict(pod.get("metadata", {}))
     meta.pop("managedFields", None)
     parts = [as_json(dict(pod, metadata=meta)), "\n--- events\n", "".join(d.event_line(e) + "\n" for e in events)]
     namespace, name = meta.get("namespace", ""), meta.get("name", "")
     containers = [c.get("name", "") for c in (pod.get("spec", {}).get("initContainers") or [])
                   + (pod.get("spec", {}).get("containers") or [])]
-    for container in containers:
+    if len(containers) > d.MAX_CONTAINERS_LOGGED:
+        parts.append(f"\n--- {len(containers) - d.MAX_CONTAINERS_LOGGED} more containers: their logs not read\n")
+    for container in containers[:d.MAX_CONTAINERS_LOGGED]:
         parts.append(f"\n--- log of container {d.safe_name(container)}, last {d.LOG_TAIL_LINES} lines\n")
+        if logs_until is not None and time.monotonic() > logs_until:
+            parts.append(f"(not read: diagnose's {d.LOGS_S} s for pod logs were spent)\n")
+            continue
         if not all(_API_NAME.fullmatch(str(n)) for n in (namespace, name, container)):
             parts.append("(a name the API should not have accepted: not read)\n")
             continue

@@ -142,3 +142,18 @@ def test_the_connection_a_cut_answer_held_is_not_reused(api):
 def test_a_json_answer_over_its_cap_is_a_message_not_a_partial_object(api):
     status, body = request(api, "GET", "/api/v1/namespaces/x/pods/p/log", max_bytes=1024)
     assert status == 200 and body == {"message": "the API's answer was not read whole: more than 1024 bytes came"}
+
+
+def test_diagnose_reads_the_logs_of_a_pods_first_containers_only_and_within_its_time(api, monkeypatch):
+    """A node's kubelet writes the spec of each mirror pod it runs: one of 5000 containers, each
+    log served at its cap, was read container by container (gigabytes for 50 such pods, hours
+    with the cluster's lock held)."""
+    pod = {"metadata": {"namespace": "kube-system", "name": "static-x"},
+           "spec": {"containers": [{"name": f"c{i}"} for i in range(5000)]}}
+    text = diagnose.describe_pod(api, pod, [])
+    assert len(HostileApi.asked) == diagnose.d.MAX_CONTAINERS_LOGGED
+    assert f"{5000 - diagnose.d.MAX_CONTAINERS_LOGGED} more containers: their logs not read" in text
+    HostileApi.asked = []
+    monkeypatch.setattr(diagnose.d, "LOGS_S", 0)
+    text = diagnose.describe_pod(api, pod, [], logs_until=time.monotonic())
+    assert not HostileApi.asked and "(not read: diagnose's 0 s for pod logs were spent)" in text
