@@ -6,7 +6,7 @@ RDMA across providers, quorum by provider) and the reachability plan on public a
 import pytest
 
 from bootstrap.errors import InvalidInput
-from bootstrap.host.facts.host_facts import HostFacts, InterfaceAddress, Route
+from bootstrap.host.facts.host_facts import HostFacts, InterfaceAddress, PciDevice, Route
 from bootstrap.host.plan import k3sconfig
 from bootstrap.inventory.loader import parse_inventory
 from bootstrap.checks.preflight import check_clock_skew, check_providers, preflight
@@ -219,8 +219,6 @@ RDMA_AT_LAMBDA = PUBLIC.replace("network: {mode: public}", "network: {mode: publ
 
 def claiming(*names):
     """The hosts' facts, with `names` reporting an NVIDIA GPU on their PCI bus (their own claim)."""
-    from bootstrap.host.facts.host_facts import PciDevice  # imported here: only these tests claim GPUs
-
     gpu = [PciDevice("0000:00:06.0", "0x2335", "0x030200")]
     return {n: nat_host(n, nvidia_pci=gpu if n in names else []) for n in PRIVATE}
 
