@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from dataclasses import dataclass
 
 from bootstrap.cluster.checks import _create, _pod, _pod_outcome, checks_namespace, expected_gpu_resources
@@ -207,8 +208,12 @@ def run_burn_in(cluster: Cluster, nodes: dict[str, Slots], seconds: int, floor: 
     with checks_namespace(cluster) as space:
         for node, slots in nodes.items():
             _create(cluster, burn_in_pod(node, slots, seconds), space.name)
+        # One deadline for all: the pods started together, so each node that never runs its pod
+        # no longer adds a whole time-out of its own to everyone's wait.
+        timeout_s = seconds * SLOWEST_SHARE + START_UP_S
+        until = time.monotonic() + timeout_s
         for node, slots in nodes.items():
-            phase, _, why = _pod_outcome(cluster, pod_name(node), seconds * SLOWEST_SHARE + START_UP_S, space.name)
+            phase, _, why = _pod_outcome(cluster, pod_name(node), timeout_s, space.name, until=until)
             logs = _container_logs(cluster, node, slots.count, space.name)
             if phase != "Succeeded":
                 said = next((log for log in logs.values() if log.strip() and gflops(log) is None), "")

@@ -137,12 +137,13 @@ def _waiting(status: dict) -> tuple[str, str]:
 
 
 def _pod_outcome(cluster: Cluster, name: str, timeout_s: float,
-                 namespace: str = NAMESPACE) -> tuple[str, str, str]:
+                 namespace: str = NAMESPACE, until: float | None = None) -> tuple[str, str, str]:
     """(phase, log, why) once the pod ends, or ('Pending'/'Running', '', why) at the time-out,
     or at once when the kubelet will never get its image. A container the kubelet cannot start
-    says why (ImagePullBackOff and its message) before the pod's conditions do."""
+    says why (ImagePullBackOff and its message) before the pod's conditions do. `until`: the
+    time-out's end (time.monotonic()) when it began before this call (pods started together)."""
     path = object_path("v1", "Pod", name, namespace)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s if until is None else until
     container_why = condition_why = ""
     while True:
         pod = get(cluster, path) or {}
@@ -182,8 +183,11 @@ def check_gpu_pods(cluster, inventory, gpu_nodes, facts, timeout_s, namespace=NA
         _create(cluster, _pod(name, node.name, image, {resource: 1}), namespace)
         started[node.name] = name
     results = []
+    # One deadline for all: the pods started together, so each node that never runs its pod
+    # no longer adds a whole time-out of its own to everyone's wait.
+    until = time.monotonic() + timeout_s
     for node in gpu_nodes:
-        phase, log, why = _pod_outcome(cluster, started[node.name], timeout_s, namespace)
+        phase, log, why = _pod_outcome(cluster, started[node.name], timeout_s, namespace, until=until)
         if phase == "Succeeded" and "Test PASSED" in log:
             results.append(CheckResult("gpu-pod", "PASS", "CUDA vectorAdd: Test PASSED", node.name))
         elif phase == "Succeeded":

@@ -6,6 +6,8 @@ node runs on that Node, chosen by its name: never by a label its kubelet may wri
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sandbox import Cluster, k3s  # noqa: F401  (k3s: the built stand-in, a fixture)
 
@@ -57,3 +59,17 @@ def test_a_node_that_claims_another_nodes_hostname_draws_none_of_its_pods(k3s, t
         assert placed == ["gpu-1", "gpu-1"]
     finally:
         lab.stop()
+
+
+def test_pods_started_together_share_one_deadline(lab, tmp_path, monkeypatch):
+    """Three nodes whose burn-in pods never run (no such Node here: they stay Pending) end
+    the burn-in at its one time-out, not one after the other (three time-outs before)."""
+    monkeypatch.setattr(burn_in, "START_UP_S", 0)
+    monkeypatch.setattr(checks, "CLEANUP_S", 5)
+    cluster = ApiCluster(lab.api, tmp_path / "kubeconfig")
+    started = time.monotonic()
+    verdict = burn_in.run_burn_in(cluster, {f"ghost-{i}": burn_in.Slots("nvidia.com/gpu", 1) for i in range(3)}, 1)
+    waited = time.monotonic() - started
+    assert [why.split(":")[:2] for why in sorted(verdict["failed"])] == [
+        [f"ghost-{i}", " the burn-in pod pending"] for i in range(3)]
+    assert waited < 11, waited  # one time-out (5 s) and the cleanup; before: three (15 s) and the cleanup
