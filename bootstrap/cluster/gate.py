@@ -197,10 +197,24 @@ def burn_in_results(cluster: Cluster, inventory: Inventory, facts, nodes) -> lis
     return results
 
 
-def nccl_results(cluster: Cluster, inventory: Inventory, facts, nodes, peers) -> list[CheckResult]:
+def proven_nodes(inventory: Inventory, node_objects: dict[str, dict], verdicts: dict[str, str]) -> frozenset[str]:
+    """The nodes whose NCCL pairs may pin a failure on a partner (nccl_pairs): the servers, the
+    nodes left trusted where the inventory marks some node `trusted: false` (the operator's
+    word; with none so marked, `trusted` is everyone's default and says nothing), and the open
+    Node objects that passed the gate in an earlier run (the tool's record, by uid)."""
+    marks_trust = any(not n.trusted for n in inventory.nodes)
+
+    def passed_open(name: str) -> bool:
+        obj = node_objects.get(name)
+        return obj is not None and not has_gate(obj) and passed_before(obj, verdicts)
+    return frozenset(n.name for n in inventory.nodes
+                     if not may_hold(n) or (marks_trust and n.trusted) or passed_open(n.name))
+
+
+def nccl_results(cluster: Cluster, inventory: Inventory, facts, nodes, peers, proven) -> list[CheckResult]:
     """Each node's NCCL pair tests with peers at its provider (nccl_pairs: a failure counts
-    against a node only when unambiguous), one pair at a time, each in its own namespace;
-    a pair tested once is not tested again."""
+    against a node only when unambiguous, with `proven` partners), one pair at a time, each
+    in its own namespace; a pair tested once is not tested again."""
     tested: dict[frozenset, CheckResult] = {}
     kept: list[CheckResult] = []  # a kubelet that kept a pod of a pair test: its own node's FAIL
 
@@ -212,13 +226,14 @@ def nccl_results(cluster: Cluster, inventory: Inventory, facts, nodes, peers) ->
             tested[key], *left = in_namespace(cluster, run)
             kept.extend(left)
         return tested[key]
-    return [r for node in nodes for r in nccl_pairs.judge_node(node, nccl_pairs.partners_of(node, peers), test)] + kept
+    return [r for node in nodes
+            for r in nccl_pairs.judge_node(node, nccl_pairs.partners_of(node, peers), test, proven=proven)] + kept
 
 
 def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts], nodes, peers,
-                gpu: list) -> list[CheckResult]:
+                gpu: list, proven: frozenset[str] = frozenset()) -> list[CheckResult]:
     """The gated `nodes`' own checks, as gpu.gate.checks chooses; `peers`: GPU nodes already
-    open, for the NCCL pair test."""
+    open, for the NCCL pair test; `proven`: proven_nodes."""
     checks = set(inventory.gpu.gate.checks)
     results = health_results(inventory, facts, nodes, gpu) if "health" in checks else []
     results += pod_results(cluster, inventory, facts, nodes, checks)
@@ -227,7 +242,7 @@ def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFac
     nccl = inventory.validate.nccl
     if "nccl" in checks and nccl and nccl.enabled:
         passed = [n for n in nodes if decide(n.name, results).passed]  # a failed node is not paired
-        results += nccl_results(cluster, inventory, facts, passed, list(peers) + passed)
+        results += nccl_results(cluster, inventory, facts, passed, list(peers) + passed, proven)
     return results
 
 
@@ -241,8 +256,8 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
     # without GPU nodes, or whose GPU nodes are all gated, costs no read).
     open_nodes = [n for n in gpu if n.name in facts and n.name in node_objects
                   and not has_gate(node_objects[n.name])]
-    gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu,
-                                   read_verdicts(cluster) if inventory.gpu.gate.enabled and open_nodes else {})
+    verdicts = read_verdicts(cluster) if inventory.gpu.gate.enabled and open_nodes else {}
+    gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu, verdicts)
     for node in legacy:
         close_gate(cluster, node.name)
     nodes = gated + legacy
@@ -253,7 +268,8 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
              and n.name not in judged and n.name not in failed_before]
     checked = [n for n in nodes if n.name not in failed_before]  # its MIG layout failed: not worth its checks
     try:
-        results = gate_checks(cluster, inventory, facts, checked, peers, gpu) if checked else []
+        results = gate_checks(cluster, inventory, facts, checked, peers, gpu,
+                              proven_nodes(inventory, node_objects, verdicts)) if checked else []
     except ClusterError as exc:  # the checks could not run: every node stays gated, saying why
         results = [CheckResult("gate", "FAIL", f"its checks could not run: {exc}", n.name) for n in nodes]
     results += [CheckResult("mig", "FAIL", why, name) for name, why in failed_before.items() if name in judged]
