@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 
 from bootstrap.cluster.checks import _create, _pod, _pod_outcome, checks_namespace, expected_gpu_resources
-from bootstrap.cluster.client import Cluster, get, object_path, pod_log
+from bootstrap.cluster.client import LOG_READ_S, Cluster, ClusterError, get, object_path, pod_log
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import derived_name
 from bootstrap.inventory.model import Inventory, Node
@@ -65,6 +65,14 @@ _DEVICE = re.compile(r"^> Compute [0-9]{1,3}\.[0-9]{1,3} CUDA device: \[([ -~]{1
 _GPU_RESOURCE = re.compile(r"nvidia\.com/(?:gpu|gpu\.shared|mig-[0-9a-z][0-9a-z.+-]{0,39})")
 _COUNT = re.compile(r"[0-9]{1,4}")
 MAX_SLOTS = 64  # containers in one burn-in pod, whatever a node advertises
+# A node's slots' logs are read one after another, each up to pod_log's LOG_READ_S (plus the
+# API client's 30 s wait for the answer to begin): a node advertising MAX_SLOTS whose kubelet
+# trickles every log held the burn-in some 96 minutes. So all of a node's reads share one
+# deadline; the slots left when it passes fail with the reason. An honest slot's log is
+# n-body's dozen lines, one request of well under a second through the tunnel: 64 of them
+# take about a minute at worst, and 120 s is twice that. Past it, a node delays the others by
+# at most the one read under way's socket waits (30 s for the answer's head, 30 s a chunk).
+NODE_LOGS_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -185,13 +193,41 @@ def _medians(node: str, per_node: dict[int, float], models: dict[str, dict[int, 
     return {model: statistics.median(values) for model, values in by_model.items()}
 
 
-def _container_logs(cluster: Cluster, node: str, gpus: int, namespace: str) -> dict[int, str]:
+def _container_logs(cluster: Cluster, node: str, gpus: int, namespace: str) -> tuple[dict[int, str], str]:
+    """(slot -> its container's log, why some slots' logs were not read: '' when none). All
+    of the node's reads end by one deadline (NODE_LOGS_S), each given what is left of it; a
+    read the API cannot answer (a kubelet that never begins its answer) is that slot's alone."""
     path = object_path("v1", "Pod", pod_name(node), namespace)
-    logs = {}
+    until = time.monotonic() + NODE_LOGS_S
+    logs, unread = {}, {}
     for slot in range(gpus):
-        code, log = pod_log(cluster, path, container=container_name(slot))
+        left = until - time.monotonic()
+        if left <= 0:
+            unread[slot] = (f"not read: a node's burn-in logs are read within {NODE_LOGS_S:.0f} s, "
+                            "and this node's took all of it")
+            continue
+        try:
+            code, log = pod_log(cluster, path, container=container_name(slot), read_s=min(LOG_READ_S, left))
+        except ClusterError as exc:
+            unread[slot] = f"not read: {exc}"
+            continue
         logs[slot] = log if code < 300 and isinstance(log, str) else ""
-    return logs
+    return logs, _unread_reason(unread)
+
+
+def _unread_reason(unread: dict[int, str]) -> str:
+    """'GPU slot 3-63 not read: ...' (each reason once, with the slots it was given for)."""
+    by_reason: dict[str, list[int]] = {}
+    for slot, why in unread.items():
+        by_reason.setdefault(why, []).append(slot)
+    return "; ".join(f"GPU slot {_span(slots)} {why}" for why, slots in by_reason.items())
+
+
+def _span(slots: list[int]) -> str:
+    """3, or 3-63 for a run of slots, else each: the reason stays short for 64 slots."""
+    if len(slots) > 1 and slots == list(range(slots[0], slots[-1] + 1)):
+        return f"{slots[0]}-{slots[-1]}"
+    return ", ".join(map(str, slots))
 
 
 def slots_of(cluster: Cluster, inventory: Inventory, hosts: dict[str, HostFacts]) -> dict[str, Slots]:
@@ -214,7 +250,9 @@ def run_burn_in(cluster: Cluster, nodes: dict[str, Slots], seconds: int, floor: 
         until = time.monotonic() + timeout_s
         for node, slots in nodes.items():
             phase, _, why = _pod_outcome(cluster, pod_name(node), timeout_s, space.name, until=until)
-            logs = _container_logs(cluster, node, slots.count, space.name)
+            logs, unread = _container_logs(cluster, node, slots.count, space.name)
+            if unread:
+                errors.append(f"{node}: {unread}")
             if phase != "Succeeded":
                 said = next((log for log in logs.values() if log.strip() and gflops(log) is None), "")
                 errors.append(f"{node}: the burn-in pod {phase.lower()}: {why or said[-200:]}")

@@ -29,7 +29,8 @@ LINE = b"x" * 1023 + b"\n"
 
 class HostileApi(BaseHTTPRequestHandler):
     """Pods that have Succeeded; each log an endless stream of lines (`LOG_BYTES`, whatever
-    limitBytes or tailLines asked), or a trickle of a byte each 0.2 s under `trickle`."""
+    limitBytes or tailLines asked), or a trickle of a byte each 0.2 s under `trickle`, or no
+    answer at all (the connection closed) under `hangup`."""
 
     protocol_version = "HTTP/1.1"
     asked: list = []
@@ -38,6 +39,9 @@ class HostileApi(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path.endswith("/log"):
             type(self).asked.append(dict(parse_qsl(url.query)))
+            if "hangup" in url.path:
+                self.close_connection = True
+                return
             return self._stream(trickle="trickle" in url.path)
         body = json.dumps({"kind": "Pod", "metadata": {"name": url.path.rsplit("/", 1)[-1]},
                            "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Succeeded"}}).encode()
@@ -93,7 +97,7 @@ def gpu_pod_log(cluster):
 
 
 def burn_in_log(cluster):
-    return burn_in._container_logs(cluster, "gpu-1", 1, "bootstrap-validate-0a1b2c3d")[0]
+    return burn_in._container_logs(cluster, "gpu-1", 1, "bootstrap-validate-0a1b2c3d")[0][0]
 
 
 def diagnose_log(cluster):
@@ -129,6 +133,21 @@ def test_a_log_that_trickles_is_cut_at_its_deadline(api):
     assert time.monotonic() - started < 5
     assert status == 200 and log.startswith("yyy") and log.endswith("[bootstrap cut this answer here: "
                                                                     "it was still coming after 1 s]")
+
+
+def test_a_nodes_burn_in_logs_are_read_within_one_deadline_and_the_rest_fail_with_the_reason(api, monkeypatch):
+    """A node may advertise MAX_SLOTS GPU slots and trickle each slot's log: read one after
+    another, each up to its own LOG_READ_S, that held the burn-in some 96 minutes for one node."""
+    monkeypatch.setattr(burn_in, "NODE_LOGS_S", 2.0)
+    started = time.monotonic()
+    logs, unread = burn_in._container_logs(api, "trickle", burn_in.MAX_SLOTS, "bootstrap-validate-0a1b2c3d")
+    assert time.monotonic() - started < 6  # before: 60 s for each of the 64 slots
+    assert list(logs) == [0] and logs[0].startswith("yyy")  # the read under way is cut at the deadline
+    assert unread == ("GPU slot 1-63 not read: a node's burn-in logs are read within 2 s, and this node's took "
+                      "all of it")
+    # A kubelet that gives no answer fails its own slots' reads, with the reason, and raises nothing
+    logs, unread = burn_in._container_logs(api, "hangup", 2, "bootstrap-validate-0a1b2c3d")
+    assert logs == {} and unread.startswith("GPU slot 0-1 not read: API request GET ") and "failed" in unread
 
 
 def test_the_connection_a_cut_answer_held_is_not_reused(api):
