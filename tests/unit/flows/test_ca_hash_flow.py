@@ -24,7 +24,7 @@ from bootstrap.host.plan import k3sconfig
 from bootstrap.host.plan.join_tokens import CA_HASH_REFUSED, JoinTokens
 from bootstrap.remote.interface import HostFailure
 from bootstrap.state.folder import StateDir
-from deploys.converge import wait_for_service_script
+from bootstrap.deploys.converge import wait_for_service_script
 
 OLD = "01d" + "0" * 61  # the hash kept in the state folder
 NEW = "5e7" + "0" * 61  # the first server's after `k3s certificate rotate-ca`
