@@ -20,6 +20,7 @@ from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 from bootstrap.remote_data import RemoteDataError, loads
+from bootstrap.topology import gpu_cluster
 
 # The verdict is kept where only the tool writes: a ConfigMap in kube-system (a kubelet may
 # write its own Node's annotations and labels, within NodeRestriction's limits, but no ConfigMap:
@@ -77,24 +78,48 @@ def record_verdict(cluster: Cluster, name: str, uid: str | None) -> None:
                            f"{body.get('message', status)}")
 
 
+# Why a GPU agent that did not answer the probe is gated unjudged (its Node's annotation).
+UNPROBED_REASON = ("gated without its checks: this Node has no gate and never passed it (the tool's record), "
+                   "and its host did not answer the probe; it is checked once it answers")
+
+
 def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
-                   gpu: list, verdicts: dict[str, str]) -> tuple[list, list]:
-    """(to judge, to gate first): the GPU nodes that answered and hold the gate's taint, or are
-    servers that never passed (judged open: gate_rules.may_hold); and the agents that registered
-    before the gate existed (no taint, never passed): the tool gates those through the API,
-    since k3s sets node-taint only when a node registers. `verdicts`: read_verdicts."""
+                   gpu: list, verdicts: dict[str, str]) -> tuple[list, list, list]:
+    """(to judge, to gate first, to gate unjudged): the GPU nodes that answered and hold the
+    gate's taint, or are servers that never passed (judged open: gate_rules.may_hold); the
+    agents that answered and registered before the gate existed (no taint, never passed): the
+    tool gates those through the API, since k3s sets node-taint only when a node registers;
+    and the GPU agents that did not answer the probe, with no taint and no verdict for their
+    Node: gated through the API too, and judged once they answer. A kubelet may delete its
+    Node and register it again (another uid, and no taint: node-taint is in a config.yaml its
+    host controls), then not answer SSH: it is not left open. `verdicts`: read_verdicts."""
     if not inventory.gpu.gate.enabled:
-        return [], []
-    gated, legacy = [], []
-    for node in gpu:
-        obj = node_objects.get(node.name)
-        if obj is None or node.name not in facts:
-            continue
-        if has_gate(obj):
+        return [], [], []
+    gated, legacy, unprobed = [], [], []
+    for node in gpu_nodes_in_cluster(inventory, facts, node_objects, gpu, verdicts):
+        obj = node_objects[node.name]
+        if node.name not in facts:
+            if may_hold(node) and not has_gate(obj) and not passed_before(obj, verdicts):
+                unprobed.append(node)
+        elif has_gate(obj):
             gated.append(node)
         elif not passed_before(obj, verdicts):
             (legacy if may_hold(node) else gated).append(node)
-    return gated, legacy
+    return gated, legacy, unprobed
+
+
+def gpu_nodes_in_cluster(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
+                         gpu: list, verdicts: dict[str, str]) -> list:
+    """The GPU nodes that have a Node: the run's (`gpu`: the inventory's word, or the host's
+    own answer), and, in a GPU cluster, a node whose host did not answer the probe and is no
+    GPU node by the inventory's word alone, when the tool's record names it (it passed the gate
+    as a GPU node before) or its Node advertises a GPU resource (its own answer). A node the
+    inventory makes no GPU node (gpu.enabled: false) is none."""
+    names = {n.name for n in gpu}
+    unprobed_gpu = gpu_cluster(inventory, facts)
+    return [n for n in inventory.nodes if n.name in node_objects and (n.name in names or (
+        unprobed_gpu and n.name not in facts and n.gpu.enabled is not False
+        and (n.name in verdicts or bool(burn_in.advertised(node_objects[n.name])))))]
 
 
 def _patch_node(cluster: Cluster, name: str, change) -> dict:
@@ -248,21 +273,25 @@ def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFac
 
 def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts],
              node_objects: dict[str, dict], gpu: list,
-             failed_before: dict[str, str] | None = None) -> tuple[list[GateDecision], list[str]]:
-    """Judge every gated GPU node and lift or keep its gate. Returns the decisions and the
-    pre-gate nodes the tool gated first. `gpu`: the run's GPU nodes (bootstrap.topology);
-    `failed_before`: nodes that failed on the cluster side already (their MIG layout), with why."""
+             failed_before: dict[str, str] | None = None) -> tuple[list[GateDecision], list[str], list[str]]:
+    """Judge every gated GPU node and lift or keep its gate. Returns the decisions, the
+    pre-gate nodes the tool gated first, and the GPU agents it gated without judging (they did
+    not answer the probe). `gpu`: the run's GPU nodes (bootstrap.topology); `failed_before`:
+    nodes that failed on the cluster side already (their MIG layout), with why."""
     # The tool's record is read only where a node's own taint does not settle it (a cluster
-    # without GPU nodes, or whose GPU nodes are all gated, costs no read).
-    open_nodes = [n for n in gpu if n.name in facts and n.name in node_objects
-                  and not has_gate(node_objects[n.name])]
+    # whose nodes are all gated, or answered and are no GPU nodes, costs no read).
+    gpu_names = {n.name for n in gpu}
+    open_nodes = [n for n in inventory.nodes if n.name in node_objects and not has_gate(node_objects[n.name])
+                  and (n.name in gpu_names or n.name not in facts)]
     verdicts = read_verdicts(cluster) if inventory.gpu.gate.enabled and open_nodes else {}
-    gated, legacy = nodes_to_judge(inventory, facts, node_objects, gpu, verdicts)
+    gated, legacy, unprobed = nodes_to_judge(inventory, facts, node_objects, gpu, verdicts)
     for node in legacy:
         close_gate(cluster, node.name)
+    for node in unprobed:
+        close_gate(cluster, node.name, UNPROBED_REASON)
     nodes = gated + legacy
     if not nodes:
-        return [], []
+        return [], [], [n.name for n in unprobed]
     judged, failed_before = {n.name for n in nodes}, failed_before or {}
     peers = [n for n in gpu if n.name in facts and n.name in node_objects
              and n.name not in judged and n.name not in failed_before]
@@ -276,7 +305,7 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
     decisions = [with_warnings(decide(n.name, results, holds=may_hold(n)), results) for n in nodes]
     for decision in decisions:
         apply_decision(cluster, decision)
-    return decisions, [n.name for n in legacy]
+    return decisions, [n.name for n in legacy], [n.name for n in unprobed]
 
 
 def with_warnings(decision: GateDecision, results: list[CheckResult]) -> GateDecision:

@@ -18,10 +18,13 @@ def gate_phase(run: Run, cluster, node_objects: dict | None = None,
         return []
     with run.console.phase("cluster: acceptance gate"):
         nodes = node_objects if node_objects is not None else read_nodes(cluster)
-        decisions, legacy = run_gate(cluster, run.inventory, run.settled_facts(), nodes,
-                                     run.topology.gpu_nodes_of(run.inventory), failed_before)
+        decisions, legacy, unprobed = run_gate(cluster, run.inventory, run.settled_facts(), nodes,
+                                               run.topology.gpu_nodes_of(run.inventory), failed_before)
     for name in legacy:
         run.console.say(f"gate: {name} registered before the acceptance gate: gated through the API for its checks")
+    for name in unprobed:
+        run.console.say(f"gate: {name}: its Node has no gate and never passed it, and its host did not answer the "
+                        "probe: gated through the API without its checks, which run once it answers")
     say_decisions(run.console, decisions)
     return decisions
 

@@ -15,7 +15,7 @@ from test_gate_flow import CPU, GOOD, XID_79, a_run, connector, gated_lab, inven
 
 from bootstrap.cluster import checks
 from bootstrap.cluster.client import Cluster as ApiCluster
-from bootstrap.cluster.gate import OLD_GATE_PASSED, passed_before, read_verdicts
+from bootstrap.cluster.gate import OLD_GATE_PASSED, UNPROBED_REASON, VERDICTS, passed_before, read_verdicts
 from bootstrap.cluster.gate_rules import GATE_KEY, GATE_REASON, taint_flag
 from bootstrap.errors import HostsFailed
 from bootstrap.flows.cluster_side import cluster_phase
@@ -141,3 +141,30 @@ def test_a_failing_nccl_pair_that_no_second_partner_can_explain_fails_no_node(ga
         assert line.startswith(f"gate: {node}: passed, takes workloads") and \
             f"nccl: the pair with {partner} failed" in line and "not attributed to this node" in line
         assert GATE_KEY not in taint_keys(gated_lab, node)
+
+
+def test_a_gpu_node_registered_again_that_does_not_answer_the_probe_is_gated_unjudged(k3s, helm_calls, tmp_path):  # noqa: F811
+    """A kubelet may delete its own Node and register it again: another uid, and no taint (k3s
+    sets node-taint only at registration, from a config.yaml its host controls), then not
+    answer the probe. The gate skipped every GPU node without facts, so it stayed open."""
+    lab = Cluster(k3s, tmp_path / "hosts")
+    try:
+        lab.server(name="cp-1")
+        lab.agent("gpu-1", gpus=1, taints=[taint_flag()])
+        lab.agent("gpu-2", gpus=1)  # registered again: no gate
+        lab.wait_ready("cp-1", "gpu-1", "gpu-2")
+        lab.core.create_namespaced_config_map(VERDICTS[0], {"metadata": {"name": VERDICTS[1]}, "data": {
+            "gpu-2": '{"uid": "the-node-that-passed", "passed": 1}'}})  # as its earlier Node passed
+        inventory, state = inventory_for(tmp_path)
+        out = io.StringIO()
+        run = a_run(inventory, state, out, connector(lab, tmp_path))
+        run.set_facts({"cp-1": CPU, "gpu-1": GOOD})  # gpu-2's host did not answer
+        cluster_phase(run, validate=False)
+        said = out.getvalue()
+        assert "gate: gpu-2: its Node has no gate and never passed it, and its host did not answer the probe: " \
+            "gated through the API without its checks" in said
+        assert GATE_KEY in taint_keys(lab, "gpu-2")  # before: left open
+        assert lab.node("gpu-2").metadata.annotations[GATE_REASON] == UNPROBED_REASON
+        assert "gate: gpu-1: passed, takes workloads" in said and "gate: gpu-2: passed" not in said
+    finally:
+        lab.stop()
