@@ -150,7 +150,10 @@ def _pod_outcome(cluster: Cluster, name: str, timeout_s: float,
         status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
         phase = status.get("phase") if isinstance(status.get("phase"), str) else "Pending"
         if phase in ("Succeeded", "Failed"):
-            code, log = pod_log(cluster, path)  # its end, capped (a node may send more than asked)
+            try:
+                code, log = pod_log(cluster, path)  # its end, capped (a node may send more than asked)
+            except ClusterError as exc:  # its kubelet hung up on the log: this pod's outcome, not the batch's
+                return phase, "", f"its log could not be read: {exc.message}"[:MAX_WHY]
             return phase, log if code < 300 and isinstance(log, str) else "", str(status.get("message", ""))
         reason, message = _waiting(status)
         if reason and reason not in STARTING:  # kept while the kubelet retries (ContainerCreating again)

@@ -176,3 +176,12 @@ def test_diagnose_reads_the_logs_of_a_pods_first_containers_only_and_within_its_
     monkeypatch.setattr(diagnose.d, "LOGS_S", 0)
     text = diagnose.describe_pod(api, pod, [], logs_until=time.monotonic())
     assert not HostileApi.asked and "(not read: diagnose's 0 s for pod logs were spent)" in text
+
+
+def test_a_kubelet_that_hangs_up_on_a_log_fails_its_own_pod_not_the_batch(api):
+    """validate's and the gate's pods: the log of a pod that ended is read through its node's
+    kubelet; one that closes the connection had raised ClusterError out of the checks, and the
+    gate then failed every node of the batch ("its checks could not run")."""
+    phase, log, why = checks._pod_outcome(api, "hangup", 5)
+    assert phase == "Succeeded" and log == ""
+    assert why.startswith("its log could not be read: API request GET ") and "failed" in why
