@@ -159,12 +159,16 @@ BEFORE_START = (f"/bin/sh -c 'if ls {IMAGE_LIST_GLOB} >/dev/null 2>&1; then "
 PIN_LABELS = ("io.cri-containerd.pinned=pinned", "io.cattle.k3s.pinned=")  # `ctr images label`: "k=" clears k
 PULLS_DEADLINE_S = 3 * 3600  # a node's pulls: multi-GB CUDA images; past it the list goes and `up` asks again
 PULLS_POLL_S = 10
+# One ctr/crictl call of the detached helper: a containerd that stopped answering must not
+# hold it past its deadline (neither sets a time-out of its own on its socket calls).
+CTR_TIMEOUT_S = 60
 
 
 def pin_lines(names: str) -> str:
     """Shell text: pin each of `names` (containerd names, quoted) that the node holds."""
     labels = " ".join(PIN_LABELS)
-    return f"for i in {names}; do k3s ctr -n k8s.io images label \"$i\" {labels} >/dev/null 2>&1; done"
+    return (f"for i in {names}; do timeout {CTR_TIMEOUT_S} k3s ctr -n k8s.io images label \"$i\" {labels} "
+            ">/dev/null 2>&1; done")
 
 
 def pin_when_pulled(names: str) -> str:
@@ -175,7 +179,8 @@ def pin_when_pulled(names: str) -> str:
     waits one poll more: k3s labels a list's images right after its last pull returns
     (labelImages), and the tool's label must come after, or k3s's would stay beside it."""
     waiting = (f"end=$(($(date +%s) + {PULLS_DEADLINE_S})); while [ -e \"$l\" ]; do n=0; "
-               "for i in \"$@\"; do k3s crictl inspecti \"$i\" >/dev/null 2>&1 || n=$((n + 1)); done; "
+               f"for i in \"$@\"; do timeout {CTR_TIMEOUT_S} k3s crictl inspecti \"$i\" >/dev/null 2>&1 "
+               "|| n=$((n + 1)); done; "
                f"if [ $n = 0 ]; then sleep {PULLS_POLL_S}; break; fi; "
                f"if [ $(date +%s) -ge $end ]; then rm -f {PULLS_REQUESTED}; break; fi; "
                f"sleep {PULLS_POLL_S}; done; ")

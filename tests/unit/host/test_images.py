@@ -361,3 +361,24 @@ def test_the_detached_pulls_of_an_older_k3s_end_by_the_deadline(tmp_path, monkey
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[0] == "crictl pull docker.io/library/busybox:1.36"  # the second: no time left
     assert "ctr -n k8s.io images label docker.io/library/busybox:1.36 io.cri-containerd.pinned=pinned" in calls[-2]
+
+
+def test_the_detached_helpers_ctr_and_crictl_calls_each_end_by_a_time_out(tmp_path, monkeypatch):
+    """A containerd that stops answering must not hold the helper past its deadline: ctr and
+    crictl set no time-out of their own on the socket (the label and inspect calls had none)."""
+    import subprocess
+    import time
+
+    from bootstrap.host.parts import k3s_images
+
+    monkeypatch.setattr(k3s_images, "CTR_TIMEOUT_S", 1)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "k3s").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\nexec sleep 300\n")
+    (bindir / "k3s").chmod(0o755)
+    started = time.monotonic()
+    subprocess.run(["sh", "-c", k3s_images.pin_lines("a b")], timeout=30, env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    assert time.monotonic() - started < 10  # before: 300 s a call
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2
+    waiting = k3s_images.pin_when_pulled("a")
+    assert "timeout 1 k3s crictl inspecti" in waiting and "timeout 1 k3s ctr -n k8s.io images label" in waiting
