@@ -157,16 +157,28 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
     if unhold:
         lines.append(f"apt-mark unhold {' '.join(shlex.quote(p) for p in unhold)} >/dev/null 2>&1 || true")
     if remove:
-        lines.append(f"{APT_ENV} apt-get purge -y -q {' '.join(shlex.quote(p) for p in remove)} >/dev/null")
+        lines.append(f"purge_failed=; {APT_ENV} apt-get purge -y -q {' '.join(shlex.quote(p) for p in remove)} >/dev/null "
+                     "|| purge_failed=1")
     prefix = apt_lists_prefix(toolkit_source) if toolkit_source else None
     if TOOLKIT in remove:
         # what its install brought and held (HOLD_WHAT_CAME_WITH), where dpkg has it
         deps = " ".join(TOOLKIT_DEPENDENCIES)
         lines.append(f"deps=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' {deps} 2>/dev/null | awk '/^.i/ {{print $2}}'); "
-                     f"[ -z \"$deps\" ] || {{ apt-mark unhold $deps >/dev/null; {APT_ENV} apt-get purge -y -q $deps >/dev/null; }}")
+                     f"[ -z \"$deps\" ] || {{ apt-mark unhold $deps >/dev/null; {APT_ENV} apt-get purge -y -q $deps >/dev/null "
+                     "|| purge_failed=1; }")
     if prefix and TOOLKIT in remove:
         lines.append(f"rm -f /var/lib/apt/lists/{shlex.quote(prefix)}_*")
     if TOOLKIT in remove:
         lines.append(f"rm -f {TOOLKIT_KEYRING}")  # fetched by curl when NVIDIA's repository is used
+    if remove:
+        # A purge that failed (apt's error is on stderr) keeps the record of what the tool
+        # installed and fails the host: removed, the next `down --purge-drivers` could not
+        # know what to finish, and `exit 0` had said the host was clean.
+        lines.append(PURGE_FAILED_STOPS)
     kept = {"packages_installed": keep, "packages_held": [p for p in held if p in keep]} if keep else {}
     return lines, kept
+
+
+PURGE_FAILED_STOPS = ('[ -z "$purge_failed" ] || { echo "apt-get purge failed (its error is above): the record of '
+                      'what bootstrap installed is kept; run bootstrap down --purge-drivers again once apt works" >&2; '
+                      'exit 1; }')

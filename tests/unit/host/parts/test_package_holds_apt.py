@@ -131,3 +131,20 @@ def test_a_record_with_no_package_name_in_it_unholds_nothing(tmp_path):
     record.write_text("$(touch /tmp/owned)\n../../x\n*\n")
     assert host.run([packages.unhold_recorded_on_host()]).returncode == 0
     assert host.selections() == {DRIVER: "hi", CAME_WITH: "hi", OPERATORS: "hi"}
+
+
+def test_a_purge_that_fails_fails_the_host_and_keeps_the_record(tmp_path):
+    """The driver's prerm fails (dpkg's error, apt's exit 100): the host fails with the reason and
+    what follows (the manifest's removal) does not run. The script ended `exit 0` before, and
+    the record of what the tool installed went with the state folder."""
+    host = Host(tmp_path)
+    recorded = install_with_driver(host)
+    prerm = host.admin / "info" / f"{DRIVER}.prerm"
+    prerm.write_text("#!/bin/sh\necho 'prerm: the driver is in use' >&2\nexit 1\n")
+    prerm.chmod(0o755)
+    lines, _ = packages.teardown(recorded, purge_drivers=True, toolkit_source=None)
+    done = host.run([*lines, f"touch {tmp_path}/record-removed"])
+    assert done.returncode == 1
+    assert "apt-get purge failed" in done.stderr and "the record of what bootstrap installed is kept" in done.stderr
+    assert not (tmp_path / "record-removed").exists()
+    assert DRIVER in host.selections()
