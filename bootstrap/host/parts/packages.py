@@ -180,5 +180,5 @@ def teardown(manifest: dict, purge_drivers: bool, toolkit_source: str | None) ->
 
 
 PURGE_FAILED_STOPS = ('[ -z "$purge_failed" ] || { echo "apt-get purge failed (its error is above): the record of '
-                      'what bootstrap installed is kept; run bootstrap down --purge-drivers again once apt works" >&2; '
+                      'what bootstrap installed is kept; run bootstrap down again once apt works" >&2; '
                       'exit 1; }')
