@@ -245,6 +245,36 @@ def _grace_period_floor(values: dict, path: Path, ck: Checker) -> None:
                        f"{GRACE_FLOOR_REASON}", f"write {_GRACE_ARG}={NODE_MONITOR_GRACE_MIN_S}s or more")
 
 
+# k3s enables NodeRestriction itself (k3s-io/k3s pkg/daemons/control/server.go, apiServer:
+# argsMap["enable-admission-plugins"] = "NodeRestriction"), and a kube-apiserver-arg of the
+# same name replaces k3s's value (pkg/daemons/config GetArgs): without NodeRestriction a
+# kubelet may write any Node, its own node-restriction.kubernetes.io/ labels included, which
+# is what keeps untrusted agents off the trusted nodes' work (nodes[].trusted, the RDMA label).
+_ADMISSION_ARGS = ("enable-admission-plugins", "admission-control")
+
+
+def _node_restriction_kept(values: dict, path: Path, ck: Checker) -> None:
+    server_config = values.get("server_config") if isinstance(values.get("server_config"), dict) else {}
+    flag = "kube-apiserver-arg"
+    if flag not in server_config:
+        return
+    listed = isinstance(server_config[flag], list)
+    for i, arg in enumerate(component_args(server_config[flag])):
+        name, eq, text = str(arg).partition("=")
+        plugins = [p.strip() for p in text.split(",")] if eq else []
+        where = path + ("server_config", flag) + ((i,) if listed else ())
+        adds = name.endswith(("+", "-"))  # k3s's append / prepend forms keep its own value
+        if arg_name(arg) in _ADMISSION_ARGS and not adds and "NodeRestriction" not in plugins:
+            ck.problem(where, f"{arg_name(arg)}={text} replaces k3s's NodeRestriction: without it a kubelet may "
+                       "change any Node, and the labels that keep untrusted agents apart",
+                       f"add NodeRestriction to the list: "
+                       f"{arg_name(arg)}={','.join([*filter(None, plugins), 'NodeRestriction'])}")
+        elif arg_name(arg) == "disable-admission-plugins" and "NodeRestriction" in plugins:
+            ck.problem(where, "disable-admission-plugins turns NodeRestriction off: a kubelet could then change "
+                       "any Node, and the labels that keep untrusted agents apart",
+                       "remove NodeRestriction from disable-admission-plugins")
+
+
 K3S = Record(
     fields={
         "version": Field(Str(pattern=K3S_VERSION, expected="a k3s release", example="v1.33.5+k3s1")),
@@ -269,7 +299,7 @@ K3S = Record(
         "agent_config": Field(k3s_flags("agent")),
     },
     build=m.K3sSettings,
-    checks=[_version_xor_channel, _eviction_once, _grace_period_floor],
+    checks=[_version_xor_channel, _eviction_once, _grace_period_floor, _node_restriction_kept],
 )
 
 
