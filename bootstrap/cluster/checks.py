@@ -455,15 +455,16 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
     launcher = ("mpirun --allow-run-as-root --hostfile /etc/volcano/worker.host "
                 f"-np {ranks} -npernode {per_node} {mca}-x NCCL_DEBUG=WARN {exports + ' ' if exports else ''}"
                 "all_reduce_perf -b 512M -e 8G -f 2 -g 1")
-    sshd = f"/usr/sbin/sshd -D -p {NCCL_SSH_PORT}" if host_network else "/usr/sbin/sshd -D"
     resources = {"nvidia.com/gpu": per_node}
     if inventory.network.rdma and path.hcas:
         resources[resource_key(inventory)] = 1  # the RDMA shared device plugin's /dev/infiniband
     worker_pod = _pod("w", None, image, resources,
-                      command=["/bin/sh", "-c", f"mkdir -p /var/run/sshd && {sshd}"])["spec"]
+                      command=["/bin/sh", "-c", f"mkdir -p /var/run/sshd && {_worker_sshd(host_network)}"])["spec"]
     if host_network:
         worker_pod["hostNetwork"] = True
         worker_pod["dnsPolicy"] = "ClusterFirstWithHostNet"  # cluster names still resolve
+        worker_pod["containers"][0]["env"] = [
+            {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
     if inventory.network.rdma and path.hcas:
         # RDMA registers (pins) memory: RLIMIT_MEMLOCK is raised only with IPC_LOCK.
         worker_pod["containers"][0]["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
@@ -494,6 +495,25 @@ def nccl_job(inventory: Inventory, gpu_nodes, facts, path: NcclPath | None = Non
                      "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
                      "tasks": [{"name": "launcher", "replicas": 1, "template": {"spec": launcher_pod}},
                                {"name": "worker", "replicas": workers, "template": {"spec": worker_pod}}]}}
+
+
+def _worker_sshd(host_network: bool) -> str:
+    """The workers' sshd. On the host network it listens on port 12022 of the node's own
+    address only (the pod's status.hostIP, by the downward API), not on every address the
+    host holds, public ones included. hostIP rather than the inventory's node-ip: it is the
+    address the launcher dials, by construction, on a host of many addresses too. The
+    launcher reaches a worker by its name under the svc plugin's headless Service, whose
+    endpoint is the pod's IP, and a host-network pod's IP is its hostIP (kubernetes
+    pkg/kubelet/kubelet_pods.go, generateAPIPodStatus, v1.33): the Node's first InternalIP,
+    which k3s registers from the node-ip the tool wrote (--node-ip). And one template serves
+    every worker: a per-node address would be looked up by node name in the shell. The value
+    is that node's kubelet's word and sets only that node's sshd; it is quoted, never
+    evaluated, and anything but an address's characters stops the worker. A ListenAddress
+    without a port takes -p's (sshd(8), -p)."""
+    if not host_network:
+        return "/usr/sbin/sshd -D"
+    return ("case \"$HOST_IP\" in ''|*[!0-9A-Fa-f.:]*) echo 'sshd: status.hostIP is not an IP address' >&2; "
+            f"exit 1;; esac && /usr/sbin/sshd -D -p {NCCL_SSH_PORT} -o ListenAddress=\"$HOST_IP\"")
 
 
 def open_mpi_settings(inventory: Inventory, path: NcclPath) -> dict[str, str]:

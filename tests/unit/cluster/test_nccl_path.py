@@ -6,6 +6,7 @@ checked by the kernel's rules before they reach a pod spec (NVIDIA/nccl#1580, #1
 from __future__ import annotations
 
 import shlex
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -52,7 +53,8 @@ def test_each_nodes_node_ip_interface_is_what_nccl_is_told():
     assert f"--mca plm_rsh_args '-p {NCCL_SSH_PORT}'" in launcher
     worker = spec(job, "worker")
     assert worker["hostNetwork"] is True and worker["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert worker["containers"][0]["command"][2].endswith(f"/usr/sbin/sshd -D -p {NCCL_SSH_PORT}")
+    assert worker["containers"][0]["command"][2].endswith(
+        f"/usr/sbin/sshd -D -p {NCCL_SSH_PORT} -o ListenAddress=\"$HOST_IP\"")
     assert "NCCL_IB_HCA" not in launcher and "securityContext" not in worker["containers"][0]
     assert path.describe() == "NCCL_SOCKET_IFNAME==enp1s0,ens5 (a: ens5, b: enp1s0)"
 
@@ -111,6 +113,37 @@ def test_unknown_addresses_leave_nccl_to_choose_and_say_so():
     worker = spec(nccl_job(inv, nodes, facts, path), "worker")
     assert "hostNetwork" not in worker and worker["containers"][0]["command"][2].endswith("/usr/sbin/sshd -D")
     assert path.describe() == "NCCL_SOCKET_IFNAME not set: the addresses of b are unknown"
+
+
+def run_worker_command(command: str, tmp_path, host_ip: str) -> tuple[int, list[str]]:
+    """The worker's shell line run by /bin/sh with HOST_IP as the downward API sets it, sshd
+    and its run directory replaced by a stand-in that records its arguments."""
+    args = tmp_path / "args"
+    sshd = tmp_path / "sshd"
+    sshd.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {args}\n')
+    sshd.chmod(0o755)
+    line = command.replace("/usr/sbin/sshd", str(sshd)).replace("/var/run/sshd", str(tmp_path / "run"))
+    done = subprocess.run(["/bin/sh", "-c", line], env={"HOST_IP": host_ip, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, timeout=10, cwd=tmp_path)
+    return done.returncode, args.read_text().splitlines() if args.exists() else []
+
+
+def test_the_workers_sshd_listens_only_on_its_nodes_host_ip(tmp_path):
+    """On the host network sshd listens on port 12022 of the node's own address, the pod's
+    status.hostIP (the address the launcher dials: a host-network pod's IP is its hostIP),
+    never on every address of the host, public ones included."""
+    inv = inventory()
+    nodes, facts = [inv.node("a"), inv.node("b")], {"a": host("10.0.0.2", "ens5"), "b": host("10.0.0.3", "ens5")}
+    container = spec(nccl_job(inv, nodes, facts), "worker")["containers"][0]
+    assert container["env"] == [{"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
+    command = container["command"][2]
+    for address in ("10.0.0.2", "fd00:0:0:1::2"):
+        assert run_worker_command(command, tmp_path, address) == (
+            0, ["-D", "-p", str(NCCL_SSH_PORT), "-o", f"ListenAddress={address}"])
+    for hostile in ("", "10.0.0.2 -o ListenAddress=0.0.0.0", "$(touch pwned)", "10.0.0.2;id", "*"):
+        (tmp_path / "args").unlink(missing_ok=True)
+        assert run_worker_command(command, tmp_path, hostile) == (1, [])  # sshd not started
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_the_chosen_values_are_printed_with_the_result(monkeypatch):
