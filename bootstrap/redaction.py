@@ -7,7 +7,8 @@ Two nets, both always on:
   URL, base64 of it, the password part of a k3s `K10<hash>::server:<password>` token);
 - by name: the value after a name that holds a secret (`token:`, `"password": ...`,
   `etcd-s3-secret-key=...`, `--agent-token x`, `PrivateKey = ...`, `apikey=...`,
-  `{"auth":"..."}`, `Authorization: Bearer ...`), and anything shaped like a bearer token, a
+  `{"auth":"..."}`, `Authorization: Bearer ...`), each line of a YAML block under such a name
+  (`password: |`, `private_key: |-`), and anything shaped like a bearer token, a
   URL's `user:password@`, a k3s secure token or a PEM private key, whether the tool knows the
   value or not (a host's file may hold a secret the tool never saw).
 
@@ -59,20 +60,44 @@ _SECRET_NAME = (r"[\w.-](?<![\w.-].)(?:(?<=(?P<dash>-)))?+"
 # An HTTP authorization scheme before the credentials it names (`Authorization: Bearer x`).
 _SCHEME_WORD = r"(?:bearer|basic|digest|token)[ \t]+"
 _SCHEME = "(?:" + _SCHEME_WORD + ")?"
+# A YAML block scalar's indicator: `|` or `>`, then an indentation (1-9) and a chomping
+# indicator (+ or -) in either order, each optional (YAML 1.2, 8.1.1: `|2-`, `>+1`).
+# Before it, a tag or an anchor or both (`!!binary |`); a tag read only to a `:`, `=` or `,`,
+# so no name that _INLINE tries after it (`!token:!token: |`) reads the same run again.
+_BLOCK_START = r"(?:[!&][^\s:=,]*+[ \t]++){0,2}+[|>](?:[1-9][-+]?|[-+][1-9]?)?"
 # `name: value`, `"name": value`, `name = value`, `name=value` wherever the name starts (YAML,
 # JSON compact or not, TOML, env files, WireGuard's INI, a query string: apikey=x), and a
 # flag's `--name value`; the value one word or one quoted string, never one that only opens a
-# mapping or a block, a null or a mark already put.
+# mapping or a block (its indicator ends the line: `password: | x` is a value), a null or a mark
+# already put.
 _INLINE = re.compile(
     r"(?P<head>" + _SECRET_NAME + r"(?:[\"']?[ \t]*+[:=][ \t]*+|(?(dash)[ \t]++|(?!)))" + _SCHEME + r")"
     r"(?P<value>\"(?:[^\"\\\n]|\\.)+\"?|'[^'\n]+'?|"
-    r"(?!(?:[|>][-+]?|\{\}?|\[\]?|null|~)(?![^\s\"',])|<redacted|<cut|" + _SCHEME_WORD + r"<redacted)"
+    r"(?!" + _BLOCK_START + r"(?:[ \t]++#|[ \t\r]*+(?:\n|\Z))|(?:\{\}?|\[\]?|null|~)(?![^\s\"',])|<redacted|<cut|"
+    + _SCHEME_WORD + r"<redacted)"
     r"[^\s\"',]+)", re.IGNORECASE)
 # At the start of a line (YAML's list dash allowed) a plain value is the whole rest of the line
 # (a YAML plain scalar may hold spaces): `password: two words` redacted as `password: <redacted>`.
 # It follows _INLINE, whose mark shows the name held a secret: so this name is read once, plainly.
 _LINE_REST = re.compile(r"^(?P<head>[ \t]*+(?:-[ \t]+)?[\"']?[\w.-]++[\"']?[ \t]*+[:=][ \t]*+" + _SCHEME + r")"
                         r"(?P<value>[\"']?<redacted>[^\n]*)", re.IGNORECASE | re.MULTILINE)
+# A YAML block scalar under a secret's name (`password: |`, `token: >-`, `private_key: |2`),
+# whose value is the lines after it: the head alone on its line (after a list's dash; a quoted
+# key, a tag or an anchor, a comment allowed), then its body, each line blank or indented past
+# the key (YAML 1.2, 8.1.1.1): the head's own indentation, then one space more than the key's
+# column (`- key`: a space for the dash, the blanks after it, one more). Under two dashes or
+# more (`- - key: |`) the body is every line indented past the first dash: more than the value,
+# never less. Back-references, not a pattern per column: the text is read once, in C; a head
+# with no body is left as it is (no call into Python for it). A line without `|` or `>` is
+# passed over before its name is read.
+_BLOCK = re.compile(r"^(?=[^\n|>]*+[|>])"
+                    r"(?P<head>(?P<indent>[ \t]*+)(?:-(?P<after_dash>[ \t]++)(?P<dashes>(?:-[ \t]++)++)?)?[\"']?"
+                    + _SECRET_NAME + r"[\"']?[ \t]*+:[ \t]++" + _BLOCK_START + r"[ \t\r]*+(?:#[^\n]*+)?)$"
+                    r"(?P<body>(?:\n(?:[ \t\r]*+(?=\n|\Z)|(?P=indent)(?(after_dash)(?(dashes)| (?P=after_dash)))"
+                    r" [^\n]*+))++)", re.IGNORECASE | re.MULTILINE)
+# A body line's text: from its first character that is not blank to its end, a CR before the
+# newline kept (the first match on a line takes the rest of it, so its indentation stays).
+_BLOCK_TEXT = re.compile(r"[^ \t\n\r](?:[^\n\r]++|\r(?!\n|\Z))*+")
 _ONLY_THE_MARK = ("<redacted>", '"<redacted>"', "'<redacted>'")
 # A bearer token wherever it is (a curl line's header, a client's debug log). Letter by letter,
 # not IGNORECASE: the engine skips ahead only by a class it need not fold.
@@ -107,6 +132,9 @@ class Redactor:
             if value in text:
                 text = text.replace(value, f"<redacted:{self.known[value]}>")
         text = _LONG_LINE.sub(_cut, text)
+        # Blocks before the nets of one line: `password: |2` keeps its indicator, and a PEM key
+        # in a block keeps its lines' shape.
+        text = _BLOCK.sub(_block_gone, text)
         text = _PEM_KEY.sub(f"{MARK} private key", text)
         text = _K3S_TOKEN.sub(MARK, text)
         text = _URL_PASSWORD.sub(_value_gone, text)
@@ -114,6 +142,11 @@ class Redactor:
         text = _BEARER.sub(_value_gone, text)
         text = _INLINE.sub(_value_gone, text)
         return _LINE_REST.sub(_rest_of_line, text)
+
+
+def _block_gone(match: re.Match) -> str:
+    """A secret's YAML block: its head kept, each line of its body the mark, its indentation kept."""
+    return match["head"] + _BLOCK_TEXT.sub(MARK, match["body"])
 
 
 def _cut(match: re.Match) -> str:

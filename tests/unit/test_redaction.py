@@ -1,8 +1,9 @@
 """Redaction (bootstrap.redaction) against what a hostile host can put in a support bundle:
 text shaped to make the nets slow (each must read 2 MiB of any shape in well under a second),
 a line too long to keep, and the secret shapes a bundle carries: WireGuard keys, HTTP
-authorization headers, credentials in URLs, API keys, registry auth in compact JSON, and a
-known password written escaped (JSON, Go's JSON, Go's %q in containerd's TOML, URL encoding).
+authorization headers, credentials in URLs, API keys, registry auth in compact JSON, a YAML
+block under a secret's name (`password: |`, each line), and a known password written escaped
+(JSON, Go's JSON, Go's %q in containerd's TOML, URL encoding).
 The by-name and by-value basics are in tests/unit/flows/test_diagnose.py."""
 
 import json
@@ -10,7 +11,7 @@ import time
 from urllib.parse import quote
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from bootstrap.redaction import MARK, MAX_LINE_CHARS, Redactor, go_quoted
@@ -21,7 +22,7 @@ SIZE = 2 * 1024 * 1024
 SHAPES = ["-", "=", '"', "'", "key=", "a:", "a.", "- ", "a ", " ", "\\", "a", "tok_", "--token", "--token ",
           "TOKEN=", "token: ", "token:", "password=", '"token":"\\', '"auth":"', "auth ", "bearer ", "Bearer",
           "://a:", "@", "K10" + "ab" * 32 + "::", "-----BEGIN ", "-----BEGIN A PRIVATE KEY-----",
-          "authorization: basic ", "password: x ,"]
+          "authorization: basic ", "password: x ,", "token: !", "token: !token:", "token: !a &b ", "- token: |"]
 
 
 def adversarial(shape: str, width: int) -> str:
@@ -139,3 +140,81 @@ def test_any_known_value_goes_as_json_writes_it(value):
     for document in (json.dumps({"v": value}), json.dumps({"v": value}, ensure_ascii=False)):
         out = redactor.apply(document)
         assert json.dumps(value)[1:-1] not in out and json.dumps(value, ensure_ascii=False)[1:-1] not in out
+
+
+# A YAML block scalar's value is the lines after its head, not the rest of the head's line:
+# each shape keeps its key and indicator, each content line its indentation, and the block
+# ends at the first line indented no more than the key (YAML 1.2, 8.1.1.1: content is
+# indented past its parent node's indentation; a blank line of any width stays in the block).
+@pytest.mark.parametrize("text, expected", [
+    ("password: |\n  hunter2\nnext: kept\n", f"password: |\n  {MARK}\nnext: kept\n"),
+    ("token: >-\n    abc def\n    ghi\nnext: kept", f"token: >-\n    {MARK}\n    {MARK}\nnext: kept"),
+    ("private_key: |-\n  -----BEGIN OPENSSH PRIVATE KEY-----\n  b3BlbnNzaC1rZXktdjEAAAAA\n"
+     "  -----END OPENSSH PRIVATE KEY-----\nuser: root\n",
+     f"private_key: |-\n  {MARK}\n  {MARK}\n  {MARK}\nuser: root\n"),
+    # An explicit indentation, blank lines (empty or of spaces) inside, a line more indented.
+    ("s3:\n  secret_key: |2\n      hunter2\n\n    \n        more\n  bucket: b\n",
+     f"s3:\n  secret_key: |2\n      {MARK}\n\n    \n        {MARK}\n  bucket: b\n"),
+    # A key six columns in, content one past it; a list entry's key is at its name's column.
+    ("      token: |+\n       t0k3n\n      kept: 1\n", f"      token: |+\n       {MARK}\n      kept: 1\n"),
+    ("users:\n- name: bob\n  password: >\n    hunter2\n  shell: bash\n- password: |\n    two\n  uid: 7\n",
+     f"users:\n- name: bob\n  password: >\n    {MARK}\n  shell: bash\n- password: |\n    {MARK}\n  uid: 7\n"),
+    # A quoted key, a tag, a comment after the indicator, CRLF line ends.
+    ('"api_key": !!str |-  # the key\r\n  AbCdEf123\r\nnext: kept\r\n',
+     f'"api_key": !!str |-  # the key\r\n  {MARK}\r\nnext: kept\r\n'),
+    # An indicator that does not end its line opens no block: what follows it is the value.
+    ("password: | hunter2 |\ntoken: !x >-9 abc\n", f"password: {MARK}\ntoken: {MARK}\n"),
+    # A block under a name that holds no secret stays as it is, before and after a secret one.
+    ("script: |\n  echo password\ntoken: |\n  abc123\ndescription: >\n  a token's text\n",
+     f"script: |\n  echo password\ntoken: |\n  {MARK}\ndescription: >\n  a token's text\n"),
+])
+def test_a_yaml_block_under_a_secret_name_loses_each_line_and_keeps_its_shape(text, expected):
+    assert Redactor().apply(text) == expected
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(secret=st.text(st.characters(blacklist_characters="\n"), min_size=6, max_size=40),
+       name=st.sampled_from(["password", "token", "private_key", "secret_key", "PrivateKey", "auth",
+                             "agent-token", "etcd-s3-secret-key", "client-key-data", "apiKey"]),
+       indicator=st.sampled_from(["|", ">", "|-", ">+", "|2", "|+1", ">-3", "|9"]),
+       column=st.integers(0, 12), dash=st.booleans(), quote=st.sampled_from(["", '"', "'"]),
+       extra=st.integers(1, 6), place=st.integers(0, 3), blanks=st.sampled_from(["", " ", "\n", "\n \n"]))
+def test_a_secret_in_a_yaml_block_under_a_secret_name_never_comes_out(secret, name, indicator, column,
+                                                                       dash, quote, extra, place, blanks):
+    lead = " " * column + ("- " if dash else "")
+    inner = " " * (len(lead) + extra)
+    body = [inner + "first line", inner + "second line", "", inner + "  last"]
+    body.insert(place, inner + secret)
+    around = " " * len(lead)
+    head = f"{lead}{quote}{name}{quote}: {indicator}"
+    document = "\n".join([f"{around}before: kept", head, *body, blanks, f"{around}after: kept", ""])
+    assume(secret not in document.replace(inner + secret, "") and secret not in MARK)
+    out = Redactor().apply(document)
+    assert secret not in out
+    assert head in out and f"{around}before: kept" in out and f"{around}after: kept" in out
+
+
+# A secret block shaped to be slow: a head, then 2 MiB of body lines of each shape (the body
+# is all redacted); heads one after another, each at another column (the body's pattern
+# is per column).
+BLOCK_TEXTS = {
+    "indented lines": "password: |\n" + adversarial("  hunter2 -", 80),
+    "one long indented line": "password: |\n" + adversarial(" hunter2-", SIZE),
+    "blank lines": "password: |\n hunter2\n" + "\n" * SIZE,
+    "lines of blanks": "password: |\n hunter2\n" + adversarial(" ", 80),
+    "CR lines": "password: |\n hunter2\r\n" + adversarial("\r", 80),
+    "nested heads": "password: |\n" + "  token: |2\n    hunter2\n" * (SIZE // 24),
+    "heads": "token: |\n hunter2\n" * (SIZE // 18),
+    "heads without a body": "- token: |\n" * (SIZE // 11) + "token: |\n hunter2\n",
+    "a column each": "".join(" " * column + "token: |\n" for column in range(2000, 0, -1)) + "  hunter2\n",
+    "list dashes": "password: |\n hunter2\n" + adversarial("- ", 80),
+}
+
+
+@pytest.mark.parametrize("name", BLOCK_TEXTS)
+def test_two_mib_of_a_secret_block_is_redacted_in_well_under_a_second(name):
+    text = BLOCK_TEXTS[name]
+    started = time.process_time()
+    out = Redactor().apply(text)
+    assert time.process_time() - started < 1.0
+    assert "hunter2" not in out
