@@ -56,6 +56,7 @@ class Topology:
     # Agents whose own GPUs go unused: they report GPUs, but the cluster is no GPU cluster
     # (gpu_cluster: nothing in the inventory asks for GPUs). Preflight says so, with the fix.
     unused_gpus: tuple[str, ...] = ()
+    gpu_cluster: bool = False  # gpu_cluster(): the inventory's word, and the servers' own GPUs
     # The k3s release per architecture ({arch: K3sArtifacts}) and its version: resolved
     # (online for a channel) only once preflight found nothing wrong.
     releases: dict = field(default_factory=dict)
@@ -80,4 +81,5 @@ def resolve_topology(inventory: Inventory, facts: dict[str, HostFacts]) -> Topol
     cluster = gpu_cluster(inventory, facts)
     return Topology(gpu_nodes=own if cluster else (), addresses=choose_all(inventory, facts),
                     embedded_mirror=embedded_mirror_on(inventory, cluster),
-                    first_server=inventory.servers[0].name, unused_gpus=() if cluster else own)
+                    first_server=inventory.servers[0].name, unused_gpus=() if cluster else own,
+                    gpu_cluster=cluster)

@@ -20,7 +20,6 @@ from bootstrap.cluster.gate_rules import (GATE_REASON, GateDecision, decide, has
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.model import Inventory
 from bootstrap.remote_data import RemoteDataError, loads
-from bootstrap.topology import gpu_cluster
 
 # The verdict is kept where only the tool writes: a ConfigMap in kube-system (a kubelet may
 # write its own Node's annotations and labels, within NodeRestriction's limits, but no ConfigMap:
@@ -84,7 +83,7 @@ UNPROBED_REASON = ("gated without its checks: this Node has no gate and never pa
 
 
 def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
-                   gpu: list, verdicts: dict[str, str]) -> tuple[list, list, list]:
+                   gpu: list, verdicts: dict[str, str], *, gpu_cluster: bool) -> tuple[list, list, list]:
     """(to judge, to gate first, to gate unjudged): the GPU nodes that answered and hold the
     gate's taint, or are servers that never passed (judged open: gate_rules.may_hold); the
     agents that answered and registered before the gate existed (no taint, never passed): the
@@ -96,7 +95,7 @@ def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objec
     if not inventory.gpu.gate.enabled:
         return [], [], []
     gated, legacy, unprobed = [], [], []
-    for node in gpu_nodes_in_cluster(inventory, facts, node_objects, gpu, verdicts):
+    for node in gpu_nodes_in_cluster(inventory, facts, node_objects, gpu, verdicts, gpu_cluster=gpu_cluster):
         obj = node_objects[node.name]
         if node.name not in facts:
             if may_hold(node) and not has_gate(obj) and not passed_before(obj, verdicts):
@@ -109,16 +108,15 @@ def nodes_to_judge(inventory: Inventory, facts: dict[str, HostFacts], node_objec
 
 
 def gpu_nodes_in_cluster(inventory: Inventory, facts: dict[str, HostFacts], node_objects: dict[str, dict],
-                         gpu: list, verdicts: dict[str, str]) -> list:
+                         gpu: list, verdicts: dict[str, str], *, gpu_cluster: bool) -> list:
     """The GPU nodes that have a Node: the run's (`gpu`: the inventory's word, or the host's
     own answer), and, in a GPU cluster, a node whose host did not answer the probe and is no
     GPU node by the inventory's word alone, when the tool's record names it (it passed the gate
     as a GPU node before) or its Node advertises a GPU resource (its own answer). A node the
     inventory makes no GPU node (gpu.enabled: false) is none."""
     names = {n.name for n in gpu}
-    unprobed_gpu = gpu_cluster(inventory, facts)
     return [n for n in inventory.nodes if n.name in node_objects and (n.name in names or (
-        unprobed_gpu and n.name not in facts and n.gpu.enabled is not False
+        gpu_cluster and n.name not in facts and n.gpu.enabled is not False
         and (n.name in verdicts or bool(burn_in.advertised(node_objects[n.name])))))]
 
 
@@ -273,7 +271,8 @@ def gate_checks(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFac
 
 def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts],
              node_objects: dict[str, dict], gpu: list,
-             failed_before: dict[str, str] | None = None) -> tuple[list[GateDecision], list[str], list[str]]:
+             failed_before: dict[str, str] | None = None, *,
+             gpu_cluster: bool) -> tuple[list[GateDecision], list[str], list[str]]:
     """Judge every gated GPU node and lift or keep its gate. Returns the decisions, the
     pre-gate nodes the tool gated first, and the GPU agents it gated without judging (they did
     not answer the probe). `gpu`: the run's GPU nodes (bootstrap.topology); `failed_before`:
@@ -284,7 +283,7 @@ def run_gate(cluster: Cluster, inventory: Inventory, facts: dict[str, HostFacts]
     open_nodes = [n for n in inventory.nodes if n.name in node_objects and not has_gate(node_objects[n.name])
                   and (n.name in gpu_names or n.name not in facts)]
     verdicts = read_verdicts(cluster) if inventory.gpu.gate.enabled and open_nodes else {}
-    gated, legacy, unprobed = nodes_to_judge(inventory, facts, node_objects, gpu, verdicts)
+    gated, legacy, unprobed = nodes_to_judge(inventory, facts, node_objects, gpu, verdicts, gpu_cluster=gpu_cluster)
     for node in legacy:
         close_gate(cluster, node.name)
     for node in unprobed:

@@ -19,7 +19,8 @@ def gate_phase(run: Run, cluster, node_objects: dict | None = None,
     with run.console.phase("cluster: acceptance gate"):
         nodes = node_objects if node_objects is not None else read_nodes(cluster)
         decisions, legacy, unprobed = run_gate(cluster, run.inventory, run.settled_facts(), nodes,
-                                               run.topology.gpu_nodes_of(run.inventory), failed_before)
+                                               run.topology.gpu_nodes_of(run.inventory), failed_before,
+                                               gpu_cluster=run.topology.gpu_cluster)
     for name in legacy:
         run.console.say(f"gate: {name} registered before the acceptance gate: gated through the API for its checks")
     for name in unprobed:

@@ -52,7 +52,8 @@ def names(nodes) -> list[str]:
 
 
 def test_a_gpu_agent_that_did_not_answer_is_gated_when_its_node_never_passed_and_has_no_gate():
-    gated, legacy, unprobed = nodes_to_judge(INVENTORY, {"gpu-7": ANSWERED}, OBJECTS, GPU, VERDICTS)
+    gated, legacy, unprobed = nodes_to_judge(INVENTORY, {"gpu-7": ANSWERED}, OBJECTS, GPU, VERDICTS,
+                                             gpu_cluster=True)
     assert names(unprobed) == ["gpu-1", "gpu-2", "gpu-3"]  # before: none (no facts: skipped)
     assert names(legacy) == ["gpu-7"] and gated == []
 
@@ -60,5 +61,5 @@ def test_a_gpu_agent_that_did_not_answer_is_gated_when_its_node_never_passed_and
 def test_without_a_gpu_cluster_no_node_is_a_gpu_node_by_its_record_or_resources():
     cpu_only = parse_inventory("cluster: t\nnodes:\n  - {name: cp-1, address: 10.0.0.1, role: server}\n"
                                "  - {name: gpu-3, address: 10.0.0.4}\n", "inv.yaml")
-    assert gpu_nodes_in_cluster(cpu_only, {}, OBJECTS, [], VERDICTS) == []
-    assert nodes_to_judge(cpu_only, {}, OBJECTS, [], VERDICTS) == ([], [], [])
+    assert gpu_nodes_in_cluster(cpu_only, {}, OBJECTS, [], VERDICTS, gpu_cluster=False) == []
+    assert nodes_to_judge(cpu_only, {}, OBJECTS, [], VERDICTS, gpu_cluster=False) == ([], [], [])
