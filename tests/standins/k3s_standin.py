@@ -1685,6 +1685,9 @@ def add_images(data_dir, refs, source):
 # that label and its own io.cattle.k3s.pinned beside it, and at every start first clears both
 # from each image carrying its own (k3s-io/k3s pkg/agent/containerd/containerd.go, labelImages,
 # clearLabels): an image stays pinned across starts only while a file in agent/images has it.
+# k3s's own e2e test shows both halves: tests/e2e/autoimport/autoimport_test.go ("Verify bb.txt
+# image and see if are pinned", then "Verify if bb.txt image is unpinned" after the list was
+# removed and the node restarted; read on k3s-io/k3s master, December 2026).
 CRI_PINNED, K3S_PINNED = "io.cri-containerd.pinned", "io.cattle.k3s.pinned"
 
 
@@ -1815,7 +1818,7 @@ def cmd_crictl(args):
 
 
 def ctr_label(data_dir, name, pairs):
-    """`ctr images label NAME k=v...` (containerd cmd/ctr/commands/images: "Set and clear labels
+    """`ctr images label NAME k=v...` (containerd cmd/ctr/commands/images/label.go: "Set and clear labels
     for an image"; `k=` clears k). ctr takes the name as stored: no normalising."""
     images = load_images(data_dir)
     if name not in images:
