@@ -16,7 +16,7 @@ from bootstrap.host.parts.k3s_service import PROCESSES as K3S_PROCESSES, RANCHER
 from bootstrap.inventory.kube import parse_taint
 from bootstrap.inventory.model import Inventory, Node, Role
 from bootstrap.checks import cuda, machine_kind, mig
-from bootstrap.topology import Topology, is_gpu_node, named_gpu_node, resolve_topology
+from bootstrap.topology import Topology, named_gpu_node, resolve_topology
 from bootstrap.host.parts.manifest import MANIFEST
 from bootstrap.checks.ownership import ownership
 from bootstrap.checks.gpu_health import health_issues
@@ -386,8 +386,8 @@ def nowhere_to_schedule(inventory: Inventory, topology: Topology) -> list[Findin
 
 
 def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | None = None,
-               gpu_node: bool | None = None) -> list[Finding]:
-    """`gpu_node`: the run's topology's word (made from this node alone when not given)."""
+               *, gpu_node: bool) -> list[Finding]:
+    """`gpu_node`: the run's topology's word (bootstrap.topology: the one rule)."""
     out: list[Finding] = []
 
     def fail(check, message, fix=None, severity="error"):
@@ -404,7 +404,6 @@ def check_host(inventory: Inventory, node: Node, host: HostFacts, ports: dict | 
         fail("arch", f"architecture {host.arch or 'unknown'} is not supported", "use an amd64 or arm64 machine")
     for verdict in machine_kind.judge(host):  # a container sold as a "GPU pod" cannot run k3s
         fail("machine", verdict.message, verdict.fix, verdict.severity)
-    gpu_node = is_gpu_node(inventory, node, host) if gpu_node is None else gpu_node
     need = MIN_FREE_GIB["gpu" if gpu_node else "cpu"]
     free = host.disk_free_gib.get(RANCHER_DIR, host.disk_free_gib.get("/"))
     if free is not None and free < need:

@@ -40,7 +40,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from bootstrap.cluster.checks import _create, _pod, _pod_outcome, checks_namespace, expected_gpu_resources
+from bootstrap.cluster.checks import (_create, _pod, _pod_outcome, checks_namespace, expected_gpu_resources,
+                                     gpu_request)
 from bootstrap.cluster.client import LOG_READ_S, Cluster, ClusterError, get, object_path, pod_log
 from bootstrap.host.facts.host_facts import HostFacts
 from bootstrap.inventory.kube import derived_name
@@ -100,7 +101,7 @@ def burn_in_slots(inventory: Inventory, node: Node, host: HostFacts, node_object
     wanted = expected_gpu_resources(inventory, node, host)
     have = advertised(node_object)
     resource = next((r for r in sorted(wanted) if r in have), None) or min(have, default=None) \
-        or min(wanted, default="nvidia.com/gpu")
+        or gpu_request(inventory, node, host)
     gpus = len(host.gpus) or 1
     if inventory.sharing_for(node).mig:
         count = min(have.get(resource) or wanted.get(resource) or gpus, wanted.get(resource) or MAX_SLOTS)

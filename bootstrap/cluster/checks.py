@@ -585,10 +585,13 @@ class ChecksNamespace:
 
 
 @contextmanager
-def checks_namespace(cluster: Cluster):
+def checks_namespace(cluster: Cluster, sweep: bool = True):
     """A namespace of its own (a new name, labelled PART_OF), deleted afterwards. Earlier
-    runs' are deleted first and never waited for: one a kubelet holds Terminating blocks nothing."""
-    delete_earlier(cluster)
+    runs' are deleted first (`sweep`; a run's later uses, such as the gate's NCCL pairs after
+    its pod checks, skip it: only the first finds anything) and never waited for: one a
+    kubelet holds Terminating blocks nothing."""
+    if sweep:
+        delete_earlier(cluster)
     space = ChecksNamespace(f"{NAMESPACE}-{secrets.token_hex(4)}")
     status, body = request(cluster, "POST", "/api/v1/namespaces", {
         "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": space.name, "labels": dict(PART_OF)}})

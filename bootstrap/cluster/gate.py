@@ -183,10 +183,11 @@ def health_results(inventory: Inventory, facts: dict[str, HostFacts], nodes, gpu
     return results
 
 
-def in_namespace(cluster: Cluster, run) -> list[CheckResult]:
+def in_namespace(cluster: Cluster, run, sweep: bool = True) -> list[CheckResult]:
     """`run(namespace)` in a namespace of its own, deleted afterwards; a node whose kubelet
-    keeps one of its pods past the cleanup fails for it, no other node does."""
-    with checks_namespace(cluster) as space:
+    keeps one of its pods past the cleanup fails for it, no other node does. `sweep`:
+    checks.checks_namespace."""
+    with checks_namespace(cluster, sweep) as space:
         results = run(space.name)
     return results + space.leftovers("FAIL")
 
@@ -246,7 +247,7 @@ def nccl_results(cluster: Cluster, inventory: Inventory, facts, nodes, peers, pr
         if key not in tested:
             def run(namespace):
                 return [check_nccl(cluster, inventory, [a, b], facts, inventory.validate.timeout_s, namespace)]
-            tested[key], *left = in_namespace(cluster, run)
+            tested[key], *left = in_namespace(cluster, run, sweep=False)  # the pod checks swept
             kept.extend(left)
         return tested[key]
     return [r for node in nodes

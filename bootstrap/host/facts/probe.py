@@ -115,7 +115,7 @@ p_pci() {
   return 0
 }
 # The node-ip a running node was given (bootstrap.checks.node_addresses keeps it) and whether it
-# runs the embedded registry mirror (bootstrap.checks.gpu_setup); config.yaml holds the token,
+# runs the embedded registry mirror (bootstrap.checks.preflight.gpu_setup_dropped); config.yaml holds the token,
 # so it is root's: read as root, those two lines only.
 p_node_ip() {
   if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n grep -m2 -E '^(node-ip|embedded-registry):' @@K3S_CONFIG@@
