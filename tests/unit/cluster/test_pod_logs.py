@@ -185,3 +185,13 @@ def test_a_kubelet_that_hangs_up_on_a_log_fails_its_own_pod_not_the_batch(api):
     phase, log, why = checks._pod_outcome(api, "hangup", 5)
     assert phase == "Succeeded" and log == ""
     assert why.startswith("its log could not be read: API request GET ") and "failed" in why
+
+
+def test_a_diagnose_log_read_begun_just_before_its_budget_ends_with_it(api):
+    """The budget was checked only before each read: a trickling kubelet's log begun a moment
+    before its end held the cluster's lock a whole read (60 s) past it."""
+    pod = {"metadata": {"namespace": "kube-system", "name": "trickle"}, "spec": {"containers": [{"name": "c"}]}}
+    started = time.monotonic()
+    text = diagnose.describe_pod(api, pod, [], logs_until=started + 1.5)
+    assert time.monotonic() - started < 10  # before: 60 s, the read's own deadline
+    assert "it was still coming after" in text
