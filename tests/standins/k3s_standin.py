@@ -1558,6 +1558,8 @@ def pull_list(data_dir, path):
             fh.write("%.3f %s\n" % (time.time(), normalise_image(name)))
         # then the image service's Get by the list's own text: a short name is not what the CRI
         # stored (docker.io/library/...), so that lookup fails and nothing of the list is pinned
+        # (k3s-io/k3s pkg/agent/containerd/containerd.go: prePullImages, and preloadFile returns
+        # its error before labelImages)
         if normalise_image(name) == name:
             got.append(name)
         else:

@@ -2386,7 +2386,11 @@ def gpu_product(model):
     return model.replace(" ", "-")
 
 
-# A node whose kubelet never confirms a pod's deletion (see Pods in Sim's docstring).
+# A node whose kubelet never confirms a pod's deletion (see Pods in Sim's docstring). An
+# approximation: a real pod in graceful deletion keeps deletionTimestamp and no finalizer
+# until its kubelet deletes it with grace 0 (kubernetes pkg/registry/core/pod/strategy.go,
+# CheckGracefulDelete); a finalizer gives the same "stays, deleted" to every reader, except
+# a force delete (grace 0), which the tool never sends.
 KEEPER_LABEL = ("standin.k3s/kubelet", "keeps-deleted-pods")
 KEEPER_FINALIZER = "standin.k3s/kubelet-confirms"
 
